@@ -1,0 +1,580 @@
+"""Typed configuration for a training run.
+
+One dataclass tree describes a run: what to build (``ModelConfig``), what to feed it (a registered
+``DataSpec``), how to optimize it (``OptimConfig``) and how the trainer runs (``TrainerConfig``).
+``dew-train`` composes it with Hydra, converts it once with ``RunConfig.from_dict``, builds the
+objective and the dataset it names and hands both to ``RunConfig.train``; ``to_dict`` is a full
+record of the run and ``from_dict`` puts it back together. The resolved config is the run's spec:
+``save`` writes it to ``run.json`` next to the checkpoints and ``load`` reads it back into the same
+class, so inference rebuilds a run from what training was built from.
+
+This module does not import JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+
+from dew.data.specs import DataSpec, datasets
+from dew.registry import AttentionImpl, DtypeName, MatmulPrecision
+from dew.training.schedules import ScheduleSpec
+from dew.typed import ConfigError, JsonString, from_json, to_json
+
+if TYPE_CHECKING:
+    from flax import nnx
+
+    from dew.data.base import Dataset
+
+__all__ = [
+    "ConfigError", "DataSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
+    "ParamGroup", "ProfileWindow", "Quantization", "Ramp", "RunConfig", "ScheduleSpec", "TrainerConfig",
+    "Wandb", "default_compilation_cache_dir", "json_list_argument",
+]
+
+JsonDict = Annotated[dict[str, Any], JsonString]
+"""The fields a model is built from, written as a single JSON string on the command line
+(``model.config='{"depth": 4}'``) or with Hydra's dict syntax. The registry knows which architecture
+takes which field and narrows each one where it builds it, so the values are read there."""
+
+RUN_RECORD = "run.json"
+
+
+def json_list_argument(cls: type) -> JsonString:
+    """Marks a tuple-of-records field that also accepts one JSON list string of ``cls`` records."""
+    del cls  # the element type is read from the annotation itself
+    return JsonString()
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Holds the architecture name and the fields ``models.build`` receives."""
+
+    architecture: str = "simple_dit"
+    """A key of ``dew.models.architectures``."""
+    config: JsonDict = dataclasses.field(default_factory=dict)
+    """The architecture's fields, merged over its defaults (``dew.models.registry``)."""
+    dtype: DtypeName = "bfloat16"
+    """Compute dtype; parameter storage is independent."""
+    param_dtype: DtypeName | None = None
+    """Parameter storage, where the model declares the field. Unset stores float32, which is the
+    model's own default."""
+    matmul_precision: MatmulPrecision | None = None
+    """What every matmul of the model asks XLA for, where the model declares a precision field:
+    default is the backend's fastest algorithm, high and highest trade throughput for mantissa bits
+    (on Ampere and later, tf32 and fp32 against bf16x3). Unset leaves the model's own."""
+    attention_impl: AttentionImpl = "auto"
+    """Attention kernel; 'auto' is cudnn on a GPU for the shapes cudnn supports and xla for the
+    rest, xla on any other backend."""
+
+    def __post_init__(self) -> None:
+        from dew.models.registry import architecture, resolve_fields
+
+        try:
+            architecture(self.architecture)
+        except ValueError as err:
+            raise ConfigError(f"model.architecture: {err}") from None
+        resolve_fields(self.architecture, self.config)  # raises naming the field at fault
+
+    def _precision(self) -> dict[str, object]:
+        from dew.models.registry import architecture
+
+        declared = architecture(self.architecture).precision()
+        values = {"dtype": self.dtype, "param_dtype": self.param_dtype,
+                  "matmul_precision": self.matmul_precision, "attention_impl": self.attention_impl}
+        return {k: v for k, v in values.items() if k in declared and v is not None}
+
+    def fields(self) -> Mapping[str, object]:
+        """Return the model's fields with the run's precision settings in them."""
+        return {**self.config, **{k: v for k, v in self._precision().items() if k not in self.config}}
+
+    def precision_settings(self) -> frozenset[str]:
+        """Return the names ``fields()`` writes that ``config`` did not carry: the run's precision
+        settings, as this architecture takes them. A resolved record leaves them out, since this
+        value writes them again every time it builds."""
+        return frozenset(k for k in self._precision() if k not in self.config)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> Self:
+        """Read back the record ``RunConfig.to_dict`` writes for this field."""
+        return from_json(cls, values, "model")
+
+    def build(self, rngs: nnx.Rngs | int = 0) -> nnx.Module:
+        """Build the architecture from ``fields()``; ``rngs`` seeds its initialisation."""
+        from flax import nnx
+
+        from dew.models.registry import build
+
+        if isinstance(rngs, int):
+            rngs = nnx.Rngs(rngs)
+        return build(self.architecture, self.fields(), rngs)
+
+
+# ----------------------------------------------------------------------------------------- optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamGroup:
+    """A group of parameters by path pattern: its learning-rate multiplier and weight decay."""
+
+    pattern: str
+    """A regular expression searched in each parameter's path (``blocks/attn/qkv/kernel``)."""
+    lr_multiplier: float = 1.0
+    """The group's learning rate as a multiple of the run's."""
+    weight_decay: float | None = None
+    """The group's decoupled weight decay; unset uses ``OptimConfig.weight_decay``."""
+
+    def __post_init__(self) -> None:
+        import re
+
+        try:
+            re.compile(self.pattern)
+        except re.error as err:
+            raise ValueError(f"param group pattern {self.pattern!r} is not a regular expression: {err}") from None
+        if self.lr_multiplier < 0:
+            raise ValueError(f"param group {self.pattern!r}: lr_multiplier={self.lr_multiplier} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Holds the optimizer, learning-rate schedule and gradient clipping."""
+
+    optimizer: Literal["adam", "adamw", "lamb", "muon", "muonclip"] = "adamw"
+    """The update rule (``dew.training.optim``)."""
+    optimizer_opts: JsonDict = dataclasses.field(default_factory=dict)
+    """The optimizer's own options (betas, eps, Muon's momentum, QK-clip's tau, ...)."""
+    learning_rate: float = 0.00027
+    """The constant rate, when no schedule is named; a schedule's peak otherwise."""
+    schedule: ScheduleSpec | None = None
+    """The learning-rate schedule, one typed record per kind (``dew.training.schedules``): cosine,
+    power (lm-engine's power law with an optional linear tail) or linear; each holds only its own
+    fields."""
+    weight_decay: float | None = None
+    """Decoupled weight decay; unset is the optimizer's own default (docs/optimizers.md)."""
+    param_groups: Annotated[tuple[ParamGroup, ...], json_list_argument(ParamGroup)] = ()
+    """Per-group learning-rate multipliers and weight decay, first match wins; empty moves every
+    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split."""
+    clip_grads: float = 0.0
+    """Global-norm gradient clipping threshold; 0 disables."""
+    state_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Adam's moments in memory. bfloat16 stores both stochastically rounded
+    (``dew.training.optim.bf16_moments``), for adam and adamw only: half the optimizer state and
+    less of the update's memory traffic."""
+
+    def __post_init__(self) -> None:
+        if self.learning_rate < 0:
+            raise ValueError(f"optim.learning_rate={self.learning_rate} must be >= 0")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay={self.weight_decay} must be >= 0")
+        if self.clip_grads < 0:
+            raise ValueError(f"optim.clip_grads={self.clip_grads} must be >= 0 (0 disables)")
+        if self.state_dtype == "bfloat16" and self.optimizer not in ("adam", "adamw"):
+            raise ValueError(f"optim.state_dtype='bfloat16' is for adam and adamw only, "
+                             f"not optim.optimizer={self.optimizer!r}")
+
+
+# ------------------------------------------------------------------------------------------- trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Wandb:
+    """Says where a run reports to. Setting it turns tracking on; the entity and the offline switch
+    mean nothing without a project."""
+
+    project: str
+    """The W&B project."""
+    entity: str | None = None
+    """The W&B team or user; unset is the account's default."""
+    offline: bool = False
+    """Write the run locally (``wandb sync`` later); needs no key and no network."""
+
+    def __post_init__(self) -> None:
+        if not self.project:
+            raise ValueError("trainer.wandb.project must be a non-empty W&B project name")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """Axis sizes of the device mesh over every visible device. -1 takes the devices left over
+    (at most one axis)."""
+
+    data: int = -1
+    """Data parallel: replicas of the parameters, each with its own part of the batch."""
+    fsdp: int = 1
+    """Fully-sharded data parallel: parameters and optimizer state sharded, batch split too."""
+    tensor: int = 1
+    """Tensor parallel: matrices split along their hidden dimension, where the model declares it."""
+
+    def __post_init__(self) -> None:
+        sizes = dataclasses.asdict(self)
+        for axis, size in sizes.items():
+            if size == 0 or size < -1:
+                raise ValueError(f"trainer.mesh.{axis}={size} must be a positive size or -1")
+        if sum(s == -1 for s in sizes.values()) > 1:
+            raise ValueError(f"trainer.mesh: at most one axis may be -1, got {sizes}")
+
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(self))
+
+    def shape(self, device_count: int) -> dict[str, int]:
+        """The axis sizes over ``device_count`` devices; raises if they do not multiply to it."""
+        sizes = dataclasses.asdict(self)
+        known = math.prod(s for s in sizes.values() if s != -1)
+        if -1 in sizes.values():
+            if device_count % known:
+                raise ValueError(f"trainer.mesh={sizes}: {known} does not divide {device_count} devices")
+            sizes = {k: (device_count // known if v == -1 else v) for k, v in sizes.items()}
+        if math.prod(sizes.values()) != device_count:
+            raise ValueError(f"trainer.mesh={sizes} needs {math.prod(sizes.values())} devices, "
+                             f"{device_count} are visible")
+        return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How parameters and activations map onto the mesh."""
+
+    batch_axes: tuple[str, ...] = ("data", "fsdp")
+    """Mesh axes the batch dimension is split over."""
+    shard_params: bool = True
+    """Shard each large parameter (and its optimizer state) over the fsdp axis, along its largest
+    dimension that divides; False replicates them."""
+    min_shard_size: int = 1024
+    """Parameters with fewer elements stay replicated."""
+    tensor_parallel: bool = True
+    """Split matrices the model declares over the tensor axis."""
+
+    def __post_init__(self) -> None:
+        allowed = tuple(f.name for f in dataclasses.fields(MeshSpec))
+        for axis in self.batch_axes:
+            if axis not in allowed:
+                raise ValueError(f"trainer.layout.batch_axes: unknown mesh axis {axis!r}; "
+                                 f"axes are {', '.join(allowed)}")
+        if self.min_shard_size < 0:
+            raise ValueError(f"trainer.layout.min_shard_size={self.min_shard_size} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ramp:
+    """Grow the global batch over the run's first records: from ``start``, by ``increment`` a stage,
+    up to ``TrainerConfig.batch_size``, with the stages spread evenly over ``records``."""
+
+    start: int
+    """The global batch the run starts at."""
+    increment: int
+    """What each stage adds to the global batch."""
+    records: int
+    """Records the whole ramp spans, before the run trains at ``batch_size``."""
+
+    def __post_init__(self) -> None:
+        for name in ("start", "increment", "records"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"trainer.batch_ramp.{name}={getattr(self, name)} must be positive")
+
+    def stages(self, batch_size: int) -> list[tuple[int, int]]:
+        """``(batch, records)`` for each stage, the last one at ``batch_size`` with no end."""
+        sizes = list(range(self.start, batch_size, self.increment))
+        per_stage = self.records // max(len(sizes), 1)
+        return [(b, per_stage) for b in sizes] + [(batch_size, 0)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileWindow:
+    """One profiler window: the steps to trace, the warmup before it and where it is written."""
+
+    warmup: int = 10
+    """Steps run before tracing starts (compilation and the first steps excluded)."""
+    steps: int = 5
+    """Steps traced."""
+    directory: str = "./profiles"
+    """Where the trace (TensorBoard/Perfetto format) is written."""
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.steps <= 0:
+            raise ValueError(f"trainer.profile: warmup={self.warmup} must be >= 0 and steps={self.steps} > 0")
+
+
+QType = Literal["int8", "int4", "float8_e4m3fn", "float8_e5m2"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """Quantized training with qwix: the module's matmuls run on quantized operands (straight-through
+    gradients), parameters stay in their storage dtype."""
+
+    weight_qtype: QType = "int8"
+    """The type weights are quantized to in the forward pass."""
+    act_qtype: QType | None = "int8"
+    """The type activations are quantized to; unset keeps them in the compute dtype."""
+    bwd_qtype: QType | None = None
+    """The type the backward pass's matmuls use; unset keeps them in the compute dtype."""
+    module_path: str = ".*"
+    """Regular expression over module paths that are quantized."""
+    tile_size: int | None = None
+    """Quantize in tiles of this many elements along the contraction (subchannel); unset is
+    per-channel."""
+
+    def __post_init__(self) -> None:
+        if self.tile_size is not None and self.tile_size <= 0:
+            raise ValueError(f"trainer.quantization.tile_size={self.tile_size} must be positive")
+
+
+def default_compilation_cache_dir() -> str:
+    """$DEW_COMPILATION_CACHE, else the user's cache directory (XDG) under dew/jax."""
+    if path := os.environ.get("DEW_COMPILATION_CACHE"):
+        return path
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dew", "jax")
+
+
+Cadence = int | Literal["epoch"] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Holds the run length, checkpointing, sharding and run tracking."""
+
+    name: str | None = None
+    """The run's name: its directory under ``checkpoint_dir``. Unset names it by the start time
+    (or, in a sweep, by the sweep and the job's overrides)."""
+    checkpoint_dir: str = "./checkpoints"
+    """Where run directories live."""
+    keep: int = 2
+    """Latest checkpoints kept, besides the best one."""
+    batch_size: int = 32
+    """Global batch, over every process."""
+    seed: int = 0
+    """Seed of the run key: parameter init and every per-step draw."""
+    steps: int | None = None
+    """Run length in optimizer updates; epochs names it as passes over the data instead."""
+    epochs: int | None = None
+    """Run length as passes over the data; steps names it directly instead."""
+    log_every: int = 100
+    """Steps between metric fetches (and log lines)."""
+    eval_every: Cadence = "epoch"
+    """Steps between validation passes: a number of steps, "epoch" for one pass over the data, None
+    to never validate. "epoch" over a stream that reports no record count raises a ValueError."""
+    checkpoint_every: Cadence = "epoch"
+    """Steps between checkpoints, the same three answers. None is what a stream whose iterator cannot
+    report a read position trains with; the trainer refuses any other answer for one."""
+    accumulation: int = 1
+    """Micro-batches per optimizer update."""
+    batch_ramp: Ramp | None = None
+    """Grow batch_size over the run's first records instead of starting there. Unset trains at
+    batch_size throughout. One optimizer update a step either way; the step is traced once per
+    stage."""
+    dynamic_scale: bool = False
+    """A dynamic loss scale (for float16 compute): a non-finite step is skipped and the scale backs
+    off."""
+    mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
+    """Device mesh axis sizes."""
+    layout: Layout = dataclasses.field(default_factory=Layout)
+    """How parameters and activations map onto the mesh."""
+    profile: ProfileWindow | None = None
+    """One profiler window. Unset traces nothing."""
+    compilation_cache_dir: str | None = dataclasses.field(default_factory=default_compilation_cache_dir)
+    """Persisted XLA cache, so a restart skips recompiling the step. None compiles from scratch
+    every run."""
+    wandb: Wandb | None = None
+    """Optional W&B sink in addition to the local tracking journal."""
+    multi_host: bool | None = None
+    """Join the JAX process pool. None asks and continues alone only when no cluster is configured;
+    True requires the pool; False never asks."""
+    xla_flags: str | None = None
+    """Extra XLA_FLAGS for this run, appended to the environment before JAX opens a backend."""
+    quantization: Quantization | None = None
+    """Quantized-training spec, wrapped around the module the objective trains before the run
+    initialises it; unset trains in the compute dtype."""
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(f"trainer.steps={self.steps} and trainer.epochs={self.epochs}: "
+                             "set exactly one (null the other)")
+        for name in ("steps", "epochs"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"trainer.{name}={value} must be positive")
+        for name in ("keep", "batch_size", "log_every", "accumulation"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"trainer.{name}={getattr(self, name)} must be positive")
+        for name in ("eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value <= 0:
+                raise ValueError(f"trainer.{name}={value} must be a positive number of steps, "
+                                 "'epoch' or null")
+        if self.batch_size % self.accumulation:
+            raise ValueError(f"trainer.batch_size={self.batch_size} does not divide into "
+                             f"trainer.accumulation={self.accumulation} micro-batches")
+        if self.batch_ramp is not None:
+            ramp = self.batch_ramp
+            if ramp.start >= self.batch_size or (self.batch_size - ramp.start) % ramp.increment:
+                raise ValueError(f"trainer.batch_ramp: start={ramp.start} must lie below "
+                                 f"trainer.batch_size={self.batch_size} and reach it in whole "
+                                 f"increments of {ramp.increment}")
+        if self.name is not None:
+            _check_run_name(self.name)
+
+    # The three lengths below read only the dataset's record count: they are what the spec's
+    # stream rules are about.
+    def _steps_per_epoch(self, dataset: Dataset, field: str) -> int:
+        if dataset.num_records is None:
+            raise ValueError(f"trainer.{field}='epoch' (or trainer.epochs) needs a record count, and "
+                             "this dataset is a stream that reports none: give a number of steps")
+        return records_to_steps(self, dataset.num_records)
+
+    def total_steps(self, dataset: Dataset) -> int:
+        """Return the run's length in steps, from steps or from epochs over data."""
+        if self.steps is not None:
+            return self.steps
+        if self.epochs is None:
+            raise ValueError("the run has no length: set trainer.steps or trainer.epochs")
+        if dataset.num_records is None:
+            raise ValueError("trainer.epochs needs a record count, and this dataset is a stream "
+                             "that reports none: set trainer.steps instead")
+        return records_to_steps(self, self.epochs * dataset.num_records)
+
+    def eval_interval(self, dataset: Dataset) -> int | None:
+        """Return the steps between validation passes over data, or None for never."""
+        if self.eval_every == "epoch":
+            return self._steps_per_epoch(dataset, "eval_every")
+        return self.eval_every
+
+    def checkpoint_interval(self, dataset: Dataset) -> int | None:
+        """Return the steps between checkpoints over data, or None for never."""
+        if self.checkpoint_every is not None and not getattr(dataset, "resumable", True):
+            raise ValueError(f"trainer.checkpoint_every={self.checkpoint_every!r}: this dataset's "
+                             "iterator cannot report a read position, so a checkpoint could not "
+                             "resume it; train it with trainer.checkpoint_every=null")
+        if self.checkpoint_every == "epoch":
+            return self._steps_per_epoch(dataset, "checkpoint_every")
+        return self.checkpoint_every
+
+
+def records_to_steps(trainer: TrainerConfig, records: int) -> int:
+    """Optimizer updates that consume ``records`` (at least one), the batch ramp included."""
+    steps, left = 0, records
+    stages = trainer.batch_ramp.stages(trainer.batch_size) if trainer.batch_ramp else [(trainer.batch_size, 0)]
+    for batch, span in stages:
+        n = math.ceil(span / batch) if span else left // batch
+        n = min(n, left // batch)
+        steps, left = steps + n, left - n * batch
+        if left < batch:
+            break
+    return max(steps, 1)
+
+
+def _check_run_name(name: str) -> None:
+    parts = name.replace("\\", "/").split("/")
+    if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"trainer.name={name!r} must be a relative path inside trainer.checkpoint_dir "
+                         "(no '..', no leading '/', no empty parts)")
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRA:
+    """A low-rank adapter (qwix): a delta B·A of rank ``rank`` on each targeted module's weight."""
+
+    rank: int = 8
+    """Rank of each delta."""
+    alpha: float = 16.0
+    """The delta is scaled by alpha / rank."""
+    targets: tuple[str, ...] = (".*",)
+    """Regular expressions over module paths under params that carry a delta."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise ValueError(f"lora.rank={self.rank} must be positive")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout={self.dropout} must lie in [0, 1)")
+        if not self.targets:
+            raise ValueError("lora.targets must name at least one module path pattern")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Describes a whole run. Recipes add their objective's knobs by subclassing this."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """What to build."""
+    data: DataSpec = dataclasses.field(default_factory=lambda: datasets["oxford_flowers102"]())
+    """What to feed it: a registered dataset spec."""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """How to optimize it."""
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    """How the trainer runs."""
+    objective: str | None = None
+    """What the model learns (``dew.objectives``); unset picks the natural one for the architecture
+    and the data."""
+    lora: LoRA | None = None
+    """The low-rank adapter the run trains instead of the whole model. The targets are the module
+    paths under params a delta sits on; train adapts the objective's module and freezes every other
+    leaf."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-safe record of the run. A registered member is written as its name and its
+        fields."""
+        return to_json(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> Self:
+        """Read back what ``to_dict`` wrote, for subclasses too. An unknown or a missing field
+        raises."""
+        return from_json(cls, values, "")
+
+    def save(self, directory: str) -> str:
+        """Write this config as run.json in ``directory`` and return the path.
+
+        The path goes through epath, the same filesystem layer orbax writes the checkpoints with, so
+        a gs:// run directory takes the record too. The record is written to a temporary file and
+        renamed, so a reader never sees half a record.
+        """
+        from etils import epath
+
+        folder = epath.Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / RUN_RECORD
+        tmp = folder / f".{RUN_RECORD}.tmp"
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        tmp.rename(path)
+        return os.fspath(path)
+
+    @classmethod
+    def load(cls, directory: str) -> Self:
+        """Read the config a run in ``directory`` was built from, as this class."""
+        from etils import epath
+
+        path = epath.Path(directory) / RUN_RECORD
+        if not path.exists():
+            raise FileNotFoundError(f"{os.fspath(path)}: no run record; is {directory!r} a dew run directory?")
+        try:
+            values = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{os.fspath(path)}: not a JSON run record ({err})") from None
+        try:
+            return cls.from_dict(values)
+        except ConfigError as err:
+            raise ConfigError(f"{os.fspath(path)}: {err}") from None
+
+    def train(self, objective: Any, dataset: Dataset, *, name: str, metrics: Sequence[Any] = (),
+              summary: Mapping[str, object] | None = None) -> Any:
+        """Train ``objective`` on ``dataset`` as this run says; every recipe calls this once it has
+        built both.
+
+        The run lives under ``name`` in ``trainer.checkpoint_dir``, and process zero writes the record
+        there before anything trains. ``dataset`` must be the one loaded at ``trainer.batch_size``.
+        """
+        from dew.training.trainer import train
+
+        return train(self, objective, dataset, name=name, metrics=metrics, summary=summary)

@@ -1,0 +1,64 @@
+"""The dataset contract the trainer and the objectives use.
+
+A ``Dataset`` is loaded at the run's global batch size and seed. Its iterator hands each process
+its own disjoint part of every global batch, as NumPy arrays keyed by field (``image``, ``label``,
+``tokens``, ...), and can save and restore its read position where ``resumable`` says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+
+@runtime_checkable
+class BatchIterator(Protocol):
+    """The training stream of one process."""
+
+    def next(self, batch_size: int | None = None) -> Batch:
+        """This process's part of the next global batch of ``batch_size`` records (the dataset's own
+        batch size when None: a batch ramp asks for each stage's size without losing its place)."""
+        ...
+
+    def get_state(self) -> Mapping[str, Any]:
+        """The read position, as a JSON-safe record (only where the dataset is resumable)."""
+        ...
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from a position ``get_state`` returned."""
+        ...
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """A registered dataset, loaded for one run."""
+
+    batch_size: int
+    """The global batch it was loaded at."""
+    num_records: int | None
+    """Training records, or None for a stream (then "epoch" means nothing)."""
+    resumable: bool
+    """Whether the iterator can report and restore a read position."""
+    seed: int
+    """The run's seed, which the shuffle is drawn from."""
+
+    def batch_spec(self) -> Mapping[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape (with the global batch first) and dtype of each field of a batch."""
+        ...
+
+    def model_fields(self) -> Mapping[str, object]:
+        """Model fields that follow from the data (image size, channels, classes, vocabulary...)."""
+        ...
+
+    def iterator(self, process_index: int = 0, process_count: int = 1) -> BatchIterator:
+        """A fresh training stream at the first record for process ``process_index``."""
+        ...
+
+    def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+        """One pass over the held-out split, in a fixed order, at the dataset's batch size; the last
+        batch may be short."""
+        ...

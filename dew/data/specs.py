@@ -1,0 +1,116 @@
+"""Dataset specs: the registered records a run's ``data`` field holds, one per dataset.
+
+A spec is a plain dataclass of the dataset's own fields; ``load`` builds the dataset at the trainer's
+global batch size and seed. Each spec is one option of Hydra's ``data`` group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from dew.data.base import Dataset
+
+Split = Literal["train", "val", "test"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """Base of the dataset specs; ``name`` is the name it is registered under."""
+
+    name: ClassVar[str]
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        """Build the dataset at global batch ``batch_size``, shuffled from ``seed``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load")
+
+
+@dataclasses.dataclass(frozen=True)
+class Digits(DataSpec):
+    """The 1,797 8x8 handwritten digits (10 classes) that scikit-learn ships: no network needed.
+
+    Images are scaled to [-1, 1] with shape (8, 8, 1); a fixed, class-stratified held-out part
+    evaluates.
+    """
+
+    name: ClassVar[str] = "digits"
+    eval_fraction: float = 0.1
+    """Fraction of the records held out for evaluation (per class, chosen from the data seed 0)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ValueError(f"data.eval_fraction={self.eval_fraction} must lie in (0, 1)")
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.digits import load_digits
+
+        return load_digits(self, batch_size=batch_size, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class OxfordFlowers102(DataSpec):
+    """Oxford Flowers 102 (Nilsback & Zisserman 2008): 8,189 images of 102 flower classes.
+
+    The official archive and label files are downloaded once into ``cache_dir`` (or read from
+    ``root``), verified, centre-cropped and resized to ``resolution`` and cached as uint8 arrays.
+    """
+
+    name: ClassVar[str] = "oxford_flowers102"
+    root: str | None = None
+    """A directory that already holds 102flowers.tgz, imagelabels.mat and setid.mat: nothing is
+    downloaded."""
+    cache_dir: str | None = None
+    """Where downloads and decoded arrays are kept; unset reads $DEW_DATA_DIR, else
+    ~/.cache/dew/datasets."""
+    resolution: int = 64
+    """Side of the square images after centre-crop and resize, in pixels."""
+    train_splits: tuple[Split, ...] = ("train", "val")
+    """The setid.mat splits that train."""
+    eval_split: Split = "test"
+    """The setid.mat split that evaluates."""
+
+    def __post_init__(self) -> None:
+        if self.resolution < 8:
+            raise ValueError(f"data.resolution={self.resolution} must be >= 8")
+        if not self.train_splits:
+            raise ValueError("data.train_splits must name at least one of train, val, test")
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.flowers import load_flowers
+
+        return load_flowers(self, batch_size=batch_size, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenWindows(DataSpec):
+    """Fixed-length windows over a file of token ids, memory-mapped and gathered once per batch."""
+
+    name: ClassVar[str] = "token_windows"
+    path: str = ""
+    """A token file, or a glob over shards (raw uint16/uint32, .npy, or llm.c .bin shards)."""
+    seq_len: int = 256
+    """Tokens per window (each example reads seq_len + 1 tokens for next-token targets)."""
+    vocab_size: int | None = None
+    """Vocabulary size; unset reads it from the sidecar JSON beside the file."""
+    val_path: str | None = None
+    """A separate validation file (or glob); exclusive with ``val_fraction``."""
+    val_fraction: float = 0.0
+    """Fraction of the tokens (at the end of the file) held out for evaluation."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"data.seq_len={self.seq_len} must be >= 1")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction} must lie in [0, 1)")
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.tokens import load_token_windows
+
+        return load_token_windows(self, batch_size=batch_size, seed=seed)
+
+
+datasets: dict[str, type[DataSpec]] = {
+    cls.name: cls for cls in (OxfordFlowers102, Digits, TokenWindows)
+}
+"""Dataset name -> spec class."""

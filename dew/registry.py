@@ -1,0 +1,23 @@
+"""Names shared by the config layer and the JAX stack, and the plain registries of the config layer.
+
+Every registry is a readable dict from a name to a class; nothing registers by import side effect.
+This module does not import JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+DtypeName = Literal["float32", "bfloat16", "float16"]
+"""A floating dtype by its NumPy/JAX name."""
+
+MatmulPrecision = Literal["default", "high", "highest"]
+"""What a matmul asks XLA for: the backend's fastest algorithm, or more mantissa bits."""
+
+AttentionImpl = Literal["auto", "xla", "cudnn"]
+"""Attention kernel: ``auto`` is cudnn on a GPU for the shapes cudnn supports and xla otherwise."""
+
+
+def unknown_name(kind: str, name: object, known: object) -> ValueError:
+    """The error for a name a registry does not hold, listing the ones it does."""
+    return ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""The JAX trainer, optimizers and schedules. Submodules import JAX; this package file does not."""
