@@ -59,6 +59,8 @@ class Dataset(Protocol):
         ...
 
     def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
-        """One pass over the held-out split, in a fixed order, at the dataset's batch size; the last
-        batch may be short."""
+        """One pass over the held-out split, in a fixed order. Every batch has the dataset's batch
+        size (this process's part of it), so one compiled evaluation step serves them all; each
+        carries a float32 ``mask`` field, 1 for a real record and 0 for the padding that fills the
+        last batch."""
         ...
