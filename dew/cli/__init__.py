@@ -1,0 +1,1 @@
+"""Command-line entry points: ``dew-train`` (Hydra) and ``dew-sample``."""

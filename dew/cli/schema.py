@@ -1,0 +1,123 @@
+"""Hydra structured configs derived from dew's dataclasses: one source of truth.
+
+OmegaConf 2.3 cannot hold ``Literal`` or unions of dataclasses, so each dataclass of the config
+tree gets a twin that OmegaConf can: a ``Literal`` becomes its base type, a registered base class
+(``DataSpec``, ``ScheduleSpec``) a node with a ``name`` and each registered member a subclass of it,
+a tuple a list, a ``JsonDict`` ``Any`` (a JSON string or a dict). The twins type-check what OmegaConf
+can while composing; ``RunConfig.from_dict`` then checks the rest (choices, tuple lengths, unknown
+keys that ``+key=value`` slipped into a typed node) exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from typing import Annotated, Any, Literal, Optional, Union
+
+from omegaconf import MISSING
+
+from dew.typed import NAME_KEY, JsonString, hints, registry_of
+
+
+@functools.cache
+def schema_of(cls: type) -> type:
+    """The OmegaConf-compatible twin of dataclass ``cls`` (a registered base: the base node)."""
+    if registry_of(cls) is not None:
+        return dataclasses.make_dataclass(f"{cls.__name__}Node", [(NAME_KEY, str, MISSING)])
+    return _twin(cls, bases=())
+
+
+@functools.cache
+def member_schema(cls: type) -> type:
+    """The twin of a registered member (``Digits``), a subclass of its base node with its name."""
+    base = next(b for b in cls.__mro__[1:] if registry_of(b) is not None)
+    twin = _twin(cls, bases=(schema_of(base),), name_default=cls.name)
+    return twin
+
+
+def _twin(cls: type, bases: tuple[type, ...], name_default: str | None = None) -> type:
+    types_ = hints(cls)
+    fields: list[tuple[str, Any, dataclasses.Field]] = []
+    if name_default is not None:
+        fields.append((NAME_KEY, str, dataclasses.field(default=name_default)))
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        tp = _node_type(types_[f.name])
+        fields.append((f.name, tp, _default(f)))
+    return dataclasses.make_dataclass(f"{cls.__name__}Node", fields, bases=bases)
+
+
+def _default(f: dataclasses.Field) -> dataclasses.Field:
+    from dew.typed import to_json
+
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return dataclasses.field(default=MISSING)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.field(default_factory=lambda: _to_node(value))
+    plain = to_json(value)
+    if isinstance(plain, (list, dict)):
+        return dataclasses.field(default_factory=lambda: to_json(value))
+    return dataclasses.field(default=plain)
+
+
+def _to_node(value: Any) -> Any:
+    """A dataclass value as an instance of its twin (nested records as twins too)."""
+    from dew.typed import to_json
+
+    if dataclasses.is_dataclass(value):
+        cls = type(value)
+        node = member_schema(cls) if registry_of(_base(cls)) is not None else schema_of(cls)
+        return node(**{f.name: _to_node(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (list, tuple)):
+        return [_to_node(v) for v in value]
+    return to_json(value)
+
+
+def _base(cls: type) -> type:
+    for b in cls.__mro__:
+        if registry_of(b) is not None:
+            return b
+    return cls
+
+
+def _node_type(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        inner, *meta = typing.get_args(tp)
+        if any(isinstance(m, JsonString) or m is JsonString for m in meta):
+            return Any  # a JSON string or a dict; RunConfig.from_dict reads either
+        return _node_type(inner)
+    if origin is Literal:
+        kinds = {type(a) for a in typing.get_args(tp)}
+        return kinds.pop() if len(kinds) == 1 else Any
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        nodes = []
+        for a in args:
+            n = _node_type(a)
+            if n not in nodes:
+                nodes.append(n)
+        if len(nodes) == 1:
+            node = nodes[0]
+        elif all(n in (int, float, str, bool) for n in nodes):
+            node = Union[tuple(nodes)]  # noqa: UP007 - OmegaConf reads typing.Union
+        else:
+            node = Any
+        return Optional[node] if optional else node  # noqa: UP045
+    if origin is tuple:
+        args = typing.get_args(tp)
+        elem = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
+        return list[_node_type(elem)] if elem is not Any else list[Any]
+    if origin is dict:
+        return dict[str, Any]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return schema_of(tp)
+    return tp

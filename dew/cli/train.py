@@ -1,0 +1,115 @@
+"""``dew-train``: the single Hydra entry point.
+
+Hydra composes the config from conf/ and the command line; it is converted once into the typed
+``Recipe``; the dataset and the objective it names are built; ``RunConfig.train`` runs it. A bad
+input ends with one message naming the field and what is allowed, a non-zero exit status, and
+nothing written (Hydra itself writes nothing: see conf/config.yaml).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from dew.cli.schema import member_schema, schema_of
+from dew.data.specs import datasets
+from dew.recipe import Recipe
+from dew.training.schedules import schedules
+from dew.typed import ConfigError
+
+log = logging.getLogger("dew")
+
+EXIT_BAD_INPUT = 2
+
+
+def conf_dir() -> str:
+    """conf/ at the repository root (editable install), or the copy inside an installed wheel."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").exists():
+            return str(candidate)
+    raise FileNotFoundError(f"dew's conf/ directory is missing beside {here}")
+
+
+def register_configs() -> None:
+    """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="dew_run", node=schema_of(Recipe))
+    for name, cls in datasets.items():
+        cs.store(group="schema/data", name=name, node=member_schema(cls))
+    for name, cls in schedules.items():
+        cs.store(group="schema/schedule", name=name, node=member_schema(cls))
+    OmegaConf.register_new_resolver("dew_sweep", _sweep_name, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
+
+
+_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def _sweep_name(name: str | None) -> str:
+    """A sweep's directory under checkpoint_dir: the run name, else one per sweep start."""
+    return name if name else f"sweep-{_STAMP}"
+
+
+def _job_dirname(num: Any, overrides: str) -> str:
+    """A sweep job's directory: its number and its overrides, made safe as one path component."""
+    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", str(overrides))[:120]
+    return f"{num}-{safe}" if safe else str(num)
+
+
+def run_name(recipe: Recipe) -> str:
+    """The run's directory under checkpoint_dir: trainer.name, or the sweep job's, or the time."""
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        return os.path.relpath(hc.runtime.output_dir, recipe.trainer.checkpoint_dir)
+    if recipe.trainer.name:
+        return recipe.trainer.name
+    return f"run-{_STAMP}"
+
+
+def fail(message: str) -> None:
+    print(f"dew-train: error: {message}", file=sys.stderr)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def train_from_hydra(cfg: DictConfig) -> Any:
+    """Convert the composed config once, build what it names, and train."""
+    from dew.training.rundir import RunDirError, prepare_run_dir, write_hydra_record
+
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
+        name = run_name(recipe)
+        from dew.build import build_run
+
+        recipe, objective, dataset = build_run(recipe)
+        run_dir = prepare_run_dir(recipe, name)
+    except (ConfigError, ValueError, FileNotFoundError, RunDirError) as err:
+        if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
+            job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
+        fail(str(err))
+    write_hydra_record(run_dir)
+    state = recipe.train(objective, dataset, name=name, summary=objective.summary())
+    print(f"dew-train: run {name!r} is in {run_dir}", flush=True)
+    return state
+
+
+def main() -> None:
+    register_configs()
+    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
+
+
+if __name__ == "__main__":
+    main()

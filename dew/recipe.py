@@ -1,0 +1,44 @@
+"""The run ``dew-train`` composes: ``RunConfig`` plus the knobs of every objective.
+
+"Recipes add their objective's knobs by subclassing RunConfig": ``Recipe`` is that subclass, so
+every knob is typed, documented, overridable from the command line, written to run.json and read
+back by ``Recipe.load``. Only the knobs of the objective a run trains are read. No JAX here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dew.config import RunConfig
+from dew.objectives.knobs import FlowMatchingKnobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe(RunConfig):
+    """A whole run as ``dew-train`` composes it."""
+
+    flow_matching: FlowMatchingKnobs = dataclasses.field(default_factory=FlowMatchingKnobs)
+    """Knobs of the ``flow_matching`` objective."""
+
+
+def with_data_fields(run: RunConfig, data_fields: dict[str, object]) -> RunConfig:
+    """``run`` with the model fields that follow from the data filled in.
+
+    Only fields the architecture declares as following from the data are filled; an explicit value
+    that disagrees with the data is an error, not a silent override.
+    """
+    from dew.models.registry import architecture
+    from dew.typed import ConfigError
+
+    arch = architecture(run.model.architecture)
+    config = dict(run.model.config)
+    for key in arch.data_fields:
+        if key not in data_fields:
+            continue
+        value = data_fields[key]
+        if key in config and config[key] != value:
+            raise ConfigError(f"model.config.{key}={config[key]!r} conflicts with the data: "
+                              f"data={run.data.name} has {key}={value!r}; drop the override")
+        config[key] = value
+    model = dataclasses.replace(run.model, config=config)
+    return dataclasses.replace(run, model=model)
