@@ -1,0 +1,182 @@
+"""Self-attention shared by ``simple_dit`` and ``transformer``, and the choice of its kernel.
+
+The layer projects to per-head queries, keys and values, calls ``jax.nn.dot_product_attention`` with
+the implementation ``attention_impl`` chooses, and projects back:
+
+- ``q``: ``LinearGeneral`` with kernel ``(hidden, num_heads, head_dim)``
+- ``k``, ``v``: kernels ``(hidden, num_kv_heads, head_dim)``; query head ``n`` reads key/value head
+  ``n // (num_heads // num_kv_heads)`` (grouped-query attention, as ``jax.nn.dot_product_attention``
+  groups them)
+- ``o``: kernel ``(num_heads, head_dim, hidden)``
+
+**Kernel.** ``xla`` runs anywhere; ``cudnn`` is cuDNN's fused flash attention, which needs a CUDA GPU,
+bfloat16 or float16 inputs and a head dim that is a multiple of 8 and at most 128 (256 from Hopper on).
+``auto`` takes cudnn exactly when all of that holds and xla otherwise, and logs its choice (logger
+``dew.models.attention``, once per distinct choice). An explicit ``cudnn`` that cannot run raises a
+ValueError that says why, instead of falling back.
+
+**Maximum logits (MuonClip).** ``Attention(x, return_max_logits=True)`` also returns, per query head,
+the largest pre-softmax logit ``scale · q·k`` over the batch and every query/key pair the mask lets
+through (causal and padded entries excluded), as float32 of shape ``(num_heads,)`` and outside the
+gradient. It is computed by a separate ``QKᵀ`` under ``stop_gradient`` (XLA usually shares it with
+the xla kernel's own), since the fused cuDNN kernel does not expose its logits.
+
+**Precision.** ``jax.nn.dot_product_attention`` takes no ``precision=``; its matmuls are traced under
+``jax.default_matmul_precision(matmul_precision)``, which is the same request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dew.models.precision import Precision
+
+logger = logging.getLogger(__name__)
+_logged: set[tuple[str, str]] = set()
+
+
+# -------------------------------------------------------------------------------------- kernel choice
+
+
+def cudnn_obstacles(dtype: Any, head_dim: int) -> list[str]:
+    """Why cuDNN flash attention cannot run for ``dtype`` and ``head_dim`` here; empty when it can."""
+    obstacles = []
+    device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    if jax.default_backend() != "gpu" or capability is None:
+        obstacles.append(f"the backend is {jax.default_backend()!r}, not a CUDA GPU")
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        obstacles.append(f"dtype is {jnp.dtype(dtype).name}, and cuDNN takes bfloat16 or float16")
+    hopper = capability is not None and float(capability) >= 9.0
+    most = 256 if hopper else 128
+    if head_dim % 8 or head_dim > most:
+        obstacles.append(f"head_dim={head_dim} is not a multiple of 8 at most {most}")
+    return obstacles
+
+
+def choose_implementation(impl: str, dtype: Any, head_dim: int) -> str:
+    """Resolve ``attention_impl`` (``auto``, ``xla``, ``cudnn``) to the kernel that will run."""
+    if impl == "xla":
+        return "xla"
+    obstacles = cudnn_obstacles(dtype, head_dim)
+    if impl == "cudnn":
+        if obstacles:
+            raise ValueError(f"attention_impl='cudnn' cannot run: {'; '.join(obstacles)}. "
+                             "Use attention_impl='auto' (cudnn where it can run, xla elsewhere) or 'xla'.")
+        return "cudnn"
+    if impl != "auto":
+        raise ValueError(f"attention_impl={impl!r}; known: auto, cudnn, xla")
+    chosen, why = ("xla", "; ".join(obstacles)) if obstacles else ("cudnn", "cuDNN supports this shape")
+    if (chosen, why) not in _logged:
+        _logged.add((chosen, why))
+        logger.info("attention_impl=auto chose %s (%s)", chosen, why)
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------- the math
+
+
+def max_logits(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, *, scale: float, causal: bool = False,
+               kv_lengths: jax.Array | None = None) -> jax.Array:
+    """The largest pre-softmax logit of each query head over the batch and the unmasked pairs.
+
+    Float32 of shape ``(N,)``, outside the gradient.
+    """
+    q, k = jax.lax.stop_gradient(q_BxTxNxH), jax.lax.stop_gradient(k_BxSxKxH)
+    B, T, N, H = q.shape
+    S, K = k.shape[1], k.shape[2]
+    q_BxTxKxGxH = q.reshape(B, T, K, N // K, H)
+    logits_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k,
+                                  preferred_element_type=jnp.float32) * scale
+    allowed_BxTxS = jnp.ones((B, T, S), bool)
+    if causal:
+        allowed_BxTxS &= jnp.tril(jnp.ones((T, S), bool))[None]
+    if kv_lengths is not None:
+        allowed_BxTxS &= (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, None, :]
+    logits_BxKxGxTxS = jnp.where(allowed_BxTxS[:, None, None], logits_BxKxGxTxS, -jnp.inf)
+    return logits_BxKxGxTxS.max(axis=(0, 3, 4)).reshape(N)
+
+
+def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, *, scale: float,
+           causal: bool = False, kv_lengths: jax.Array | None = None, impl: str = "auto",
+           matmul_precision: str = "default") -> jax.Array:
+    """``softmax(scale · QKᵀ + mask) V`` per head with the kernel ``impl`` resolves to.
+
+    ``kv_lengths`` (int32, ``(B,)``) marks each sequence's valid keys ``[0, length)`` (right padding).
+    """
+    implementation = choose_implementation(impl, q_BxTxNxH.dtype, q_BxTxNxH.shape[-1])
+    with jax.default_matmul_precision(matmul_precision):
+        return jax.nn.dot_product_attention(
+            q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, scale=scale, is_causal=causal,
+            key_value_seq_lengths=None if kv_lengths is None else kv_lengths.astype(jnp.int32),
+            implementation=implementation)
+
+
+def rope_tables(positions_T: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """Sine and cosine of rotary position embeddings (Su et al. 2021), ``(T, head_dim // 2)`` each."""
+    inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles_TxH2 = positions_T.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.sin(angles_TxH2), jnp.cos(angles_TxH2)
+
+
+def apply_rope(x_BxTxNxH: jax.Array, sin_cos: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Rotate each (first half, second half) pair of features by its position's angle (float32)."""
+    sin, cos = (a[None, :, None, :] for a in sin_cos)
+    x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x_BxTxNxH.dtype)
+
+
+# ----------------------------------------------------------------------------------------- the layer
+
+
+class Attention(nnx.Module):
+    """Multi-head (or grouped-query) self-attention with optional QK-norm and rotary embeddings."""
+
+    def __init__(self, hidden_size: int, num_heads: int, *, precision: Precision, rngs: nnx.Rngs,
+                 num_kv_heads: int | None = None, head_dim: int | None = None, use_bias: bool = True,
+                 qk_norm: bool = False, norm_eps: float = 1e-6, scale: float | None = None,
+                 impl: str = "auto", kernel_init: Any = nnx.initializers.xavier_uniform(),
+                 out_init: Any | None = None) -> None:
+        num_kv_heads = num_kv_heads or num_heads
+        head_dim = head_dim or hidden_size // num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+        self.impl, self.matmul_precision = impl, precision.matmul
+        kw = dict(use_bias=use_bias, rngs=rngs, **precision.linear_kwargs)
+        self.q = nnx.LinearGeneral(hidden_size, (num_heads, head_dim), kernel_init=kernel_init, **kw)
+        self.k = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), kernel_init=kernel_init, **kw)
+        self.v = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), kernel_init=kernel_init, **kw)
+        self.o = nnx.LinearGeneral((num_heads, head_dim), hidden_size, axis=(-2, -1),
+                                   kernel_init=out_init or kernel_init, **kw)
+        if qk_norm:
+            self.q_norm = nnx.RMSNorm(head_dim, epsilon=norm_eps, rngs=rngs, **precision.dtypes)
+            self.k_norm = nnx.RMSNorm(head_dim, epsilon=norm_eps, rngs=rngs, **precision.dtypes)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(self, x_BxTxD: jax.Array, *, causal: bool = False,
+                 rope: tuple[jax.Array, jax.Array] | None = None,
+                 kv_lengths: jax.Array | None = None,
+                 return_max_logits: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = self.q(x_BxTxD), self.k(x_BxTxD), self.v(x_BxTxD)
+        if self.q_norm is not None:
+            q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
+        if rope is not None:
+            q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)
+        out_BxTxNxH = attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, scale=self.scale, causal=causal,
+                             kv_lengths=kv_lengths, impl=self.impl,
+                             matmul_precision=self.matmul_precision)
+        out_BxTxD = self.o(out_BxTxNxH)
+        if not return_max_logits:
+            return out_BxTxD
+        return out_BxTxD, max_logits(q_BxTxNxH, k_BxTxKxH, scale=self.scale, causal=causal,
+                                     kv_lengths=kv_lengths)

@@ -1,0 +1,239 @@
+"""``simple_dit``: the diffusion transformer of Peebles & Xie, "Scalable Diffusion Models with
+Transformers" (2023), on images or on token sequences.
+
+Image mode: ``model(x, t, y) -> out``
+
+- ``x``: float ``(B, H, W, C)`` (NHWC), ``H = W = input_size``, ``C = in_channels``.
+- ``t``: float ``(B,)`` flow-matching / diffusion time in ``[0, 1]``. The timestep embedder multiplies
+  it by ``TIME_SCALE = 1000`` before the sinusoid, so its frequencies are those DiT uses for its
+  integer timesteps 0..999.
+- ``y``: int ``(B,)`` class labels in ``[0, num_classes]``; the value ``num_classes`` is the "null"
+  class that classifier-free guidance trains with and samples from. ``y=None`` means all null. With
+  ``num_classes=0`` the model is unconditional and ``y`` is ignored.
+- ``out``: ``x``'s shape, or ``2C`` channels with ``learn_sigma`` (the first ``C`` the prediction),
+  in the compute dtype.
+
+Token mode (``vocab_size`` set): ``model(tokens, t, y=None) -> logits``, ``tokens`` int ``(B, L)`` with
+``L <= input_size``, ``logits`` ``(B, L, vocab_size)``. A token embedding replaces the patch embedding,
+attention is bidirectional; this is the network of the masked-diffusion language model.
+
+Both modes take ``return_max_logits=True`` and then return ``(out, max_logits)``, ``max_logits``
+float32 ``(depth, num_heads)``: each block's largest pre-softmax attention logit per head over the
+batch (``dew.models.attention``), outside the gradient, for MuonClip's QK-clip.
+
+**Initialisation (adaLN-Zero, §3.2).** Every block's modulation (shift, scale, gate of attention and
+MLP) comes from ``adaLN_modulation`` applied to the conditioning ``c = t_embedder(t) + y_embedder(y)``,
+and that layer and the final layer start at zero, so every block is the identity and the model
+outputs exactly zero at initialisation. Other matrices are Xavier-uniform, the embedding tables and
+the timestep MLP normal(0.02), as in DiT's reference code.
+
+**Parameters** (``blocks`` stacked on a leading ``depth`` axis, ``dew.models.stack``):
+``x_embedder`` (image: ``Linear(p·p·C, hidden)``, the patch convolution as a matmul; tokens:
+``Embed``), ``t_embedder/mlp_in``, ``t_embedder/mlp_out``, ``y_embedder/embedding`` of
+``(num_classes + 1, hidden)``, ``blocks/adaLN_modulation``, ``blocks/attn/{q,k,v,o}``
+(``blocks/attn/q/kernel`` is ``(depth, hidden, num_heads, head_dim)``, ``blocks/attn/k/kernel`` the
+same, ``blocks/attn/o/kernel`` ``(depth, num_heads, head_dim, hidden)``), ``blocks/mlp_in``,
+``blocks/mlp_out``, ``final_layer/adaLN_modulation``, ``final_layer/linear``. The 2-D sin-cos position
+embedding is fixed and is not a parameter.
+
+``DIT_PRESETS`` holds the paper's model sizes (Table 1) by name, ``S/2`` ... ``XL/8``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dew.models import stack
+from dew.models.attention import Attention
+from dew.models.precision import Precision
+from dew.models.registry import SimpleDiTFields
+
+TIME_SCALE = 1000.0
+"""``t`` in [0, 1] is multiplied by this before the sinusoidal embedding (DiT's timesteps are 0..999)."""
+
+_SIZES = {"S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "XL": (1152, 28, 16)}
+DIT_PRESETS: dict[str, dict[str, int]] = {
+    f"{size}/{patch}": {"hidden_size": hidden, "depth": depth, "num_heads": heads, "patch_size": patch}
+    for size, (hidden, depth, heads) in _SIZES.items() for patch in (2, 4, 8)
+}
+"""The paper's configurations (Table 1): name -> the ``simple_dit`` fields it sets. The paper's
+256x256 models add ``input_size=32, in_channels=4, num_classes=1000, learn_sigma=True``."""
+
+_normal = nnx.initializers.normal(0.02)
+_zeros = nnx.initializers.zeros_init()
+
+
+# ------------------------------------------------------------------------------------ embeddings
+
+
+def patchify(x_BxHxWxC: jax.Array, p: int) -> jax.Array:
+    """``(B, H, W, C)`` -> ``(B, H/p · W/p, p·p·C)``, patches in row-major order."""
+    B, H, W, C = x_BxHxWxC.shape
+    x = x_BxHxWxC.reshape(B, H // p, p, W // p, p, C).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(B, (H // p) * (W // p), p * p * C)
+
+
+def unpatchify(x_BxNxP: jax.Array, p: int, channels: int) -> jax.Array:
+    """The inverse of ``patchify`` for a square image of ``channels`` channels."""
+    B, N, _ = x_BxNxP.shape
+    side = math.isqrt(N)
+    x = x_BxNxP.reshape(B, side, side, p, p, channels).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(B, side * p, side * p, channels)
+
+
+def sincos_1d(dim: int, positions: np.ndarray) -> np.ndarray:
+    """Sin-cos embedding of ``positions`` (MAE / DiT): ``(len, dim)``, sines then cosines."""
+    omega = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
+    angles = positions.reshape(-1)[:, None] * omega[None, :]
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+
+def sincos_2d(dim: int, side: int) -> np.ndarray:
+    """DiT's fixed 2-D position embedding of a ``side`` x ``side`` grid: ``(side², dim)``."""
+    grid_w, grid_h = np.meshgrid(np.arange(side, dtype=np.float64), np.arange(side, dtype=np.float64))
+    return np.concatenate([sincos_1d(dim // 2, grid_w), sincos_1d(dim // 2, grid_h)], axis=1)
+
+
+def timestep_embedding(t_B: jax.Array, dim: int, max_period: float = 10000.0) -> jax.Array:
+    """DiT's sinusoidal timestep embedding: cosines then sines of ``t`` at geometric frequencies."""
+    half = dim // 2
+    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+    args_BxF = t_B.astype(jnp.float32)[:, None] * freqs[None]
+    return jnp.concatenate([jnp.cos(args_BxF), jnp.sin(args_BxF)], axis=-1)
+
+
+class TimestepEmbedder(nnx.Module):
+    """``t`` -> sinusoid of ``TIME_SCALE · t`` -> MLP (Linear, SiLU, Linear)."""
+
+    def __init__(self, hidden: int, precision: Precision, rngs: nnx.Rngs, frequency_size: int = 256):
+        self.frequency_size = frequency_size
+        kw = dict(kernel_init=_normal, rngs=rngs, **precision.linear_kwargs)
+        self.mlp_in = nnx.Linear(frequency_size, hidden, **kw)
+        self.mlp_out = nnx.Linear(hidden, hidden, **kw)
+
+    def __call__(self, t_B: jax.Array) -> jax.Array:
+        freq_BxF = timestep_embedding(TIME_SCALE * t_B, self.frequency_size)
+        return self.mlp_out(jax.nn.silu(self.mlp_in(freq_BxF)))
+
+
+# ------------------------------------------------------------------------------------------ blocks
+
+
+def modulate(x_BxTxD: jax.Array, shift_BxD: jax.Array, scale_BxD: jax.Array) -> jax.Array:
+    return x_BxTxD * (1 + scale_BxD[:, None]) + shift_BxD[:, None]
+
+
+class DiTBlock(nnx.Module):
+    """A transformer block whose LayerNorms are modulated by the conditioning, with zero-init gates."""
+
+    def __init__(self, f: SimpleDiTFields, precision: Precision, rngs: nnx.Rngs):
+        D, mlp_hidden = f.hidden_size, int(f.hidden_size * f.mlp_ratio)
+        norm = dict(epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs, **precision.dtypes)
+        self.norm1, self.norm2 = nnx.LayerNorm(D, **norm), nnx.LayerNorm(D, **norm)
+        # LinearGeneral initialises its kernel flattened to (fan in, fan out): Xavier as in DiT.
+        self.attn = Attention(D, f.num_heads, precision=precision, rngs=rngs, impl=f.attention_impl,
+                              kernel_init=nnx.initializers.xavier_uniform())
+        xavier = dict(kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs, **precision.linear_kwargs)
+        self.mlp_in = nnx.Linear(D, mlp_hidden, **xavier)
+        self.mlp_out = nnx.Linear(mlp_hidden, D, **xavier)
+        self.adaLN_modulation = nnx.Linear(D, 6 * D, kernel_init=_zeros, rngs=rngs,
+                                           **precision.linear_kwargs)
+
+    def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mod = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 6, axis=-1)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
+        attn_BxTxD, max_logits_N = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
+                                             return_max_logits=True)
+        x_BxTxD = x_BxTxD + gate_msa[:, None] * attn_BxTxD
+        h = self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp))
+        x_BxTxD = x_BxTxD + gate_mlp[:, None] * self.mlp_out(jax.nn.gelu(h, approximate=True))
+        return x_BxTxD, max_logits_N
+
+
+class FinalLayer(nnx.Module):
+    """Modulated LayerNorm and a zero-initialised projection to each token's output."""
+
+    def __init__(self, hidden: int, out_features: int, precision: Precision, rngs: nnx.Rngs):
+        self.norm_final = nnx.LayerNorm(hidden, epsilon=1e-6, use_bias=False, use_scale=False,
+                                        rngs=rngs, **precision.dtypes)
+        zero = dict(kernel_init=_zeros, rngs=rngs, **precision.linear_kwargs)
+        self.linear = nnx.Linear(hidden, out_features, **zero)
+        self.adaLN_modulation = nnx.Linear(hidden, 2 * hidden, **zero)
+
+    def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array) -> jax.Array:
+        shift, scale = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 2, axis=-1)
+        return self.linear(modulate(self.norm_final(x_BxTxD), shift, scale))
+
+
+# ------------------------------------------------------------------------------------------- model
+
+
+class SimpleDiT(nnx.Module):
+    """DiT with adaLN-Zero blocks, on images (NHWC) or, with ``vocab_size``, on token sequences."""
+
+    def __init__(self, f: SimpleDiTFields, rngs: nnx.Rngs):
+        self.fields = f
+        precision = Precision.of(f)
+        D = f.hidden_size
+        self.tokens = f.vocab_size is not None
+        if self.tokens:
+            self.x_embedder = nnx.Embed(f.vocab_size, D, embedding_init=_normal, rngs=rngs,
+                                        **precision.dtypes)
+            out_features = f.vocab_size
+        else:
+            self.x_embedder = nnx.Linear(f.patch_size ** 2 * f.in_channels, D,
+                                         kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs,
+                                         **precision.linear_kwargs)
+            self.out_channels = f.in_channels * (2 if f.learn_sigma else 1)
+            out_features = f.patch_size ** 2 * self.out_channels
+        self.t_embedder = TimestepEmbedder(D, precision, rngs)
+        self.y_embedder = (nnx.Embed(f.num_classes + 1, D, embedding_init=_normal, rngs=rngs,
+                                     **precision.dtypes) if f.num_classes else None)
+        self.blocks = stack.stack(lambda r: DiTBlock(f, precision, r), f.depth, rngs)
+        self.final_layer = FinalLayer(D, out_features, precision, rngs)
+        self.dtype = precision.dtype
+
+    def position_embedding(self, length: int) -> np.ndarray:
+        if self.tokens:
+            return sincos_1d(self.fields.hidden_size, np.arange(length, dtype=np.float64))
+        return sincos_2d(self.fields.hidden_size, self.fields.input_size // self.fields.patch_size)
+
+    def __call__(self, x: jax.Array, t_B: jax.Array, y_B: jax.Array | None = None, *,
+                 return_max_logits: bool = False) -> Any:
+        f = self.fields
+        if self.tokens:
+            if x.ndim != 2 or x.shape[1] > f.input_size:
+                raise ValueError(f"simple_dit (tokens) takes (batch, length <= input_size="
+                                 f"{f.input_size}) token ids, got shape {x.shape}")
+            h_BxTxD = self.x_embedder(x)
+        else:
+            expected = (f.input_size, f.input_size, f.in_channels)
+            if x.ndim != 4 or x.shape[1:] != expected:
+                raise ValueError(f"simple_dit takes images of shape (batch, {expected[0]}, "
+                                 f"{expected[1]}, {expected[2]}) (NHWC), got {x.shape}")
+            h_BxTxD = self.x_embedder(patchify(x, f.patch_size).astype(self.dtype))
+        h_BxTxD = h_BxTxD + jnp.asarray(self.position_embedding(h_BxTxD.shape[1]), self.dtype)
+
+        c_BxD = self.t_embedder(t_B)
+        if self.y_embedder is not None:
+            if y_B is None:
+                y_B = jnp.full(t_B.shape, f.num_classes, jnp.int32)
+            c_BxD = c_BxD + self.y_embedder(y_B)
+
+        h_BxTxD, max_logits_LxN = stack.run(
+            self.blocks, lambda block, h: block(h, c_BxD), h_BxTxD, scan=f.scan_layers)
+        out = self.final_layer(h_BxTxD, c_BxD)
+        if not self.tokens:
+            out = unpatchify(out, f.patch_size, self.out_channels)
+        return (out, max_logits_LxN) if return_max_logits else out
+
+
+def build(fields: SimpleDiTFields, rngs: nnx.Rngs) -> SimpleDiT:
+    """The registry's builder for ``simple_dit``."""
+    return SimpleDiT(fields, rngs)
