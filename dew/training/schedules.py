@@ -1,14 +1,24 @@
 """Learning-rate schedule records: one typed record per kind, each holding only its own fields.
 
-These records are plain dataclasses (no JAX) so that ``dew.config`` can hold them; the optax
-schedules they describe are built by ``dew.training.optim``. Every schedule warms up linearly from
-0 over ``warmup_steps`` optimizer updates and peaks at ``OptimConfig.learning_rate``.
+These records are plain dataclasses (no JAX at import) so that ``dew.config`` can hold them;
+``build_schedule`` turns one into the function of the step that ``dew.training.optim`` hands to
+optax. Every schedule warms up linearly from 0 over ``warmup_steps`` optimizer updates and peaks at
+``OptimConfig.learning_rate``.
+
+Steps follow dew's convention: ``step`` is the number of completed optimizer updates, so the rate
+at ``step`` is the one the update from ``step`` to ``step + 1`` uses (optax's ``count``), and a run
+of ``total_steps`` updates ends at ``step == total_steps``: "the last step" of a decay below is that
+end point.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +100,89 @@ class PowerSchedule(ScheduleSpec):
 def _check_warmup(spec: ScheduleSpec) -> None:
     if spec.warmup_steps < 0:  # type: ignore[attr-defined]
         raise ValueError(f"optim.schedule.warmup_steps={spec.warmup_steps} must be >= 0")  # type: ignore[attr-defined]
+
+
+def build_schedule(
+    spec: ScheduleSpec | None,
+    peak: float,
+    *,
+    total_steps: int,
+    tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
+) -> Callable[[jax.Array], jax.Array]:
+    """Return the learning rate as a function of the step (an int32 array), a float32 array.
+
+    ``spec`` None is the constant ``peak``. ``tokens_seen(step)`` is the number of tokens (records,
+    for data without tokens) consumed before ``step``; only the power schedule reads it, and
+    requires it. It should return a float array: token counts pass int32's range in real runs.
+    """
+    import jax.numpy as jnp
+
+    if spec is None:
+        return lambda step: jnp.full((), peak, jnp.float32)
+    if total_steps < 1:
+        raise ValueError(f"total_steps={total_steps} must be >= 1 for a schedule")
+    warmup = spec.warmup_steps  # type: ignore[attr-defined]
+    if warmup > total_steps:
+        raise ValueError(f"optim.schedule.warmup_steps={warmup} exceeds the run's {total_steps} steps")
+
+    def warmup_ramp(step: jax.Array) -> jax.Array:
+        # step / warmup, 1 once warmed up (and with no warmup at all).
+        return jnp.minimum(step.astype(jnp.float32) / max(warmup, 1), 1.0) if warmup else jnp.float32(1.0)
+
+    def decay_progress(step: jax.Array) -> jax.Array:
+        # 0 at the end of warmup, 1 at the run's end (and after it).
+        span = max(total_steps - warmup, 1)
+        return jnp.clip((step.astype(jnp.float32) - warmup) / span, 0.0, 1.0)
+
+    if isinstance(spec, CosineSchedule):
+        floor = spec.floor_ratio
+
+        def cosine(step: jax.Array) -> jax.Array:
+            decay = floor + (1.0 - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * decay_progress(step)))
+            return peak * jnp.where(step < warmup, warmup_ramp(step), decay)
+
+        return cosine
+    if isinstance(spec, LinearSchedule):
+        end = spec.end_ratio
+
+        def linear(step: jax.Array) -> jax.Array:
+            decay = 1.0 + (end - 1.0) * decay_progress(step)
+            return peak * jnp.where(step < warmup, warmup_ramp(step), decay)
+
+        return linear
+    if isinstance(spec, PowerSchedule):
+        if tokens_seen is None:
+            raise ValueError(
+                "optim.schedule is the power schedule, a function of tokens seen: build_optimizer needs "
+                "tokens_seen(step) (the trainer passes it, with the batch ramp in it)"
+            )
+        tail = spec.decay_steps if spec.decay_steps is not None else round((spec.decay_fraction or 0.0) * total_steps)
+        tail_start = total_steps - tail
+        if tail and tail_start < warmup:
+            raise ValueError(
+                f"optim.schedule: the linear tail of {tail} steps starts at step {tail_start}, "
+                f"inside the {warmup} warmup steps of a {total_steps}-step run"
+            )
+        a, b = spec.a, spec.b
+
+        def power_law(tokens: jax.Array) -> jax.Array:
+            # min(lr_max, a·T^b); at T = 0 the law is infinite and the peak holds.
+            return jnp.minimum(peak, a * jnp.power(tokens.astype(jnp.float32), b))
+
+        def power(step: jax.Array) -> jax.Array:
+            step = jnp.asarray(step)
+            rate = jnp.where(
+                step < warmup,
+                warmup_ramp(step) * power_law(tokens_seen(jnp.asarray(warmup, step.dtype))),
+                power_law(tokens_seen(step)),
+            )
+            if tail:
+                left = jnp.clip((total_steps - step.astype(jnp.float32)) / tail, 0.0, 1.0)
+                rate = jnp.where(step >= tail_start, rate * left, rate)
+            return rate
+
+        return power
+    raise TypeError(f"unknown schedule record {type(spec).__name__}; known: {sorted(schedules)}")
 
 
 schedules: dict[str, type[ScheduleSpec]] = {
