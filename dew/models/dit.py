@@ -145,11 +145,13 @@ class DiTBlock(nnx.Module):
         self.adaLN_modulation = nnx.Linear(D, 6 * D, kernel_init=_zeros, rngs=rngs,
                                            **precision.linear_kwargs)
 
-    def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array,
+                 return_max_logits: bool) -> tuple[jax.Array, jax.Array | None]:
         mod = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 6, axis=-1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
-        attn_BxTxD, max_logits_N = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
-                                             return_max_logits=True)
+        attn = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
+                         return_max_logits=return_max_logits)
+        attn_BxTxD, max_logits_N = attn if return_max_logits else (attn, None)
         x_BxTxD = x_BxTxD + gate_msa[:, None] * attn_BxTxD
         h = self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp))
         x_BxTxD = x_BxTxD + gate_mlp[:, None] * self.mlp_out(jax.nn.gelu(h, approximate=True))
@@ -227,7 +229,7 @@ class SimpleDiT(nnx.Module):
             c_BxD = c_BxD + self.y_embedder(y_B)
 
         h_BxTxD, max_logits_LxN = stack.run(
-            self.blocks, lambda block, h: block(h, c_BxD), h_BxTxD, scan=f.scan_layers)
+            self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers)
         out = self.final_layer(h_BxTxD, c_BxD)
         if not self.tokens:
             out = unpatchify(out, f.patch_size, self.out_channels)

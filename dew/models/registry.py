@@ -57,6 +57,28 @@ class SimpleDiTFields:
     attention_impl: AttentionImpl = "auto"
     """Attention kernel; see ``ModelConfig.attention_impl``."""
 
+    def __post_init__(self) -> None:
+        _positive(self, "input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads")
+        _divides(self, "num_heads", "hidden_size")
+        if self.mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio={self.mlp_ratio} must be > 0")
+        if self.num_classes < 0:
+            raise ValueError(f"num_classes={self.num_classes} must be >= 0 (0 is unconditional)")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size={self.vocab_size} must be >= 1")
+        if self.vocab_size is not None and self.learn_sigma:
+            raise ValueError("learn_sigma=True predicts image variances; token data "
+                             f"(vocab_size={self.vocab_size}) has none")
+        if (self.hidden_size // 2) % 2:
+            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of 4 "
+                             "(the 2-D sin-cos position embedding splits it in four)")
+
+    def check_data(self) -> None:
+        """Checks that need the data's fields, which the recipe fills in after the config is read."""
+        if self.vocab_size is None and self.input_size % self.patch_size:
+            raise ValueError(f"simple_dit: input_size={self.input_size} is not a multiple of "
+                             f"patch_size={self.patch_size}")
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerFields:
@@ -74,6 +96,8 @@ class TransformerFields:
     """Query heads per block."""
     num_kv_heads: int | None = None
     """Key/value heads (grouped-query attention); unset is ``num_heads`` (multi-head)."""
+    head_dim: int | None = None
+    """Features per head; unset is ``hidden_size // num_heads``."""
     mlp_hidden: int | None = None
     """SwiGLU hidden width; unset is 8/3·hidden_size rounded up to a multiple of 128."""
     qk_norm: bool = False
@@ -85,7 +109,8 @@ class TransformerFields:
     norm_eps: float = 1e-6
     """Epsilon of every RMSNorm."""
     mup: bool = False
-    """Apply lm-engine's muP multipliers: logits / width multiplier, attention scaled by 1/head_dim."""
+    """Apply lm-engine's muP multipliers: logits / width multiplier, attention scaled by 1/head_dim,
+    hidden matrices initialised with ``init_std / sqrt(width multiplier)``."""
     mup_base_width: int = 256
     """The width the muP multipliers are relative to (width multiplier = hidden_size / this)."""
     embedding_multiplier: float = 1.0
@@ -104,6 +129,37 @@ class TransformerFields:
     """What every matmul asks XLA for: default, high or highest."""
     attention_impl: AttentionImpl = "auto"
     """Attention kernel; see ``ModelConfig.attention_impl``."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "vocab_size", "seq_len", "hidden_size", "depth", "num_heads", "mup_base_width")
+        if self.head_dim is None:
+            _divides(self, "num_heads", "hidden_size")
+        head_dim = self.head_dim or self.hidden_size // self.num_heads
+        if head_dim < 2 or head_dim % 2:
+            raise ValueError(f"head_dim={head_dim} must be even (rotary embeddings rotate pairs)")
+        if self.num_kv_heads is not None:
+            _positive(self, "num_kv_heads")
+            _divides(self, "num_kv_heads", "num_heads")
+        if self.mlp_hidden is not None:
+            _positive(self, "mlp_hidden")
+        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
+            raise ValueError(f"norm_eps={self.norm_eps}, init_std={self.init_std} and "
+                             f"rope_theta={self.rope_theta} must be > 0")
+
+    def check_data(self) -> None:
+        """Checks that need the data's fields; every field check of ``transformer`` is above."""
+
+
+def _positive(record: object, *names: str) -> None:
+    for name in names:
+        if getattr(record, name) < 1:
+            raise ValueError(f"{name}={getattr(record, name)} must be >= 1")
+
+
+def _divides(record: object, divisor: str, name: str) -> None:
+    if getattr(record, name) % getattr(record, divisor):
+        raise ValueError(f"{name}={getattr(record, name)} is not a multiple of "
+                         f"{divisor}={getattr(record, divisor)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +226,37 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
         raise ConfigError(f"model.config ({name}): {err}") from None
 
 
+def with_data_fields(name: str, values: Mapping[str, object],
+                     from_data: Mapping[str, object]) -> dict[str, object]:
+    """Return ``values`` with the fields that follow from the data filled in from ``from_data``.
+
+    ``from_data`` is what the dataset says (``input_size``, ``in_channels``, ``num_classes``,
+    ``vocab_size``, ``seq_len``, ...); only the architecture's data fields are taken from it. An
+    explicit value that differs from the data's raises naming both, instead of being overridden.
+    """
+    from dew.typed import ConfigError
+
+    arch = architecture(name)
+    merged = dict(values)
+    for key in arch.data_fields:
+        if key not in from_data:
+            continue
+        if key in merged and merged[key] != from_data[key]:
+            raise ConfigError(f"model.config.{key}={merged[key]!r} conflicts with the data's "
+                              f"{key}={from_data[key]!r} (architecture {name!r}); drop the field "
+                              "and it follows the data")
+        merged[key] = from_data[key]
+    return merged
+
+
 def build(name: str, values: Mapping[str, object], rngs: nnx.Rngs) -> nnx.Module:
     """Build architecture ``name`` from its fields (merged over its defaults)."""
+    from dew.typed import ConfigError
+
     record = resolve_fields(name, values)
+    try:
+        record.check_data()
+    except ValueError as err:
+        raise ConfigError(f"model.config ({name}): {err}") from None
     module_name, function = architecture(name).builder.split(":")
     return getattr(importlib.import_module(module_name), function)(record, rngs)
