@@ -92,17 +92,29 @@ class TokenWindows(DataSpec):
     seq_len: int = 256
     """Tokens per window (each example reads seq_len + 1 tokens for next-token targets)."""
     vocab_size: int | None = None
-    """Vocabulary size; unset reads it from the sidecar JSON beside the file."""
+    """Vocabulary size (ids lie in [0, vocab_size)); unset reads it from the tokens.json sidecar
+    that dew-prepare writes in the files' directory."""
     val_path: str | None = None
     """A separate validation file (or glob); exclusive with ``val_fraction``."""
     val_fraction: float = 0.0
-    """Fraction of the tokens (at the end of the file) held out for evaluation."""
+    """Fraction of the windows (the last ones of the sorted files) held out for evaluation."""
+    format: Literal["auto", "raw", "npy", "llmc"] = "auto"
+    """How the files are read: auto takes .npy by its suffix, an llm.c shard by its magic
+    20240520 and anything else as raw ids; the others insist on one format."""
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    """Element type of a raw file (little-endian); .npy files and llm.c shards carry their own."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
             raise ValueError(f"data.seq_len={self.seq_len} must be >= 1")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction} must lie in [0, 1)")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"data.vocab_size={self.vocab_size} must be >= 1")
+        if self.format not in ("auto", "raw", "npy", "llmc"):
+            raise ValueError(f"data.format={self.format!r} must be one of auto, raw, npy, llmc")
+        if self.dtype not in ("uint16", "uint32"):
+            raise ValueError(f"data.dtype={self.dtype!r} must be uint16 or uint32")
 
     def load(self, batch_size: int, seed: int) -> Dataset:
         from dew.data.tokens import load_token_windows
@@ -110,7 +122,39 @@ class TokenWindows(DataSpec):
         return load_token_windows(self, batch_size=batch_size, seed=seed)
 
 
+@dataclasses.dataclass(frozen=True)
+class TextStream(DataSpec):
+    """Text files tokenized and packed into windows on the fly: a stream with no record count.
+
+    The files are read whole, in an order reshuffled from the run's seed on every pass, each
+    followed by the end-of-text id, and packed back to back into windows of seq_len + 1 tokens
+    (grain's concat-then-split). Having no record count, it has no epoch: the run's length and
+    intervals must be given in steps. Its read position is grain's packing state, so it resumes.
+    """
+
+    name: ClassVar[str] = "text_stream"
+    path: str = ""
+    """UTF-8 text files to train on: a path or a glob."""
+    seq_len: int = 256
+    """Tokens per window (each example holds seq_len + 1 tokens for next-token targets)."""
+    tokenizer: str | None = None
+    """A tokens.json sidecar written by dew-prepare whose tokenizer encodes the text; unset encodes
+    UTF-8 bytes (vocabulary 257: the 256 byte values and end-of-text 256)."""
+    val_path: str | None = None
+    """UTF-8 text files (a path or a glob) packed once, in order, for evaluation; unset evaluates
+    nothing."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"data.seq_len={self.seq_len} must be >= 1")
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.stream import load_text_stream
+
+        return load_text_stream(self, batch_size=batch_size, seed=seed)
+
+
 datasets: dict[str, type[DataSpec]] = {
-    cls.name: cls for cls in (OxfordFlowers102, Digits, TokenWindows)
+    cls.name: cls for cls in (OxfordFlowers102, Digits, TokenWindows, TextStream)
 }
 """Dataset name -> spec class."""

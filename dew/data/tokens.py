@@ -1,0 +1,124 @@
+"""``token_windows``: fixed-length windows over memory-mapped token files.
+
+Record ``i`` of a file is the window ``tokens[i * L : i * L + L + 1]`` (``L = data.seq_len``): the
+batch field ``tokens`` is int32 of shape ``(B, L + 1)``, the inputs are ``[:, :-1]`` and the
+next-token targets ``[:, 1:]``. Windows advance by ``L``, so consecutive windows share their edge
+token (each token is a target once) and a file of ``T`` tokens holds ``(T - 1) // L`` windows.
+Windows never cross from one shard into the next. A batch is read with one vectorised gather per
+shard it touches (``tokens[idx[:, None] * L + arange(L + 1)]``), never one Python call per window.
+
+The held-out windows are those of ``data.val_path`` or, with ``data.val_fraction``, the last
+``ceil(val_fraction * windows)`` windows of the (sorted) files; the training windows are the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from dew.data.base import Batch
+from dew.data.pipeline import RecordDataset
+from dew.data.specs import TokenWindows
+from dew.data.token_files import check_vocabulary, expand, open_tokens, read_sidecar
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenWindowRecords:
+    """Windows of ``seq_len + 1`` tokens over shards, indexed shard by shard; ``first`` and
+    ``count`` select a contiguous range of the windows (how a held-out tail is cut off)."""
+
+    shards: Sequence[np.ndarray]
+    seq_len: int
+    first: int = 0
+    count: int | None = None
+
+    def __post_init__(self) -> None:
+        per_shard = np.array([max(0, (len(s) - 1) // self.seq_len) for s in self.shards])
+        object.__setattr__(self, "_starts", np.concatenate([[0], np.cumsum(per_shard)]))
+        object.__setattr__(self, "_offsets", np.arange(self.seq_len + 1, dtype=np.int64))
+        if self.count is None:
+            object.__setattr__(self, "count", int(self._starts[-1]) - self.first)
+
+    @property
+    def total_windows(self) -> int:
+        """Windows over all the shards, before ``first``/``count`` select some."""
+        return int(self._starts[-1])
+
+    @property
+    def num_records(self) -> int:
+        return self.count
+
+    def gather(self, indices: np.ndarray) -> Batch:
+        window = np.asarray(indices, np.int64) + self.first
+        out = np.empty((len(window), self.seq_len + 1), np.int32)
+        if len(self.shards) == 1:
+            out[:] = self.shards[0][window[:, None] * self.seq_len + self._offsets]
+            return {"tokens": out}
+        shard = np.searchsorted(self._starts, window, side="right") - 1
+        for s in np.unique(shard):
+            rows = np.flatnonzero(shard == s)
+            local = window[rows] - self._starts[s]
+            out[rows] = self.shards[s][local[:, None] * self.seq_len + self._offsets]
+        return {"tokens": out}
+
+
+@dataclasses.dataclass
+class TokenDataset(RecordDataset):
+    """A ``RecordDataset`` of token windows, with what a language model and its sampler need."""
+
+    tokens_per_record: int = 0
+    """Tokens a training record contributes to the loss (its targets): ``seq_len``."""
+    tokenizer: Mapping[str, object] | None = None
+    """The sidecar's ``tokenizer`` record (``{"kind": "byte", ...}`` or ``{"kind": "bpe", "file":
+    <absolute path>}``), for decoding samples; None when the vocabulary came from
+    ``data.vocab_size`` alone."""
+
+
+def _open_all(paths: Sequence[str], spec: TokenWindows) -> list[np.ndarray]:
+    return [open_tokens(p, spec.format, spec.dtype) for p in paths]
+
+
+def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenDataset:
+    """Token windows of ``spec.path`` at global batch ``batch_size``, shuffled from ``seed``.
+
+    Every file is scanned once for ids outside the vocabulary, so a bad file fails here, naming
+    the file and the token offset, not in the middle of a run.
+    """
+    paths = expand(spec.path, "data.path")
+    val_paths = expand(spec.val_path, "data.val_path") if spec.val_path else []
+    if spec.val_path and spec.val_fraction:
+        raise ValueError(f"data.val_path={spec.val_path!r} and data.val_fraction="
+                         f"{spec.val_fraction} both choose the held-out windows: set one")
+    sidecar = None if spec.vocab_size is not None else read_sidecar(paths + val_paths)
+    vocab_size = spec.vocab_size if sidecar is None else sidecar["vocab_size"]
+
+    shards, val_shards = _open_all(paths, spec), _open_all(val_paths, spec)
+    for path, shard in zip(paths + val_paths, shards + val_shards):
+        check_vocabulary(path, shard, vocab_size)
+
+    everything = TokenWindowRecords(shards, spec.seq_len)
+    held_out = None
+    if val_shards:
+        held_out = TokenWindowRecords(val_shards, spec.seq_len)
+        train = everything
+    elif spec.val_fraction:
+        n_val = math.ceil(spec.val_fraction * everything.total_windows)
+        train = TokenWindowRecords(shards, spec.seq_len, 0, everything.total_windows - n_val)
+        held_out = TokenWindowRecords(shards, spec.seq_len, train.num_records, n_val)
+    else:
+        train = everything
+    if train.num_records < 1:
+        lengths = {p: len(s) for p, s in zip(paths, shards)}
+        raise ValueError(f"data.path={spec.path!r} holds no training window of data.seq_len="
+                         f"{spec.seq_len} + 1 tokens (tokens per file: {lengths})")
+    if held_out is not None and held_out.num_records < 1:
+        raise ValueError(f"the held-out split ({spec.val_path or spec.val_fraction}) holds no "
+                         f"window of data.seq_len={spec.seq_len} + 1 tokens")
+    return TokenDataset(
+        name=TokenWindows.name, train=train, held_out=held_out, batch_size=batch_size, seed=seed,
+        fields={"vocab_size": vocab_size, "seq_len": spec.seq_len},
+        tokens_per_record=spec.seq_len,
+        tokenizer=None if sidecar is None else sidecar.get("tokenizer"))
