@@ -1,0 +1,153 @@
+"""``text_stream``: text files tokenized and packed into windows as they are read.
+
+A stream has no record count, so a run over it counts in steps (``trainer.epochs`` and
+``"epoch"`` intervals raise in ``dew.config``). The pipeline is grain's, end to end::
+
+    MapDataset.source(files).shuffle(seed).repeat()     # a new file order every pass
+      .to_iter_dataset().map(encode + end-of-text)      # one document per file
+      -> ConcatThenSplitIterDataset(tokens: L + 1)      # packed back to back, split into windows
+
+so the read position is grain's own iterator state (the file index and the unread rest of the
+packing buffer), JSON-safe, and the stream resumes exactly. Windows do not overlap (each holds
+``seq_len + 1`` tokens; inputs ``[:, :-1]``, targets ``[:, 1:]``).
+
+Every process runs the same stream and keeps its rows of each global batch, as the record
+datasets do, so a global batch does not depend on the process count; the tokenization is repeated
+on every process, which is cheap next to a training step for text of this kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import grain
+import numpy as np
+
+from dew.data.base import Batch
+from dew.data.pipeline import padded_eval_batches, shard_bounds
+from dew.data.specs import TextStream
+from dew.data.token_files import expand
+from dew.data.tokenizer import ByteTokenizer, Tokenizer, from_sidecar
+from dew.data.tokens import TokenWindowRecords
+
+_STATE_VERSION = 1
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        try:
+            return f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e})") from e
+
+
+def _encode_document(tokenizer: Tokenizer, path: str) -> np.ndarray:
+    return np.append(tokenizer.encode(_read(path)), np.int32(tokenizer.eos_id)).astype(np.int32)
+
+
+class StreamIterator(grain.DatasetIterator):
+    """One process's part of the packed stream; its state is grain's packing iterator state."""
+
+    def __init__(self, windows: grain.IterDataset, *, batch_size: int, process_index: int,
+                 process_count: int):
+        super().__init__()
+        shard_bounds(batch_size, process_index, process_count)
+        self._windows = iter(windows)
+        self._batch_size = batch_size
+        self._process_index = process_index
+        self._process_count = process_count
+
+    def next(self, batch_size: int | None = None) -> Batch:
+        """This process's rows of the next global batch of ``batch_size`` windows."""
+        size = self._batch_size if batch_size is None else batch_size
+        lo, hi = shard_bounds(size, self._process_index, self._process_count)
+        rows = [next(self._windows)["tokens"] for _ in range(size)]
+        return {"tokens": np.stack(rows[lo:hi]).astype(np.int32)}
+
+    def __next__(self) -> Batch:
+        return self.next()
+
+    def get_state(self) -> dict[str, Any]:
+        return {"version": _STATE_VERSION, "dataset": TextStream.name,
+                "grain": self._windows.get_state()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("dataset") != TextStream.name or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"iterator state {dict(state)} was not written by {TextStream.name}'s "
+                             f"iterator (version {_STATE_VERSION})")
+        self._windows.set_state(state["grain"])
+
+
+@dataclasses.dataclass
+class StreamDataset:
+    """A ``dew.data.base.Dataset`` over packed text; ``num_records`` is None."""
+
+    spec: TextStream
+    files: list[str]
+    val_files: list[str]
+    tokenizer_impl: Tokenizer
+    batch_size: int
+    seed: int
+    num_records: None = None
+    resumable: bool = True
+    tokens_per_record: int = dataclasses.field(init=False)
+    """Tokens a record contributes to the loss: ``seq_len``."""
+    tokenizer: Mapping[str, object] = dataclasses.field(init=False)
+    """The tokenizer record (as in a tokens.json sidecar), for decoding samples."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size} must be >= 1")
+        self.tokens_per_record = self.spec.seq_len
+        record = self.tokenizer_impl.record()
+        if "file" in record:
+            record["file"] = self.tokenizer_impl.file
+        self.tokenizer = record
+
+    def _windows(self) -> grain.IterDataset:
+        tok, files = self.tokenizer_impl, self.files
+        documents = (grain.MapDataset.source(files).shuffle(seed=self.seed % 2**32).repeat()
+                     .to_iter_dataset().map(lambda path: {"tokens": _encode_document(tok, path)}))
+        return grain.experimental.ConcatThenSplitIterDataset(
+            documents, length_struct={"tokens": self.spec.seq_len + 1})
+
+    def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        return {"tokens": ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32))}
+
+    def model_fields(self) -> Mapping[str, object]:
+        return {"vocab_size": self.tokenizer_impl.vocab_size, "seq_len": self.spec.seq_len}
+
+    def iterator(self, process_index: int = 0, process_count: int = 1) -> StreamIterator:
+        return StreamIterator(self._windows(), batch_size=self.batch_size,
+                              process_index=process_index, process_count=process_count)
+
+    def _held_out(self) -> TokenWindowRecords | None:
+        if not self.val_files:
+            return None
+        tokens = np.concatenate([_encode_document(self.tokenizer_impl, p) for p in self.val_files])
+        return TokenWindowRecords([tokens], self.spec.seq_len)
+
+    @property
+    def num_eval_records(self) -> int:
+        held_out = self._held_out()
+        return 0 if held_out is None else held_out.num_records
+
+    def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
+        """The validation files encoded in sorted order, as windows advancing by ``seq_len`` (as
+        ``token_windows``), padded with ``mask``; nothing without ``data.val_path``."""
+        held_out = self._held_out()
+        if held_out is None:
+            return iter(())
+        return padded_eval_batches(held_out, batch_size=self.batch_size,
+                                   process_index=process_index, process_count=process_count)
+
+
+def load_text_stream(spec: TextStream, batch_size: int, seed: int) -> StreamDataset:
+    """The packed text stream of ``spec.path`` at global batch ``batch_size``, file order
+    shuffled from ``seed``."""
+    files = expand(spec.path, "data.path")
+    val_files = expand(spec.val_path, "data.val_path") if spec.val_path else []
+    tokenizer = from_sidecar(spec.tokenizer) if spec.tokenizer else ByteTokenizer()
+    return StreamDataset(spec, files, val_files, tokenizer, batch_size, seed)
