@@ -59,6 +59,10 @@ def _default(f: dataclasses.Field) -> dataclasses.Field:
         value = f.default_factory()
     else:
         return dataclasses.field(default=MISSING)
+    if dataclasses.is_dataclass(value) and registry_of(_base(type(value))) is not None:
+        # A registered member's node types the field as that member, and another option of the
+        # group could not merge over it: the field holds the base node and the group picks.
+        return dataclasses.field(default_factory=schema_of(_base(type(value))))
     if dataclasses.is_dataclass(value):
         return dataclasses.field(default_factory=lambda: _to_node(value))
     plain = to_json(value)

@@ -93,15 +93,26 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
         name = run_name(recipe)
         from dew.build import build_run
+        from dew.training.process import prepare_process
+
+        prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
+
+        from dew.training.trainer import check
 
         recipe, objective, dataset = build_run(recipe)
+        check(recipe, objective, dataset)
         run_dir = prepare_run_dir(recipe, name)
     except (ConfigError, ValueError, FileNotFoundError, RunDirError) as err:
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
         fail(str(err))
-    write_hydra_record(run_dir)
+    write_hydra_record(run_dir, cfg)
     state = recipe.train(objective, dataset, name=name, summary=objective.summary())
+    if hasattr(objective, "sample_grid"):
+        from dew.sampling import write_sample_grid
+
+        grid = write_sample_grid(objective, state.model(ema=state.ema is not None), run_dir, seed=recipe.trainer.seed)
+        print(f"dew-train: samples in {grid}", flush=True)
     print(f"dew-train: run {name!r} is in {run_dir}", flush=True)
     return state
 

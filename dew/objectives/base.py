@@ -1,0 +1,47 @@
+"""The objective contract the trainer calls.
+
+An objective builds the module it trains and computes its loss as a *sum and a count* (not a mean),
+so that gradient accumulation and evaluation over padded batches normalise by the total count: the
+accumulated update equals the full-batch update. The trainer never sees timesteps, noise or masks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
+
+import jax
+from flax import nnx
+
+Batch = Mapping[str, jax.Array]
+
+
+class Loss(NamedTuple):
+    """A loss over a batch: ``total / count`` is the mean; ``sums`` are further metric sums over the
+    same count (reported as ``sums[k] / count``)."""
+
+    total: jax.Array
+    count: jax.Array
+    sums: Mapping[str, jax.Array]
+
+
+class Objective(Protocol):
+    ema_decay: float
+    """Decay of the parameter EMA the trainer keeps for the objective; 0 keeps none."""
+
+    def build(self, rngs: nnx.Rngs) -> nnx.Module:
+        """The module this objective trains, initialised from ``rngs``."""
+        ...
+
+    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
+        """The training loss of ``model`` on ``batch``, every random draw from ``key``."""
+        ...
+
+    def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
+        """The held-out loss; ``batch["mask"]`` marks real records, ``key`` is fixed per batch so two
+        runs' evaluations compare."""
+        ...
+
+    def summary(self) -> Mapping[str, Any]:
+        """The recipe's own view of the run, for the tracker's config."""
+        ...

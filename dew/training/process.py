@@ -1,0 +1,58 @@
+"""Process set-up before JAX opens a backend: XLA flags, the persistent compilation cache, and the
+JAX process pool (multi-host)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from dew.config import TrainerConfig
+
+log = logging.getLogger("dew")
+
+
+def _backends_started() -> bool:
+    from jax._src import xla_bridge  # no public query; checked so a late flag is an error, not ignored
+
+    return bool(xla_bridge._backends)
+
+
+def prepare_process(trainer: TrainerConfig) -> None:
+    """Apply ``xla_flags``, the compilation cache and ``multi_host`` to this process."""
+    import jax
+
+    if trainer.xla_flags:
+        current = os.environ.get("XLA_FLAGS", "")
+        if trainer.xla_flags not in current:
+            if _backends_started():
+                raise RuntimeError(f"trainer.xla_flags={trainer.xla_flags!r}: JAX already opened a backend in "
+                                   "this process, so XLA would ignore them; set XLA_FLAGS before starting")
+            os.environ["XLA_FLAGS"] = f"{current} {trainer.xla_flags}".strip()
+    if trainer.compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(trainer.compilation_cache_dir))
+        # Cache every program, however quick to compile: on a restart the step (and evaluation)
+        # then loads instead of compiling. The defaults skip programs under 1 s.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _join_process_pool(trainer.multi_host)
+
+
+def _cluster_configured() -> bool:
+    env = os.environ
+    return ("JAX_COORDINATOR_ADDRESS" in env or int(env.get("SLURM_NTASKS", "1")) > 1
+            or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)
+
+
+def _join_process_pool(multi_host: bool | None) -> None:
+    import jax
+    from jax._src import distributed
+
+    if multi_host is False or distributed.global_state.client is not None:
+        return
+    if multi_host is None and not _cluster_configured():
+        return
+    try:
+        jax.distributed.initialize()
+    except Exception as err:  # noqa: BLE001 - re-raised with the setting that asked for it
+        raise RuntimeError(f"trainer.multi_host={multi_host}: could not join the JAX process pool: {err}") from err
+    log.info("joined the JAX process pool: process %d of %d", jax.process_index(), jax.process_count())

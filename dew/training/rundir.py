@@ -1,0 +1,83 @@
+"""The run directory: one run is one directory, ``<trainer.checkpoint_dir>/<name>/``.
+
+It holds ``run.json`` (the resolved config), the orbax step directories, Hydra's ``.hydra/`` and
+``train.log``. Starting a run whose directory already holds a record resumes it when the config is
+the same and is refused, with the fields that differ, when it is not: nothing is overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from etils import epath
+
+from dew.config import RUN_RECORD, RunConfig
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot take this run."""
+
+
+def run_dir(config: RunConfig, name: str) -> epath.Path:
+    """``checkpoint_dir/name``; a name that would escape checkpoint_dir is refused."""
+    root = os.path.abspath(config.trainer.checkpoint_dir)
+    path = os.path.abspath(os.path.join(root, name))
+    if os.path.commonpath([root, path]) != root or path == root:
+        raise RunDirError(f"run name {name!r} escapes trainer.checkpoint_dir={config.trainer.checkpoint_dir!r}")
+    return epath.Path(path)
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where two JSON records differ, with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old or key not in new:
+                out.append(f"{path}: {'missing' if key not in old else old[key]!r} -> "
+                           f"{'missing' if key not in new else new[key]!r}")
+            else:
+                out.extend(differences(old[key], new[key], path))
+        return out
+    return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
+
+
+def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True) -> epath.Path:
+    """Check the run directory can take ``config`` and write the record there (before anything
+    trains). The same config again is a resume; a different one is refused, nothing overwritten."""
+    path = run_dir(config, name)
+    record = path / RUN_RECORD
+    if record.exists():
+        try:
+            old = json.loads(record.read_text())
+        except json.JSONDecodeError as err:
+            raise RunDirError(f"{record}: unreadable run record ({err}); refusing to touch the run") from None
+        diff = differences(old, config.to_dict())
+        if diff:
+            raise RunDirError(
+                f"{path} already holds a run with a different config; nothing was changed. Fields that "
+                "differ (recorded -> requested):\n  " + "\n  ".join(diff)
+                + "\nResume it with the recorded config, or name a new run with trainer.name=...")
+        return path
+    if write:
+        config.save(os.fspath(path))
+    return path
+
+
+def write_hydra_record(path: epath.Path, cfg: Any) -> None:
+    """Write Hydra's record of the job (config, hydra config, overrides) to ``<run>/.hydra/``.
+
+    Hydra is told to write nothing itself (conf/config.yaml) so that a bad input leaves no trace;
+    this writes what it would have, once the run is known to be valid.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    hc = HydraConfig.get()
+    folder = path / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (folder / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hc}))
+    (folder / "overrides.yaml").write_text(OmegaConf.to_yaml(list(hc.overrides.task)))

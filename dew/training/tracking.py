@@ -1,0 +1,155 @@
+"""Run tracking: a local journal always, W&B when configured, and a progress display.
+
+Library code talks to a ``Tracker``; only this module imports wandb. The journal is JSON lines in a
+tracking directory separate from the run directory: one record per logged step (its metrics) and
+one per event (start, resume, eval, checkpoint, end). On resume the journal drops what the killed
+process logged after the checkpoint it resumes from, so a resumed run's journal of losses equals an
+uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from etils import epath
+
+from dew.config import TrainerConfig
+
+log = logging.getLogger("dew")
+
+
+def tracking_dir(trainer: TrainerConfig) -> epath.Path:
+    """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
+    if path := os.environ.get("DEW_TRACKING_DIR"):
+        return epath.Path(path)
+    root = os.path.abspath(trainer.checkpoint_dir)
+    return epath.Path(os.path.join(os.path.dirname(root), "tracking"))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class Journal:
+    """Append-only JSON lines of the run's metrics and events."""
+
+    def __init__(self, path: epath.Path, *, resume_step: int | None) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            if path.exists():
+                path.unlink()  # a fresh start of a run that never checkpointed
+        elif path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line and json.loads(line).get("step", 0) <= resume_step]
+            path.write_text("".join(line + "\n" for line in kept))
+        self._file = open(os.fspath(path), "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_journal(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a journal, in order."""
+    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line]
+
+
+class Tracker:
+    """Where a run reports: the journal, W&B (optional) and the terminal."""
+
+    def __init__(self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any],
+                 summary: Mapping[str, object], total_steps: int, resume_step: int | None,
+                 wandb_id: str | None, is_main: bool) -> None:
+        self.is_main = is_main
+        self.total_steps = total_steps
+        self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl", resume_step=resume_step) if is_main else None
+        self.wandb_run = None
+        self.wandb_id = wandb_id
+        if is_main and trainer.wandb is not None:
+            import wandb
+
+            cfg = trainer.wandb
+            self.wandb_run = wandb.init(
+                project=cfg.project, entity=cfg.entity, name=name, id=wandb_id, resume="allow",
+                mode="offline" if cfg.offline else "online",
+                dir=os.fspath(tracking_dir(trainer) / name),
+                config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
+            )
+            self.wandb_id = self.wandb_run.id
+        self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
+        self.event("resume" if resume_step is not None else "start", step=resume_step or 0)
+
+    def event(self, kind: str, *, step: int, **fields: Any) -> None:
+        if self.journal is not None:
+            self.journal.write({"event": kind, "step": step, "time": time.time(), **fields})
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        if not self.is_main:
+            return
+        self.journal.write({"step": step, **values})
+        if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
+            self.wandb_run.log(dict(values), step=step)
+        self._progress.update(step, values)
+
+    def publish_checkpoint(self, name: str, path: str, step: int) -> None:
+        """Publish the checkpoint a run ends on as a W&B artifact (by reference: no copy)."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        artifact = wandb.Artifact(name.replace("/", "-").replace(" ", "-"), type="model",
+                                  metadata={"step": step})
+        artifact.add_reference(f"file://{os.path.abspath(path)}")
+        self.wandb_run.log_artifact(artifact)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self.journal is not None:
+            self.journal.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+class _Progress:
+    """A progress bar on a terminal; plain log lines otherwise."""
+
+    def __init__(self, total: int, start: int) -> None:
+        self.total, self.start = total, start
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.fields[text]}"), TimeRemainingColumn(), transient=False)
+            self.task = self.bar.add_task("train", total=total, completed=start, text="")
+            self.bar.start()
+
+    def update(self, step: int, values: Mapping[str, float]) -> None:
+        shown = {"loss": values.get("train/loss"), "lr": values.get("train/lr"),
+                 "ex/s": values.get("perf/examples_per_sec"), "eval": values.get("eval/loss")}
+        text = "  ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, text=text)
+        else:
+            done = max(step - self.start, 1)
+            eta = (time.perf_counter() - self.t0) / done * (self.total - step)
+            log.info("step %d/%d  %s  eta %.0fs", step, self.total, text, eta)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

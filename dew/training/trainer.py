@@ -1,0 +1,394 @@
+"""``RunConfig.train``: the training loop, read top to bottom.
+
+Chapters: (1) the process and the run directory, (2) the model, the optimizer and the mesh, (3) the
+compiled step and evaluation, (4) resume from the latest checkpoint, (5) the loop: batches in,
+metrics one step late, evaluation, checkpoints, (6) the end: final evaluation and checkpoint.
+
+The step is a pure function of (state, batch), jitted once per batch shape with the state donated
+(design.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
+happens, and it never waits on the device except to fetch metrics every ``log_every`` steps (one
+step late) and to evaluate or checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from etils import epath
+from flax import nnx, struct
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dew.config import RunConfig, TrainerConfig
+from dew.data.base import Dataset
+from dew.objectives.base import Loss, Objective
+from dew.training import sharding
+from dew.training.checkpoint import BEST_METRIC, Checkpoints
+from dew.training.optim import build_optimizer
+from dew.training.process import prepare_process
+from dew.training.rundir import prepare_run_dir
+from dew.training.tracking import Tracker
+
+log = logging.getLogger("dew")
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradients stopped being finite."""
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes. ``graphdef`` and ``rest`` (non-parameter module state) are static."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    ema: Any
+    key: jax.Array
+    loss_scale: jax.Array
+    good_steps: jax.Array
+    nonfinite_step: jax.Array
+    graphdef: Any = struct.field(pytree_node=False, default=None)
+    rest: Any = struct.field(pytree_node=False, default=None)
+
+    def model(self, *, ema: bool = False) -> nnx.Module:
+        """The trained module (with the EMA of its parameters when ``ema`` and the run kept one)."""
+        params = self.ema if ema and self.ema is not None else self.params
+        return nnx.merge(self.graphdef, params, self.rest)
+
+
+# ------------------------------------------------------------------------------------ the batch ramp
+
+
+def ramp_stages(trainer: TrainerConfig) -> list[tuple[int, int]]:
+    """``(global batch, steps)`` per stage; the last stage (steps 0) lasts to the end of the run."""
+    if trainer.batch_ramp is None:
+        return [(trainer.batch_size, 0)]
+    return [(b, math.ceil(span / b) if span else 0) for b, span in trainer.batch_ramp.stages(trainer.batch_size)]
+
+
+def batch_at(stages: Sequence[tuple[int, int]], step: int) -> int:
+    for batch, steps in stages:
+        if steps == 0 or step < steps:
+            return batch
+        step -= steps
+    return stages[-1][0]
+
+
+def tokens_seen_fn(stages: Sequence[tuple[int, int]], tokens_per_record: float) -> Callable[[jax.Array], jax.Array]:
+    """Tokens (records, for data without tokens) consumed before a step, batch ramp included."""
+
+    def tokens_seen(step: jax.Array) -> jax.Array:
+        step = jnp.asarray(step, jnp.float32)
+        total, start = jnp.zeros((), jnp.float32), 0.0
+        for batch, steps in stages:
+            span = jnp.clip(step - start, 0.0, steps if steps else jnp.inf)
+            total = total + span * batch
+            start += steps
+        return total * tokens_per_record
+
+    return tokens_seen
+
+
+# -------------------------------------------------------------------------------------- the step
+
+
+def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.GradientTransformation,
+                    learning_rate: Callable[[jax.Array], jax.Array], *, accumulation: int,
+                    dynamic_scale: bool) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+    """The pure train step: micro-batches summed in one scan, one optimizer update."""
+
+    def loss_fn(params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array) -> tuple[jax.Array, Loss]:
+        out = objective.loss(nnx.merge(graphdef, params, rest), batch, key)
+        return out.total * scale, out
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        key = jax.random.fold_in(state.key, state.step)
+        micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
+
+        def micro_step(grad_sum: Any, inputs: tuple[jax.Array, Any]) -> tuple[Any, Loss]:
+            i, mb = inputs
+            grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
+            return jax.tree.map(jnp.add, grad_sum, grads), out
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        grad_sum, outs = jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
+        # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
+        total, count = outs.total.sum(), outs.count.sum()
+        grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        loss_scale, good_steps = state.loss_scale, state.good_steps
+        if dynamic_scale:
+            # A dynamic loss scale (Micikevicius et al. 2018): skip a non-finite step and halve the
+            # scale; double it after 2000 finite steps. Written here, not with flax's DynamicScale,
+            # because the scale must wrap the micro-batch scan, not one grad call.
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+            grow = finite & (good_steps + 1 >= 2000)
+            loss_scale = jnp.where(finite, jnp.where(grow, loss_scale * 2, loss_scale), jnp.maximum(loss_scale / 2, 1.0))
+            good_steps = jnp.where(finite & ~grow, good_steps + 1, 0)
+            nonfinite_step = state.nonfinite_step
+        else:
+            nonfinite_step = jnp.where((state.nonfinite_step < 0) & ~finite, state.step, state.nonfinite_step)
+        ema = state.ema
+        if ema is not None:
+            d = objective.ema_decay
+            ema = jax.tree.map(lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), ema, params)
+        metrics = {"train/loss": total / count, "train/grad_norm": grad_norm,
+                   "train/lr": learning_rate(state.step),
+                   **{k: v.sum() / count for k, v in outs.sums.items()}}
+        if dynamic_scale:
+            metrics["train/loss_scale"] = loss_scale
+        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
+                            loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
+        return new, metrics
+
+    return step
+
+
+def make_eval_step(objective: Objective, graphdef: Any, rest: Any) -> Callable[..., tuple[jax.Array, jax.Array, Any]]:
+    def eval_step(params: Any, batch: Mapping[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
+        out = objective.evaluate(nnx.merge(graphdef, params, rest), batch, key)
+        return out.total, out.count, out.sums
+
+    return eval_step
+
+
+# ------------------------------------------------------------------------------------------ train
+
+
+def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, int | None, int | None]:
+    """Everything about a run that can fail before it starts, checked without touching the disk or
+    allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
+    mesh and the batch split, and the optimizer over the model's (abstract) parameters.
+
+    Returns the run's total steps and its evaluation and checkpoint intervals.
+    """
+    t = run.trainer
+    if dataset.batch_size != t.batch_size:
+        raise ValueError(f"the dataset was loaded at batch {dataset.batch_size}, but trainer.batch_size="
+                         f"{t.batch_size}: the run would train at a batch it does not report; load it at "
+                         "trainer.batch_size")
+    total_steps = t.total_steps(dataset)
+    eval_every = t.eval_interval(dataset)
+    ckpt_every = t.checkpoint_interval(dataset)
+    mesh = sharding.make_mesh(t)
+    for batch, _ in ramp_stages(t):
+        sharding.check_batch(batch // t.accumulation, mesh, t.layout,
+                             field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
+    abstract = nnx.eval_shape(lambda: objective.build(nnx.Rngs(params=t.seed)))
+    _optimizer(run, dataset, nnx.state(abstract, nnx.Param), total_steps)
+    return total_steps, eval_every, ckpt_every
+
+
+def _optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
+    tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
+    return build_optimizer(run.optim, params, total_steps=total_steps,
+                           tokens_seen=tokens_seen_fn(ramp_stages(run.trainer), tokens_per_record))
+
+
+def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
+          metrics: Sequence[Any] = (), summary: Mapping[str, object] | None = None) -> TrainState:
+    """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``)."""
+    del metrics  # objectives report their own metric sums (Loss.sums)
+    t = run.trainer
+
+    # (1) Check everything that can be checked before the run directory is touched. ---------------
+    prepare_process(t)  # before anything opens a JAX backend
+    total_steps, eval_every, ckpt_every = check(run, objective, dataset)
+    is_main = jax.process_index() == 0
+    path = prepare_run_dir(run, name, write=is_main)
+    _log_to_file(path)
+    checkpoints = Checkpoints(path, keep=t.keep)
+
+    # (2) The model, the optimizer and the mesh. -------------------------------------------------
+    mesh = sharding.make_mesh(t)
+    stages = ramp_stages(t)
+    model = objective.build(nnx.Rngs(params=t.seed))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    optimizer = _optimizer(run, dataset, params, total_steps)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.tx.init(params),
+        ema=jax.tree.map(jnp.copy, params) if objective.ema_decay > 0 else None,
+        key=jax.random.PRNGKey(t.seed + 1),  # init draws from seed; per-step draws from seed + 1
+        loss_scale=jnp.asarray(2.0**15 if t.dynamic_scale else 1.0, jnp.float32),
+        good_steps=jnp.zeros((), jnp.int32), nonfinite_step=jnp.full((), -1, jnp.int32),
+        graphdef=graphdef, rest=rest)
+    state_sharding = sharding.state_sharding(state, mesh, t.layout)
+    state = jax.device_put(state, state_sharding)
+    batch_sharding = NamedSharding(mesh, P(sharding.batch_axes(mesh, t.layout)))
+
+    # (3) The compiled step and evaluation. ----------------------------------------------------
+    train_step = jax.jit(
+        make_train_step(objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
+                        accumulation=t.accumulation, dynamic_scale=t.dynamic_scale),
+        in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
+        donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(objective, graphdef, rest),
+                        in_shardings=(state_sharding.params, batch_sharding, None))
+    eval_key = jax.random.PRNGKey(t.seed + 2)
+
+    def evaluate(state: TrainState) -> dict[str, float]:
+        sums: dict[str, jax.Array] = {}
+        total = count = 0.0
+        for i, batch in enumerate(dataset.eval_batches(jax.process_index(), jax.process_count())):
+            out_total, out_count, out_sums = eval_step(state.params, _global(batch, batch_sharding),
+                                                       jax.random.fold_in(eval_key, i))
+            total, count = total + out_total, count + out_count
+            for k, v in out_sums.items():
+                sums[k] = sums.get(k, 0.0) + v
+        total, count, sums = jax.device_get((total, count, sums))
+        if not count:
+            return {}
+        return {BEST_METRIC: float(total / count), **{f"eval/{k}": float(v / count) for k, v in sums.items()}}
+
+    # (4) Resume from the latest checkpoint. -----------------------------------------------------
+    iterator = dataset.iterator(jax.process_index(), jax.process_count())
+    latest = checkpoints.latest_step()
+    records, wandb_id = 0, None
+    if latest is not None:
+        state, meta = checkpoints.restore(latest, state)
+        state = state.replace(graphdef=graphdef, rest=rest)
+        records, wandb_id = meta["records"], meta.get("wandb_id")
+        if meta.get("data") is not None:
+            iterator.set_state(meta["data"])
+        log.info("resuming %s from step %d (%d records consumed)", name, latest, records)
+    step = int(jax.device_get(state.step))
+    tracker = Tracker(t, name, record=run.to_dict(), summary=summary or {}, total_steps=total_steps,
+                      resume_step=latest, wandb_id=wandb_id, is_main=is_main)
+
+    def meta() -> dict[str, Any]:
+        data_state = iterator.get_state() if dataset.resumable else None
+        return {"step": step, "records": records, "data": _plain(data_state), "wandb_id": tracker.wandb_id,
+                "ramp_stage": _stage_index(stages, step), "total_steps": total_steps}
+
+    def check_finite(state: TrainState) -> None:
+        bad = int(jax.device_get(state.nonfinite_step))
+        if bad >= 0:
+            last = checkpoints.latest_step()
+            where = f"step {last} in {checkpoints.step_path(last)}" if last is not None else "none was saved"
+            raise NonFiniteError(f"the loss or the gradients became non-finite at step {bad + 1}; the run "
+                                 f"stops. The last good checkpoint, left intact: {where}")
+
+    # (5) The loop. ---------------------------------------------------------------------------------
+    pending: tuple[int, dict[str, jax.Array]] | None = None
+    window_start, window_records = time.perf_counter(), 0
+    last_eval: dict[str, float] = {}
+    profiling = False
+    try:
+        while step < total_steps:
+            if t.profile is not None and step == t.profile.warmup and not profiling:
+                jax.profiler.start_trace(os.path.expanduser(t.profile.directory))
+                profiling = True
+            batch_size = batch_at(stages, step)
+            batch = _global(iterator.next(batch_size), batch_sharding)
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                state, step_metrics = train_step(state, batch)
+            step, records = step + 1, records + batch_size
+            window_records += batch_size
+            if profiling and step >= t.profile.warmup + t.profile.steps:
+                jax.block_until_ready(state)
+                jax.profiler.stop_trace()
+                profiling = False
+            if pending is not None:  # the previous log step's metrics, fetched one step late
+                _report(tracker, pending, window_start, window_records)
+                pending = None
+                window_start, window_records = time.perf_counter(), 0
+            if step % t.log_every == 0 or step == total_steps:
+                pending = (step, step_metrics)
+            at_end = step == total_steps
+            eval_now = eval_every is not None and (step % eval_every == 0) or at_end
+            ckpt_now = ckpt_every is not None and (step % ckpt_every == 0) or at_end
+            if eval_now or ckpt_now:
+                if pending is not None:
+                    _report(tracker, pending, window_start, window_records)
+                    pending = None
+                check_finite(state)
+            if eval_now:
+                last_eval = evaluate(state)
+                tracker.metrics(step, last_eval)
+                tracker.event("eval", step=step, **last_eval)
+                window_start, window_records = time.perf_counter(), 0
+            if ckpt_now:
+                checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
+                tracker.event("checkpoint", step=step)
+        if pending is not None:
+            _report(tracker, pending, window_start, window_records)
+        check_finite(state)
+
+        # (6) The end: wait for the saves, publish the last checkpoint. ----------------------------
+        checkpoints.wait()
+        if checkpoints.latest_step() is None or checkpoints.latest_step() < step:
+            checkpoints.save(step, state, meta(), metrics=last_eval or None)
+            checkpoints.wait()
+        tracker.publish_checkpoint(name, checkpoints.step_path(step), step)
+        tracker.event("end", step=step, best_step=checkpoints.best_step())
+    finally:
+        if profiling:
+            jax.profiler.stop_trace()
+        checkpoints.close()
+        tracker.close()
+    return state
+
+
+def _report(tracker: Tracker, pending: tuple[int, dict[str, jax.Array]], start: float, records: int) -> None:
+    step, values = pending
+    fetched = {k: float(v) for k, v in jax.device_get(values).items()}
+    elapsed = time.perf_counter() - start
+    if elapsed > 0 and records:
+        fetched["perf/examples_per_sec"] = records / elapsed
+    tracker.metrics(step, fetched)
+
+
+def _global(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> dict[str, jax.Array]:
+    """This process's part of a global batch, as global arrays laid out over the batch axes."""
+    return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch.items()}
+
+
+def _stage_index(stages: Sequence[tuple[int, int]], step: int) -> int:
+    for i, (_, steps) in enumerate(stages):
+        if steps == 0 or step < steps:
+            return i
+        step -= steps
+    return len(stages) - 1
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy of an iterator state (NumPy scalars to Python numbers)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _log_to_file(path: epath.Path) -> None:
+    """Append this process's log to ``<run>/train.log`` (process index in the name past process 0)."""
+    index = jax.process_index()
+    filename = os.fspath(path / ("train.log" if index == 0 else f"train.{index}.log"))
+    root = logging.getLogger()
+    if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):
+        return
+    handler = logging.FileHandler(filename)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+
+
