@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import optax
 
 __all__ = [
-    "DEFAULT_ADAM_PATTERNS", "NS_COEFFS", "MatrixAxes", "QKClipLayer", "muon", "muon_route",
+    "DEFAULT_ADAM_PATTERNS", "DEFAULT_MATRIX_AXES", "EMBEDDING_PATTERNS", "NON_MATRIX_PATTERNS", "NS_COEFFS", "MatrixAxes", "QKClipLayer", "muon", "muon_route",
     "newton_schulz", "orthogonalize", "path_str", "qk_clip", "scale_by_muon",
 ]
 
@@ -40,9 +40,27 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 """Added to the Frobenius norm before the iteration, as Keller's ``zeropower_via_newtonschulz5``."""
 
-DEFAULT_ADAM_PATTERNS: tuple[str, ...] = ("embed", r"(^|/)(lm_|output_)?head(/|$)", "final_layer")
-"""Path patterns (``re.search``) of the matrices that are not hidden: embeddings (token, patch,
-position, timestep and label embedders) and the output head (DiT's ``final_layer``)."""
+NON_MATRIX_PATTERNS: tuple[str, ...] = (r"(^|/)(bias|scale)$",)
+"""Path patterns of norm scales and biases: a scanned stack gives them a leading layer axis, so
+their rank alone does not tell them from matrices (``blocks/mlp_in/bias`` is (depth, width))."""
+
+EMBEDDING_PATTERNS: tuple[str, ...] = ("embed", r"(^|/)(lm_|output_)?head(/|$)", r"final_layer/linear(/|$)")
+"""Path patterns of the matrices that are not hidden: embeddings (dew's ``embed``, ``x_embedder``,
+``t_embedder``, ``y_embedder``) and the output head (``lm_head``, simple_dit's ``final_layer/linear``)."""
+
+DEFAULT_ADAM_PATTERNS: tuple[str, ...] = EMBEDDING_PATTERNS + NON_MATRIX_PATTERNS
+"""Path patterns (``re.search``) that Muon leaves to AdamW, besides every leaf of rank < 2."""
+
+DEFAULT_MATRIX_AXES: dict[str, list[list[int]]] = {
+    r"attn/(q|k|v)/kernel$": [[-3], [-2, -1]],
+    r"attn/o/kernel$": [[-3, -2], [-1]],
+}
+"""dew's attention kernels (``dew.models.attention``): q, k, v are (…, hidden, heads, head_dim),
+one (hidden, heads·head_dim) matrix each; o is (…, heads, head_dim, hidden), one
+(heads·head_dim, hidden) matrix. Every other matrix is its last two axes."""
+
+CLIP_RTOL = 1e-5
+"""QK-clip leaves a head whose max logit is within this relative margin above τ (float32 rounding)."""
 
 Schedule = Callable[[jax.Array], jax.Array]
 
@@ -292,8 +310,16 @@ def qk_clip(
       is scaled by γ alone and the shared keys are left as they are: the logits of exactly the
       offending heads scale by γ, every other head is untouched.
 
-    Heads at or under τ are bit-identical (their factor is exactly 1). A rotary embedding commutes
-    with the per-head scale, so this holds with RoPE too. Returns new params; ``params`` is not changed.
+    Heads at or under τ are bit-identical (their factor is exactly 1). A head within a relative
+    ``CLIP_RTOL`` above τ counts as at τ: a clipped head's next maximum is τ up to float32 rounding,
+    and clipping it again would only move it by that rounding. A rotary embedding commutes with the
+    per-head scale, so all of this holds with RoPE too. QK-norm (an RMSNorm on each head's queries
+    and keys) normalises the scale of the projection away, so there the clip has no effect: do not
+    combine muonclip with QK-norm. Returns new params; ``params`` is not changed.
+
+    For dew's models (``dew.models.attention``) a layer is
+    ``QKClipLayer(query=("blocks/attn/q/kernel",), key=("blocks/attn/k/kernel",), num_heads=N,
+    num_kv_heads=K, split_heads=True)`` with the model's ``(depth, num_heads)`` max logits.
     """
     scales: dict[str, tuple[jax.Array, bool]] = {}
     for name, layer in layers.items():
@@ -302,12 +328,13 @@ def qk_clip(
         s = jnp.asarray(max_logits[name], jnp.float32)
         if s.shape[-1] != layer.num_heads:
             raise ValueError(f"qk_clip: layer {name!r} max logits {s.shape} do not end in {layer.num_heads} heads")
-        gamma = jnp.where(s > tau, tau / s, 1.0)
+        over = s > tau * (1.0 + CLIP_RTOL)
+        gamma = jnp.where(over, tau / s, 1.0)
         kv = layer.num_kv_heads or layer.num_heads
         if layer.num_heads % kv:
             raise ValueError(f"qk_clip: {layer.num_heads} query heads do not group over {kv} key heads")
         if kv == layer.num_heads:
-            root = jnp.where(s > tau, jnp.sqrt(gamma), 1.0)
+            root = jnp.where(over, jnp.sqrt(gamma), 1.0)
             q_scale, k_scale = root, root
         else:
             q_scale, k_scale = gamma, None

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from dew.config import OptimConfig, ParamGroup
@@ -52,7 +53,7 @@ _MUON = {
     "adam_b2": 0.95,
     "adam_eps": 1e-8,
     "adam_patterns": list(muon_lib.DEFAULT_ADAM_PATTERNS),
-    "matrix_axes": {},
+    "matrix_axes": dict(muon_lib.DEFAULT_MATRIX_AXES),
 }
 OPTIONS: dict[str, dict[str, Any]] = {
     "adam": dict(_ADAM),
@@ -222,27 +223,30 @@ def mup_param_groups(
     params: Any,
     width_multiplier: float,
     *,
-    normal_patterns: Sequence[str] = muon_lib.DEFAULT_ADAM_PATTERNS,
+    embedding_patterns: Sequence[str] = muon_lib.EMBEDDING_PATTERNS,
+    non_matrix_patterns: Sequence[str] = muon_lib.NON_MATRIX_PATTERNS,
 ) -> tuple[ParamGroup, ...]:
     """lm-engine's muP split of ``params`` into parameter groups (first match wins).
 
-    - norms, biases and every other non-matrix parameter (rank < 2): weight decay 0, the run's rate;
-    - the hidden matrices (rank >= 2, not matching ``normal_patterns``): the run's rate divided by
-      ``width_multiplier`` (m_width, the model's width over the base width), the run's weight decay;
-    - embeddings and the output head (``normal_patterns``): the normal group, i.e. no group at all.
+    - norms, biases and every other non-matrix parameter (rank < 2, or a path matching
+      ``non_matrix_patterns``, since a scanned stack gives them a layer axis): weight decay 0 at the
+      run's rate;
+    - the hidden matrices (every other leaf not matching ``embedding_patterns``): the run's rate
+      divided by ``width_multiplier`` (m_width, the model's width over its base width), the run's
+      weight decay;
+    - embeddings and the output head (``embedding_patterns``): the normal group, i.e. no group.
 
-    Each group's pattern names its exact paths (anchored, escaped), so the listing in run.json is
-    the split itself.
+    Each group's pattern lists its exact paths (anchored, escaped), so the record in run.json is the
+    split itself. Paths are in the tree's leaf order.
     """
     if width_multiplier <= 0:
         raise ValueError(f"width_multiplier={width_multiplier} must be positive")
-    normal = [re.compile(p) for p in normal_patterns]
     no_decay, hidden = [], []
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         text = muon_lib.path_str(path)
-        if len(leaf.shape) < 2:
+        if len(jnp.shape(leaf)) < 2 or any(re.search(p, text) for p in non_matrix_patterns):
             no_decay.append(text)
-        elif not any(p.search(text) for p in normal):
+        elif not any(re.search(p, text) for p in embedding_patterns):
             hidden.append(text)
     groups = []
     if no_decay:
