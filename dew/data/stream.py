@@ -33,6 +33,9 @@ from dew.data.tokenizer import ByteTokenizer, Tokenizer, from_sidecar
 from dew.data.tokens import TokenWindowRecords
 
 _STATE_VERSION = 1
+# Read files on the calling thread: grain's default 16 prefetch threads cost seconds of start-up on
+# a few cores, and reading a file is not what bounds a stream of this size.
+_READ = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
 
 
 def _read(path: str) -> str:
@@ -109,7 +112,7 @@ class StreamDataset:
     def _windows(self) -> grain.IterDataset:
         tok, files = self.tokenizer_impl, self.files
         documents = (grain.MapDataset.source(files).shuffle(seed=self.seed % 2**32).repeat()
-                     .to_iter_dataset().map(lambda path: {"tokens": _encode_document(tok, path)}))
+                     .to_iter_dataset(_READ).map(lambda path: {"tokens": _encode_document(tok, path)}))
         return grain.experimental.ConcatThenSplitIterDataset(
             documents, length_struct={"tokens": self.spec.seq_len + 1})
 
