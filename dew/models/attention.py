@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dew.models.precision import Precision
+from dew.models.precision import LAX_PRECISION, Precision
 
 logger = logging.getLogger(__name__)
 _logged: set[tuple[str, str]] = set()
@@ -83,7 +83,7 @@ def choose_implementation(impl: str, dtype: Any, head_dim: int) -> str:
 
 
 def max_logits(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, *, scale: float, causal: bool = False,
-               kv_lengths: jax.Array | None = None) -> jax.Array:
+               kv_lengths: jax.Array | None = None, matmul_precision: str = "default") -> jax.Array:
     """The largest pre-softmax logit of each query head over the batch and the unmasked pairs.
 
     Float32 of shape ``(N,)``, outside the gradient.
@@ -93,7 +93,8 @@ def max_logits(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, *, scale: float, caus
     S, K = k.shape[1], k.shape[2]
     q_BxTxKxGxH = q.reshape(B, T, K, N // K, H)
     logits_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k,
-                                  preferred_element_type=jnp.float32) * scale
+                                  preferred_element_type=jnp.float32,
+                                  precision=LAX_PRECISION[matmul_precision]) * scale
     allowed_BxTxS = jnp.ones((B, T, S), bool)
     if causal:
         allowed_BxTxS &= jnp.tril(jnp.ones((T, S), bool))[None]
@@ -179,4 +180,4 @@ class Attention(nnx.Module):
         if not return_max_logits:
             return out_BxTxD
         return out_BxTxD, max_logits(q_BxTxNxH, k_BxTxKxH, scale=self.scale, causal=causal,
-                                     kv_lengths=kv_lengths)
+                                     kv_lengths=kv_lengths, matmul_precision=self.matmul_precision)

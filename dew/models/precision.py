@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-_PRECISIONS = {
+LAX_PRECISION = {  # matmul_precision name -> jax.lax.Precision
     "default": jax.lax.Precision.DEFAULT,
     "high": jax.lax.Precision.HIGH,
     "highest": jax.lax.Precision.HIGHEST,
@@ -40,7 +40,7 @@ class Precision:
     @property
     def lax(self) -> jax.lax.Precision:
         """``matmul`` as the ``precision=`` argument of ``dot_general`` / ``einsum``."""
-        return _PRECISIONS[self.matmul]
+        return LAX_PRECISION[self.matmul]
 
     @property
     def dtypes(self) -> dict[str, Any]:
