@@ -221,12 +221,15 @@ class RecordDataset:
 class ArrayRecords:
     """Records stored as arrays (in memory or memory-mapped) that share their first axis.
 
-    ``decode`` turns the gathered raw arrays into the batch the model sees (uint8 pixels to float32
-    in [-1, 1], say), so a cache stays compact and the conversion runs once per batch.
+    ``subset`` (sorted row numbers) makes a split of the arrays without copying them: record ``i``
+    is row ``subset[i]``, so a memory-mapped cache stays on disk. ``decode`` turns the gathered raw
+    arrays into the batch the model sees (uint8 pixels to float32 in [-1, 1], say), so a cache
+    stays compact and the conversion runs once per batch.
     """
 
     arrays: Mapping[str, np.ndarray]
     decode: Callable[[Batch], Batch] = dict
+    subset: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         lengths = {k: len(v) for k, v in self.arrays.items()}
@@ -235,7 +238,10 @@ class ArrayRecords:
 
     @property
     def num_records(self) -> int:
+        if self.subset is not None:
+            return len(self.subset)
         return len(next(iter(self.arrays.values())))
 
     def gather(self, indices: np.ndarray) -> Batch:
-        return self.decode({k: np.asarray(v[indices]) for k, v in self.arrays.items()})
+        rows = indices if self.subset is None else self.subset[indices]
+        return self.decode({k: np.asarray(v[rows]) for k, v in self.arrays.items()})

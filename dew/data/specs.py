@@ -75,6 +75,12 @@ class OxfordFlowers102(DataSpec):
             raise ValueError(f"data.resolution={self.resolution} must be >= 8")
         if not self.train_splits:
             raise ValueError("data.train_splits must name at least one of train, val, test")
+        for split in (*self.train_splits, self.eval_split):
+            if split not in ("train", "val", "test"):
+                raise ValueError(f"data split {split!r} must be one of train, val, test")
+        if self.eval_split in self.train_splits:
+            raise ValueError(f"data.eval_split={self.eval_split!r} is also in data.train_splits="
+                             f"{list(self.train_splits)}: the held-out split would be trained on")
 
     def load(self, batch_size: int, seed: int) -> Dataset:
         from dew.data.flowers import load_flowers
