@@ -22,23 +22,9 @@ class Recipe(RunConfig):
 
 
 def with_data_fields(run: RunConfig, data_fields: dict[str, object]) -> RunConfig:
-    """``run`` with the model fields that follow from the data filled in.
+    """``run`` with the model fields that follow from the data filled in (``dew.models.registry``);
+    an explicit value that disagrees with the data is an error, not a silent override."""
+    from dew.models.registry import with_data_fields as merge
 
-    Only fields the architecture declares as following from the data are filled; an explicit value
-    that disagrees with the data is an error, not a silent override.
-    """
-    from dew.models.registry import architecture
-    from dew.typed import ConfigError
-
-    arch = architecture(run.model.architecture)
-    config = dict(run.model.config)
-    for key in arch.data_fields:
-        if key not in data_fields:
-            continue
-        value = data_fields[key]
-        if key in config and config[key] != value:
-            raise ConfigError(f"model.config.{key}={config[key]!r} conflicts with the data: "
-                              f"data={run.data.name} has {key}={value!r}; drop the override")
-        config[key] = value
-    model = dataclasses.replace(run.model, config=config)
-    return dataclasses.replace(run, model=model)
+    config = merge(run.model.architecture, run.model.config, data_fields)
+    return dataclasses.replace(run, model=dataclasses.replace(run.model, config=config))

@@ -1,0 +1,41 @@
+"""Suite-wide settings: CPU JAX, no persisted compile cache, and a helper that runs the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "PYTEST_"))}
+    env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true", **extra)
+    return env
+
+
+def dew(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
+        script: str = "dew.cli.train") -> subprocess.CompletedProcess:
+    """Run a dew command (``python -m dew.cli.train ...``) as a user would, in ``cwd``."""
+    return subprocess.run([sys.executable, "-m", script, *args], cwd=cwd, env=env or cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def tree(root: Path) -> list[str]:
+    """Every path under ``root``, relative and sorted (what a command left on disk)."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    d = tmp_path / "work"
+    d.mkdir()
+    return d

@@ -1,0 +1,262 @@
+"""dew.config: the spec's classes, strict from_dict, to_dict/from_dict/save/load round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import typing
+from typing import Any, Literal
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dew.config import (ConfigError, Layout, LoRA, MeshSpec, ModelConfig, OptimConfig, ParamGroup, Ramp,
+                        RunConfig, TrainerConfig, Wandb)
+from dew.data.specs import DataSpec, datasets
+from dew.models.registry import architectures
+from dew.recipe import Recipe
+from dew.training.schedules import ScheduleSpec, schedules
+from dew.typed import JsonString, hints
+
+
+def test_importing_config_does_not_import_jax():
+    code = "import sys, dew.config, dew.recipe, dew.cli.schema; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'orbax', 'grain')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ hypothesis: any valid config
+
+
+def _valid(cls: type, values: dict[str, Any]) -> Any:
+    try:
+        return cls(**values)
+    except (ValueError, TypeError):
+        return None
+
+
+def strategy(tp: Any) -> st.SearchStrategy:
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        inner, *meta = typing.get_args(tp)
+        return strategy(inner)
+    if origin is Literal:
+        return st.sampled_from(typing.get_args(tp))
+    if origin in (typing.Union, __import__("types").UnionType):
+        return st.one_of([strategy(a) for a in typing.get_args(tp)])
+    if tp is type(None):
+        return st.none()
+    if tp is bool:
+        return st.booleans()
+    if tp is int:
+        return st.integers(1, 4)
+    if tp is float:
+        return st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.5e-4])
+    if tp is str:
+        return st.sampled_from(["a", "run/x", ".*", "blocks"])
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return st.lists(strategy(args[0]), max_size=2).map(tuple)
+    if tp is DataSpec:
+        return st.one_of([dataclass_strategy(c) for c in datasets.values()])
+    if tp is ScheduleSpec:
+        return st.one_of([dataclass_strategy(c) for c in schedules.values()])
+    if dataclasses.is_dataclass(tp):
+        return dataclass_strategy(tp)
+    if origin is dict:
+        return st.just({})
+    raise NotImplementedError(tp)
+
+
+def model_config_strategy() -> st.SearchStrategy:
+    def for_arch(name: str) -> st.SearchStrategy:
+        fields_cls = architectures[name].fields
+        types_ = hints(fields_cls)
+        keys = [f.name for f in dataclasses.fields(fields_cls)]
+        config = st.dictionaries(st.sampled_from(keys), st.nothing(), max_size=0)  # placeholder
+        config = st.lists(st.sampled_from(keys), max_size=3, unique=True).flatmap(
+            lambda ks: st.fixed_dictionaries({k: strategy(types_[k]) for k in ks}))
+        return st.builds(lambda c, rest: _valid(ModelConfig, {"architecture": name, "config": c, **rest}),
+                         config, st.fixed_dictionaries({k: strategy(hints(ModelConfig)[k]) for k in
+                                                        ("dtype", "param_dtype", "matmul_precision", "attention_impl")}))
+    return st.one_of([for_arch(n) for n in architectures]).filter(lambda m: m is not None)
+
+
+def dataclass_strategy(cls: type) -> st.SearchStrategy:
+    if cls is ModelConfig:
+        return model_config_strategy()
+    types_ = hints(cls)
+    fields = {f.name: strategy(types_[f.name]) for f in dataclasses.fields(cls) if f.init}
+    if cls is TrainerConfig:
+        fields["compilation_cache_dir"] = st.sampled_from([None, "/tmp/cache"])
+        fields["name"] = st.sampled_from([None, "run", "sweep/3-lr=1"])
+    return st.fixed_dictionaries(fields).map(lambda v: _valid(cls, v)).filter(lambda x: x is not None)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(dataclass_strategy(Recipe))
+def test_round_trip_any_recipe(cfg: Recipe):
+    record = cfg.to_dict()
+    assert json.loads(json.dumps(record)) == record  # JSON-safe
+    assert Recipe.from_dict(record) == cfg
+
+
+@pytest.mark.parametrize("dataset", sorted(datasets))
+@pytest.mark.parametrize("schedule", [None, *sorted(schedules)])
+@pytest.mark.parametrize("architecture", sorted(architectures))
+def test_round_trip_every_registered_member(tmp_path, dataset, schedule, architecture):
+    cfg = RunConfig(model=ModelConfig(architecture=architecture), data=datasets[dataset](),
+                    optim=OptimConfig(schedule=schedules[schedule]() if schedule else None))
+    record = cfg.to_dict()
+    assert record["data"]["name"] == dataset
+    if schedule:
+        assert record["optim"]["schedule"]["name"] == schedule
+    assert RunConfig.from_dict(record) == cfg
+    path = cfg.save(str(tmp_path))
+    assert path.endswith("run.json")
+    assert RunConfig.load(str(tmp_path)) == cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Extra:
+    depth: int = 3
+    mode: Literal["a", "b"] = "a"
+
+
+@dataclasses.dataclass(frozen=True)
+class MyRun(RunConfig):
+    extra: Extra = dataclasses.field(default_factory=Extra)
+
+
+def test_subclass_round_trip(tmp_path):
+    cfg = MyRun(extra=Extra(depth=7, mode="b"), trainer=TrainerConfig(steps=5))
+    cfg.save(str(tmp_path))
+    loaded = MyRun.load(str(tmp_path))
+    assert type(loaded) is MyRun and loaded == cfg
+    with pytest.raises(ConfigError, match="extra: unknown field"):
+        RunConfig.from_dict(cfg.to_dict())  # the base class has no such field
+
+
+def test_defaults_follow_the_spec():
+    cfg = RunConfig()
+    assert cfg.model == ModelConfig("simple_dit", {}, "bfloat16", None, None, "auto")
+    assert cfg.data.name == "oxford_flowers102"
+    assert cfg.optim.optimizer == "adamw" and cfg.optim.learning_rate == 0.00027
+    assert cfg.optim.schedule is None and cfg.optim.weight_decay is None and cfg.optim.param_groups == ()
+    assert cfg.optim.clip_grads == 0.0 and cfg.optim.state_dtype == "float32"
+    t = cfg.trainer
+    assert (t.name, t.checkpoint_dir, t.keep, t.batch_size, t.seed) == (None, "./checkpoints", 2, 32, 0)
+    assert (t.steps, t.epochs, t.log_every, t.eval_every, t.checkpoint_every) == (None, None, 100, "epoch", "epoch")
+    assert (t.accumulation, t.batch_ramp, t.dynamic_scale, t.profile, t.wandb) == (1, None, False, None, None)
+    assert t.mesh == MeshSpec() and t.layout == Layout() and t.multi_host is None and t.quantization is None
+    assert cfg.objective is None and cfg.lora is None
+
+
+# ------------------------------------------------------------------------ strict: named paths
+
+
+def _record(**changes: Any) -> dict[str, Any]:
+    record = RunConfig(trainer=TrainerConfig(steps=3)).to_dict()
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = record
+        for p in parents:
+            node = node[p]
+        if value is KeyError:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return record
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"optim__schedule": {"name": "cosine", "warmup_steps": "ten", "floor_ratio": 0.0}},
+     r"optim\.schedule\.warmup_steps: expected int, found str 'ten'"),
+    ({"trainer__nope": 1}, r"trainer\.nope: unknown field of TrainerConfig"),
+    ({"trainer__keep": KeyError}, r"trainer\.keep: missing field of TrainerConfig"),
+    ({"optim__optimizer": "sgd"}, r"optim\.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'"),
+    ({"trainer__eval_every": "week"}, r"trainer\.eval_every: expected int or one of 'epoch' or null, found str 'week'"),
+    ({"trainer__batch_size": True}, r"trainer\.batch_size: expected int, found bool True"),
+    ({"trainer__batch_size": 1.5}, r"trainer\.batch_size: expected int, found float 1.5"),
+    ({"data": {"name": "mnist"}}, r"data\.name: expected one of digits, oxford_flowers102, text_stream, token_windows|data\.name: expected one of"),
+    ({"model__config": {"depht": 2}}, r"model\.config: architecture 'simple_dit' takes no field 'depht'; it takes input_size"),
+    ({"model__config": {"depth": "deep"}}, r"model\.config\.depth: expected int, found str 'deep'"),
+    ({"trainer__wandb": {"project": "p", "entity": None}}, r"trainer\.wandb\.offline: missing field"),
+    ({"trainer__batch_ramp": {"start": 10, "increment": 8, "records": 100}}, r"trainer: trainer\.batch_ramp"),
+])
+def test_from_dict_names_the_field(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig.from_dict(_record(**changes))
+
+
+def test_json_dict_accepts_a_json_string():
+    record = _record(model__config='{"depth": 2, "hidden_size": 64, "num_heads": 4}')
+    assert RunConfig.from_dict(record).model.config == {"depth": 2, "hidden_size": 64, "num_heads": 4}
+    with pytest.raises(ConfigError, match=r"model\.config: expected JSON"):
+        RunConfig.from_dict(_record(model__config="{depth: 2"))
+
+
+def test_param_groups_accept_a_json_list():
+    record = _record(optim__param_groups='[{"pattern": "bias", "lr_multiplier": 2.0, "weight_decay": 0.0}]')
+    assert RunConfig.from_dict(record).optim.param_groups == (ParamGroup("bias", 2.0, 0.0),)
+
+
+def test_model_fields_and_precision_settings():
+    m = ModelConfig(config={"depth": 2, "dtype": "float32"}, param_dtype="bfloat16")
+    assert m.fields() == {"depth": 2, "dtype": "float32", "param_dtype": "bfloat16", "attention_impl": "auto"}
+    assert m.precision_settings() == frozenset({"param_dtype", "attention_impl"})
+    assert ModelConfig.from_dict(m.__class__(**{**dataclasses.asdict(m)}).__dict__) == m
+
+
+def test_load_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no run record"):
+        RunConfig.load(str(tmp_path))
+    (tmp_path / "run.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="run.json: not a JSON run record"):
+        RunConfig.load(str(tmp_path))
+    (tmp_path / "run.json").write_text(json.dumps({**RunConfig().to_dict(), "extra": 1}))
+    with pytest.raises(ConfigError, match=r"run.json: extra: unknown field"):
+        RunConfig.load(str(tmp_path))
+
+
+def test_trainer_lengths():
+    class Data:
+        batch_size, num_records, resumable = 10, 105, True
+
+    class Stream:
+        batch_size, num_records, resumable = 10, None, False
+
+    t = TrainerConfig(batch_size=10, epochs=2)
+    assert t.total_steps(Data()) == 21 and t.eval_interval(Data()) == 10 and t.checkpoint_interval(Data()) == 10
+    assert TrainerConfig(steps=7, eval_every=3, checkpoint_every=None).total_steps(Data()) == 7
+    with pytest.raises(ValueError, match="no length"):
+        TrainerConfig().total_steps(Data())
+    with pytest.raises(ValueError, match="set exactly one"):
+        TrainerConfig(steps=1, epochs=1)
+    with pytest.raises(ValueError, match="stream"):
+        TrainerConfig(steps=5, checkpoint_every=None).eval_interval(Stream())
+    with pytest.raises(ValueError, match="cannot report a read position"):
+        TrainerConfig(steps=5, eval_every=None, checkpoint_every=5).checkpoint_interval(Stream())
+    assert TrainerConfig(steps=5, eval_every=2, checkpoint_every=None).checkpoint_interval(Stream()) is None
+    ramp = TrainerConfig(batch_size=16, epochs=1, batch_ramp=Ramp(start=4, increment=4, records=48))
+    # 16 records a stage: 4 steps of 4, 2 of 8, 2 of 12 (ceil 16/12: 24 records), so 56 records in
+    # 8 steps; the 49 left give 3 full steps of 16.
+    assert ramp.total_steps(Data()) == 4 + 2 + 2 + 3
+
+
+def test_records_need_their_required_fields():
+    with pytest.raises(TypeError):
+        Wandb()  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="rank"):
+        LoRA(rank=0)
+    with pytest.raises(ValueError, match="mesh"):
+        MeshSpec(data=-1, fsdp=-1)
+    assert MeshSpec(data=-1, fsdp=2).shape(8) == {"data": 4, "fsdp": 2, "tensor": 1}
+    with pytest.raises(ValueError, match="needs 6 devices"):
+        MeshSpec(data=3, fsdp=2).shape(8)
+    with pytest.raises(ValueError, match="escape|relative path"):
+        TrainerConfig(name="../elsewhere")
+    assert JsonString  # the marker class is public for recipes' own JSON fields
