@@ -27,9 +27,10 @@ def _decode(raw: Batch) -> Batch:
     return {"image": image[..., None], "label": raw["label"].astype(np.int32)}
 
 
-def split_digits(eval_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+def split_digits(eval_fraction: float, labels: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices (sorted) of the training and the held-out records, stratified by class."""
-    labels = sklearn.datasets.load_digits().target
+    labels = sklearn.datasets.load_digits().target if labels is None else labels
     train, held_out = sklearn.model_selection.train_test_split(
         np.arange(len(labels)), test_size=eval_fraction, stratify=labels, random_state=0)
     return np.sort(train), np.sort(held_out)
@@ -40,7 +41,7 @@ def load_digits(spec: Digits, batch_size: int, seed: int) -> RecordDataset:
     bunch = sklearn.datasets.load_digits()
     images = bunch.images.astype(np.uint8)  # exact: the levels are integers 0..16
     labels = bunch.target.astype(np.int32)
-    train, held_out = split_digits(spec.eval_fraction)
+    train, held_out = split_digits(spec.eval_fraction, labels)
 
     def records(idx: np.ndarray) -> ArrayRecords:
         return ArrayRecords({"image": images[idx], "label": labels[idx]}, decode=_decode)

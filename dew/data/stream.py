@@ -19,6 +19,7 @@ on every process, which is cheap next to a training step for text of this kind.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -126,7 +127,8 @@ class StreamDataset:
         return StreamIterator(self._windows(), batch_size=self.batch_size,
                               process_index=process_index, process_count=process_count)
 
-    def _held_out(self) -> TokenWindowRecords | None:
+    @functools.cached_property
+    def _held_out_records(self) -> TokenWindowRecords | None:
         if not self.val_files:
             return None
         tokens = np.concatenate([_encode_document(self.tokenizer_impl, p) for p in self.val_files])
@@ -134,13 +136,13 @@ class StreamDataset:
 
     @property
     def num_eval_records(self) -> int:
-        held_out = self._held_out()
+        held_out = self._held_out_records
         return 0 if held_out is None else held_out.num_records
 
     def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
         """The validation files encoded in sorted order, as windows advancing by ``seq_len`` (as
         ``token_windows``), padded with ``mask``; nothing without ``data.val_path``."""
-        held_out = self._held_out()
+        held_out = self._held_out_records
         if held_out is None:
             return iter(())
         return padded_eval_batches(held_out, batch_size=self.batch_size,
