@@ -3,7 +3,7 @@
 Muon keeps a momentum of each hidden weight matrix and steps along its orthogonalisation: the
 nearest semi-orthogonal matrix U·Vᵀ of the momentum's SVD U·S·Vᵀ, approximated by five steps of a
 quintic Newton-Schulz iteration X <- aX + b(XXᵀ)X + c(XXᵀ)²X with (a, b, c) = (3.4445, -4.7750,
-2.0315), which takes every singular value into roughly [0.7, 1.2] rather than exactly to 1
+2.0315), which takes the singular values into roughly [0.7, 1.2] rather than exactly to 1
 (https://kellerjordan.github.io/posts/muon/). Embeddings, the output head, norms, biases and every
 non-matrix parameter are trained by AdamW instead, in the same step.
 
