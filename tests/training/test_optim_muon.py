@@ -206,3 +206,27 @@ def test_muonclip_exposes_tau():
                           {"w": np.zeros((4, 4), np.float32)}, total_steps=1)
     assert opt.qk_clip_tau == 50.0
     assert build_optimizer(OptimConfig(), {"w": np.zeros((4, 4), np.float32)}, total_steps=1).qk_clip_tau is None
+
+
+def test_qk_clip_on_dew_transformer_layout():
+    """The documented layout for dew's models, against the transformer's own max logits (GQA, RoPE)."""
+    from flax import nnx
+
+    from dew.config import ModelConfig
+
+    fields = {"vocab_size": 32, "hidden_size": 16, "depth": 1, "num_heads": 4, "num_kv_heads": 2, "seq_len": 8}
+    model = ModelConfig(architecture="transformer", config=fields, dtype="float32").build(nnx.Rngs(0))
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    tokens = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 32
+
+    def max_logits(p):
+        return nnx.merge(graph, p, rest)(tokens, return_max_logits=True)[1]
+
+    s = max_logits(params)  # (depth, heads); one layer, so a clip cannot move a later layer's inputs
+    tau = float(jnp.median(s))
+    layer = QKClipLayer(query=("blocks/attn/q/kernel",), key=("blocks/attn/k/kernel",), num_heads=4,
+                        num_kv_heads=2, split_heads=True)
+    clipped = qk_clip(params, {"blocks": s}, tau, layers={"blocks": layer})
+    after = max_logits(clipped)
+    np.testing.assert_allclose(after, np.minimum(s, tau), rtol=1e-4)
+    assert type(clipped) is type(params)
