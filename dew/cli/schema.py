@@ -46,8 +46,47 @@ def _twin(cls: type, bases: tuple[type, ...], name_default: str | None = None) -
         if not f.init:
             continue
         tp = _node_type(types_[f.name])
+        if tp is Any and _is_json(types_[f.name]):
+            # A JSON field starts as the JSON text "{}", not as a dict node: Hydra merges a dict
+            # override into a dict node in struct mode (new keys refused), but replaces a string,
+            # so `model.config={depth: 4}` and `model.config='{"depth": 4}'` both work on the
+            # default. Over a dict an option file set, `model.config.depth=4` changes a key and
+            # `++model.config={...}` merges new ones.
+            default = _default(f)
+            if default.default_factory is not dataclasses.MISSING and default.default_factory() == {}:
+                default = dataclasses.field(default="{}")
+            fields.append((f.name, tp, default))
+            continue
+        if f.default is None and _optional_record(types_[f.name]):
+            # An unset optional record defaults to `${unset:}` (a resolver that gives null), not to
+            # a plain null: OmegaConf 2.3 cannot merge a dict into a typed node that is null, so
+            # `trainer.batch_ramp={start: 8, ...}` would fail; it expands an interpolation first.
+            fields.append((f.name, tp, dataclasses.field(default=UNSET)))
+            continue
         fields.append((f.name, tp, _default(f)))
     return dataclasses.make_dataclass(f"{cls.__name__}Node", fields, bases=bases)
+
+
+UNSET = "${unset:}"
+"""The default of an unset optional record; the ``unset`` resolver (``register_resolvers``) gives null."""
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("unset", lambda: None, replace=True)
+
+
+def _optional_record(tp: Any) -> bool:
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return False
+    args = typing.get_args(tp)
+    return type(None) in args and any(isinstance(a, type) and dataclasses.is_dataclass(a) for a in args)
+
+
+def _is_json(tp: Any) -> bool:
+    return typing.get_origin(tp) is Annotated and any(
+        isinstance(m, JsonString) or m is JsonString for m in typing.get_args(tp)[1:])
 
 
 def _default(f: dataclasses.Field) -> dataclasses.Field:
@@ -78,7 +117,18 @@ def _to_node(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         cls = type(value)
         node = member_schema(cls) if registry_of(_base(cls)) is not None else schema_of(cls)
-        return node(**{f.name: _to_node(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init})
+        types_ = hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(value):
+            if f.init:
+                v = getattr(value, f.name)
+                if _is_json(types_[f.name]) and v == {}:
+                    kwargs[f.name] = "{}"
+                elif v is None and _optional_record(types_[f.name]):
+                    kwargs[f.name] = UNSET
+                else:
+                    kwargs[f.name] = _to_node(v)
+        return node(**kwargs)
     if isinstance(value, (list, tuple)):
         return [_to_node(v) for v in value]
     return to_json(value)

@@ -22,7 +22,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dew.cli.schema import member_schema, schema_of
+from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.data.specs import datasets
 from dew.recipe import Recipe
 from dew.training.schedules import schedules
@@ -50,6 +50,7 @@ def register_configs() -> None:
         cs.store(group="schema/data", name=name, node=member_schema(cls))
     for name, cls in schedules.items():
         cs.store(group="schema/schedule", name=name, node=member_schema(cls))
+    register_resolvers()
     OmegaConf.register_new_resolver("dew_sweep", _sweep_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
 
