@@ -82,7 +82,25 @@ def _options(config: OptimConfig) -> dict[str, Any]:
             f"optim.optimizer_opts: {config.optimizer} does not take {', '.join(unknown)}; "
             f"it takes {', '.join(sorted(takes))}"
         )
-    return {**takes, **config.optimizer_opts}
+    opts = {**takes, **config.optimizer_opts}
+    for key, value in opts.items():
+        where = f"optim.optimizer_opts.{key}={value!r}"
+        if key in ("b1", "b2", "adam_b1", "adam_b2", "momentum") and not (
+                isinstance(value, (int, float)) and 0.0 <= value < 1.0):
+            raise ValueError(f"{where} must lie in [0, 1)")
+        if key in ("eps", "adam_eps", "tau", "rms_ratio") and not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"{where} must be positive")
+        if key == "ns_steps" and not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"{where} must be an integer >= 1")
+        if key == "update_scale" and value not in ("moonlight", "keller"):
+            raise ValueError(f"{where}: takes 'moonlight' or 'keller'")
+        if key == "nesterov" and not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false")
+        if key == "adam_patterns" and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"{where} must be a list of regular expressions")
+        if key == "matrix_axes" and not isinstance(value, Mapping):
+            raise ValueError(f"{where} must map path patterns to [reduction axes, output axes]")
+    return opts
 
 
 # ----------------------------------------------------------------------------------- the optimizer

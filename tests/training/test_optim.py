@@ -99,6 +99,10 @@ def test_unknown_option_names_it_and_lists_the_taken_ones():
     with pytest.raises(ValueError, match="muon does not take tau"):
         build_optimizer(OptimConfig(optimizer="muon", optimizer_opts={"tau": 50.0}), PARAMS, total_steps=10)
     assert "tau" in OPTIONS["muonclip"]
+    with pytest.raises(ValueError, match=r"optim.optimizer_opts.b2=1.5 must lie in \[0, 1\)"):
+        build_optimizer(OptimConfig(optimizer_opts={"b2": 1.5}), PARAMS, total_steps=10)
+    with pytest.raises(ValueError, match="update_scale='rms'"):
+        build_optimizer(OptimConfig(optimizer="muon", optimizer_opts={"update_scale": "rms"}), PARAMS, total_steps=10)
     # a taken option changes the update: b1 = 0 is RMSprop-like on the first step too
     build_optimizer(OptimConfig(optimizer="adamw", optimizer_opts={"b1": 0.8}), PARAMS, total_steps=10)
 
