@@ -1,0 +1,110 @@
+"""transformer: causality through gradients, GQA/QK-norm/tied head, muP's logit scale, scanned
+against unrolled, the reported maximum logits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dew.models import build
+from dew.models.attention import apply_rope, rope_tables
+
+TINY = dict(vocab_size=32, seq_len=8, hidden_size=32, depth=2, num_heads=4, num_kv_heads=2,
+            qk_norm=True, matmul_precision="highest")
+
+
+def tiny(**overrides):
+    return build("transformer", {**TINY, **overrides}, nnx.Rngs(0))
+
+
+def test_an_early_output_has_no_gradient_from_a_later_token():
+    model = tiny(depth=1)
+    graphdef, state = nnx.split(model)
+    tokens = jnp.arange(8, dtype=jnp.int32)[None]  # token j appears only at position j
+
+    def outputs(state):  # one number per position
+        return nnx.merge(graphdef, state)(tokens)[0].sum(-1)
+
+    for i in (0, 4):  # output i is moved by the tokens at positions 0..i, and by no later one
+        grad = jax.jit(jax.grad(lambda state: outputs(state)[i]))(state)["embed"]["embedding"][...]
+        seen_J = np.abs(np.asarray(grad)[:8]).sum(-1)
+        np.testing.assert_array_equal(seen_J > 0, np.arange(8) <= i)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": True, "num_kv_heads": 1, "qk_norm": False}])
+def test_scanned_and_unrolled_give_the_same_outputs(overrides, jitted):
+    tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 32)
+    out_s, ml_s = jitted(tiny(scan_layers=True, **overrides), return_max_logits=True)(tokens)
+    out_u, ml_u = jitted(tiny(scan_layers=False, **overrides), return_max_logits=True)(tokens)
+    assert out_s.shape == (2, 8, 32) and ml_s.shape == (2, 4)
+    np.testing.assert_allclose(out_s, out_u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ml_s, ml_u, rtol=1e-5, atol=1e-6)
+
+
+def param_shapes(model):
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {"/".join(map(str, path)): variable[...].shape for path, variable in flat}
+
+
+def test_parameter_layout():
+    shapes = param_shapes(tiny())
+    assert shapes["blocks/attn/q/kernel"] == (2, 32, 4, 8)
+    assert shapes["blocks/attn/k/kernel"] == (2, 32, 2, 8)
+    assert shapes["blocks/attn/o/kernel"] == (2, 4, 8, 32)
+    assert shapes["blocks/attn/q_norm/scale"] == (2, 8)
+    assert shapes["blocks/mlp_gate/kernel"] == (2, 32, 128)
+    assert shapes["lm_head/kernel"] == (32, 32)
+    assert not any(k.endswith("bias") for k in shapes)
+    assert not any(k.startswith("lm_head") for k in param_shapes(tiny(tie_embeddings=True)))
+
+
+def explicit_max_logits(model, tokens):
+    """Each block's causal attention logits computed by hand from its parameters, maxed per head."""
+    x = model.embed(tokens)
+    rope = rope_tables(jnp.arange(8), 8, 10000.0)
+    graphdef, state = nnx.split(model.blocks)
+    maxima = []
+    for i in range(2):
+        block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        h = block.attn_norm(x)
+        q = apply_rope(block.attn.q_norm(block.attn.q(h)), rope)
+        k = jnp.repeat(apply_rope(block.attn.k_norm(block.attn.k(h)), rope), 2, axis=2)
+        logits = jnp.einsum("btnh,bsnh->bnts", q, k, precision="highest") * block.attn.scale
+        logits = jnp.where(jnp.tril(jnp.ones((8, 8), bool)), logits, -jnp.inf)
+        maxima.append(logits.max(axis=(0, 2, 3)))
+        x, _ = block(x, rope, False)
+    return jnp.stack(maxima)
+
+
+def test_max_logits_equal_an_explicit_computation_per_block(jitted):
+    model = tiny()
+    tokens = jax.random.randint(jax.random.key(1), (2, 8), 0, 32)
+    _, got = jitted(model, return_max_logits=True)(tokens)
+    want = jax.jit(lambda tokens: explicit_max_logits(model, tokens))(tokens)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_mup_divides_logits_by_the_width_multiplier_and_scales_attention_by_one_over_head_dim(jitted):
+    tokens = jax.random.randint(jax.random.key(2), (2, 8), 0, 32)
+    wide = tiny(mup=True, mup_base_width=16)  # width multiplier 2
+    narrow = tiny(mup=True, mup_base_width=8)  # width multiplier 4, same parameters (same seed, scaled init)
+    assert wide.blocks.attn.scale == 1 / 8
+    # Same parameters, a twice larger width multiplier: exactly half the logits.
+    nnx.update(narrow, nnx.state(wide))
+    np.testing.assert_allclose(jitted(narrow)(tokens), jitted(wide)(tokens) / 2, rtol=1e-6)
+
+
+def test_embedding_and_residual_multipliers_act(jitted):
+    tokens = jax.random.randint(jax.random.key(3), (1, 8), 0, 32)
+    base = jitted(tiny())(tokens)
+    assert np.abs(jitted(tiny(embedding_multiplier=3.0))(tokens) - base).max() > 1e-4
+    # A zero residual multiplier removes every block: logits are the head on the normed embedding.
+    model = tiny(residual_multiplier=0.0)
+    expected = model.lm_head(model.final_norm(model.embed(tokens)))
+    np.testing.assert_allclose(jitted(model)(tokens), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_longer_than_seq_len_raises():
+    with pytest.raises(ValueError, match="length <= seq_len=8"):
+        tiny()(jnp.zeros((1, 9), jnp.int32))
