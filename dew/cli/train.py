@@ -58,9 +58,16 @@ def register_configs() -> None:
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _sweep_name(name: str | None) -> str:
-    """A sweep's directory under checkpoint_dir: the run name, else one per sweep start."""
-    return name if name else f"sweep-{_STAMP}"
+def _sweep_name(name: str | None, checkpoint_dir: str) -> str:
+    """A sweep's directory under checkpoint_dir: the run name, else one per sweep start that no
+    earlier sweep holds (resolved once per process: every job of the sweep gets the same)."""
+    if name:
+        return name
+    candidate, n = f"sweep-{_STAMP}", 1
+    while os.path.exists(os.path.join(checkpoint_dir, candidate)):
+        n += 1
+        candidate = f"sweep-{_STAMP}-{n}"
+    return candidate
 
 
 def _job_dirname(num: Any, overrides: str) -> str:

@@ -1,0 +1,48 @@
+"""Bad input to dew-train: one clear message, a non-zero exit, no traceback, nothing on disk."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import dew, tree
+
+CASES = [
+    # (overrides, what the message must say)
+    (["trainer.nope=1"], "trainer.nope"),
+    (["trainer.batch_size=many"], "trainer.batch_size"),
+    (["model=resnet"], "model/resnet"),
+    (["optim.optimizer=sgd"], "optim.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'"),
+    (["+model.nope=1"], "model.nope: unknown field of ModelConfig"),
+    (["+trainer.mesh.pipeline=2"], "trainer.mesh.pipeline: unknown field of MeshSpec"),
+    (["trainer.eval_every=weekly"], "trainer.eval_every: expected int or one of 'epoch' or null, found str 'weekly'"),
+    (["model.config={depht: 3}"], "architecture 'simple_dit' takes no field 'depht'"),
+    (["trainer.steps=10", "trainer.epochs=2"], "set exactly one"),
+    (["trainer.name=../outside", "trainer.steps=2"], "trainer.name='../outside'"),
+    (["model.config={num_classes: 7}", "trainer.steps=2"], "model.config.num_classes=7 conflicts with the data"),
+    (["trainer.steps=2", "trainer.batch_size=30", "trainer.accumulation=4"], "trainer.batch_size=30 does not divide"),
+    (["data=token_windows", "data.path=/nonexistent/tokens.bin", "trainer.steps=2"], "/nonexistent/tokens.bin"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_fails_cleanly(workdir, overrides, message):
+    result = dew(*overrides, "trainer.checkpoint_dir=ck", cwd=workdir, timeout=300)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    assert tree(workdir) == [], "a bad input left files behind"
+
+
+def test_a_changed_config_is_refused_and_nothing_changes(workdir):
+    first = dew("experiment=digits", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+                "optim.schedule.warmup_steps=1", "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1",
+                "flow_matching.sample_steps=2", "model.config.depth=1", cwd=workdir)
+    assert first.returncode == 0, first.stderr
+    before = {p: (workdir / p).stat().st_mtime_ns for p in tree(workdir) if (workdir / p).is_file()}
+    second = dew("experiment=digits", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+                 "optim.schedule.warmup_steps=1", "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1",
+                 "flow_matching.sample_steps=2", "model.config.depth=1", "optim.learning_rate=0.5", cwd=workdir)
+    assert second.returncode != 0
+    assert "optim.learning_rate: 0.001 -> 0.5" in second.stderr and "Traceback" not in second.stderr
+    after = {p: (workdir / p).stat().st_mtime_ns for p in tree(workdir) if (workdir / p).is_file()}
+    assert after == before
