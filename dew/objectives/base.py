@@ -23,6 +23,9 @@ class Loss(NamedTuple):
     total: jax.Array
     count: jax.Array
     sums: Mapping[str, jax.Array]
+    max_logits: jax.Array | None = None
+    """Each attention layer's largest pre-softmax logit per head, ``(depth, heads)``, when the
+    loss was asked for them (MuonClip's QK-clip); outside the gradient."""
 
 
 class Objective(Protocol):
@@ -33,8 +36,10 @@ class Objective(Protocol):
         """The module this objective trains, initialised from ``rngs``."""
         ...
 
-    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
-        """The training loss of ``model`` on ``batch``, every random draw from ``key``."""
+    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
+        """The training loss of ``model`` on ``batch``, every random draw from ``key``; with
+        ``max_logits`` the model is called with ``return_max_logits=True`` and ``Loss.max_logits``
+        carries what it returned."""
         ...
 
     def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:

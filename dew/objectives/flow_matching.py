@@ -43,14 +43,16 @@ class FlowMatching:
             return jax.nn.sigmoid(jax.random.normal(key, (n,)))
         return jax.random.uniform(key, (n,))
 
-    def _mse(self, model: nnx.Module, x0: jax.Array, t: jax.Array, eps: jax.Array, y: jax.Array) -> jax.Array:
-        """Per-example mean squared velocity error."""
+    def _mse(self, model: nnx.Module, x0: jax.Array, t: jax.Array, eps: jax.Array, y: jax.Array,
+             max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        """Per-example mean squared velocity error (and the attention's max logits if asked)."""
         tb = t[:, None, None, None]
         x_t = (1.0 - tb) * x0 + tb * eps
-        v = model(x_t, t, y)[..., : x0.shape[-1]].astype(jnp.float32)
-        return jnp.mean(jnp.square(v - (eps - x0)), axis=(1, 2, 3))
+        out = model(x_t, t, y, return_max_logits=True) if max_logits else (model(x_t, t, y), None)
+        v = out[0][..., : x0.shape[-1]].astype(jnp.float32)
+        return jnp.mean(jnp.square(v - (eps - x0)), axis=(1, 2, 3)), out[1]
 
-    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
+    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
         x0 = batch["image"].astype(jnp.float32)
         y = batch["label"].astype(jnp.int32)
         k_t, k_eps, k_drop = jax.random.split(key, 3)
@@ -60,8 +62,8 @@ class FlowMatching:
         if self.num_classes and self.knobs.label_dropout > 0:
             drop = jax.random.bernoulli(k_drop, self.knobs.label_dropout, (n,))
             y = jnp.where(drop, self.num_classes, y)
-        per_example = self._mse(model, x0, t, eps, y)
-        return Loss(per_example.sum(), jnp.asarray(n, jnp.float32), {})
+        per_example, logits = self._mse(model, x0, t, eps, y, max_logits)
+        return Loss(per_example.sum(), jnp.asarray(n, jnp.float32), {}, logits)
 
     def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
         x0 = batch["image"].astype(jnp.float32)
@@ -71,7 +73,7 @@ class FlowMatching:
         # Stratified times (fixed given the key) lower the variance of the held-out estimate.
         t = (jnp.arange(n) + jax.random.uniform(k_t, (n,))) / n
         eps = jax.random.normal(k_eps, x0.shape)
-        per_example = self._mse(model, x0, t, eps, batch["label"].astype(jnp.int32))
+        per_example, _ = self._mse(model, x0, t, eps, batch["label"].astype(jnp.int32))
         return Loss((per_example * mask).sum(), mask.sum(), {})
 
     def velocity(self, model: nnx.Module, x: jax.Array, t: float | jax.Array, y: jax.Array,

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from dew.config import RunConfig, TrainerConfig
 from dew.data.base import Dataset
 from dew.objectives.base import Loss, Objective
-from dew.training import sharding
+from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.process import prepare_process
@@ -190,8 +190,9 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
     for batch, _ in ramp_stages(t):
         sharding.check_batch(batch // t.accumulation, mesh, t.layout,
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
-    abstract = nnx.eval_shape(lambda: objective.build(nnx.Rngs(params=t.seed)))
-    _optimizer(run, dataset, nnx.state(abstract, nnx.Param), total_steps)
+    abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
+                                                  quantization=t.quantization, lora=run.lora, seed=t.seed))
+    _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
     return total_steps, eval_every, ckpt_every
 
 
@@ -218,8 +219,9 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     # (2) The model, the optimizer and the mesh. -------------------------------------------------
     mesh = sharding.make_mesh(t)
     stages = ramp_stages(t)
-    model = objective.build(nnx.Rngs(params=t.seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    model = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
+                        quantization=t.quantization, lora=run.lora, seed=t.seed)
+    graphdef, params, rest = nnx.split(model, adapt.trainable(run.lora), ...)
     optimizer = _optimizer(run, dataset, params, total_steps)
     state = TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.tx.init(params),
