@@ -1,0 +1,98 @@
+"""Helpers for the trainer's tests: a tiny digits run, composed as dew-train composes it, trained in
+this process or in a real ``dew-train`` subprocess that a test may SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.conftest import cli_env
+
+# A depth-1, width-32 DiT on 8x8 digits: a step takes a few milliseconds on a CPU.
+TINY = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
+        "trainer.batch_size=32", "trainer.log_every=1", "optim.schedule.warmup_steps=1",
+        "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", "trainer.compilation_cache_dir=null"]
+
+
+def compose(*overrides: str) -> Any:
+    """The typed Recipe ``dew-train TINY overrides`` would train."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from dew.cli.train import conf_dir, register_configs
+    from dew.recipe import Recipe
+
+    GlobalHydra.instance().clear()
+    register_configs()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=[*TINY, *overrides])
+    return Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def train_tiny(tmp: Path, *overrides: str, name: str = "run") -> tuple[Any, Path, list[dict]]:
+    """Train a tiny run in this process: (final state, run directory, journal)."""
+    from dew.build import build_run
+    from dew.training.tracking import read_journal
+
+    recipe = compose(f"trainer.checkpoint_dir={tmp / 'ck'}", *overrides)
+    recipe, objective, dataset = build_run(recipe)
+    state = recipe.train(objective, dataset, name=name)
+    return state, tmp / "ck" / name, read_journal(tmp / "tracking" / name / "journal.jsonl")
+
+
+def losses(journal: list[dict], key: str = "train/loss") -> dict[int, float]:
+    return {r["step"]: r[key] for r in journal if key in r}
+
+
+def load_params(run: Path, step: int) -> dict[str, np.ndarray]:
+    """The parameters of a saved step, read back with orbax, flattened by path."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    restored = ocp.StandardCheckpointer().restore(run / str(step) / "state")
+    flat = jax.tree_util.tree_flatten_with_path(restored["params"])[0]
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in flat}
+
+
+def steps_on_disk(run: Path) -> list[int]:
+    return sorted(int(p.name) for p in run.iterdir() if p.name.isdigit())
+
+
+def dew_train(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,
+              kill_when: Callable[[Path], bool] | None = None, poll: float = 0.002) -> subprocess.CompletedProcess | None:
+    """Run dew-train in ``cwd``. With ``kill_when``, SIGKILL it as soon as ``kill_when(cwd)`` holds
+    (checked every ``poll`` seconds) and return None; a run that ends first returns its result.
+    A run past ``timeout`` is SIGKILLed (JAX catches SIGTERM) and fails the test."""
+    log = open(cwd / "dew-train.out", "a+")  # noqa: SIM115 - a file, not a pipe: a chatty run never blocks
+    log.seek(0, os.SEEK_END)
+    start = log.tell()
+    proc = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=cwd, env=env or cli_env(),
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"dew-train {' '.join(args)} ran past {timeout}s")
+            if kill_when is not None and kill_when(cwd):
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return None
+            time.sleep(poll)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.seek(start)
+        out = log.read()
+        log.close()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, out)

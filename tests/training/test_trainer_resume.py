@@ -1,0 +1,86 @@
+"""Exact resume: a dew-train run SIGKILLed mid-save and again between checkpoints, then started again
+with the same command, ends with the same parameters, bit for bit, and the same journal of losses as
+a run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dew.training.tracking import read_journal
+from tests.training.conftest import TINY, dew_train, load_params, losses, steps_on_disk
+
+STEPS = 24
+ARGS = [*TINY, "trainer.name=r", f"trainer.steps={STEPS}", "trainer.checkpoint_every=2", "trainer.eval_every=4",
+        "trainer.keep=2", "trainer.checkpoint_dir=ck"]
+
+
+def _journal(work: Path) -> list[dict]:
+    return read_journal(work / "tracking" / "r" / "journal.jsonl")
+
+
+def _curves(journal: list[dict]) -> dict[str, dict[int, float]]:
+    return {k: losses(journal, k) for k in ("train/loss", "train/grad_norm", "train/lr", "eval/loss")}
+
+
+def _mid_save(work: Path) -> bool:
+    """A checkpoint is committed and a later one is being written right now."""
+    run = work / "ck" / "r"
+    if not run.is_dir():
+        return False
+    names = [p.name for p in run.iterdir()]
+    return any(n.isdigit() for n in names) and any("orbax-checkpoint-tmp" in n for n in names)
+
+
+def _logged_past(step: int):
+    def past(work: Path) -> bool:
+        path = work / "tracking" / "r" / "journal.jsonl"
+        if not path.exists():
+            return False
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+        return any(r.get("event") == "resume" for r in lines) and any(r.get("step", 0) >= step and "train/loss" in r
+                                                                      for r in lines)
+    return past
+
+
+def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    clean.mkdir(), killed.mkdir()
+    cache = f"trainer.compilation_cache_dir={tmp_path / 'xla'}"
+
+    done = dew_train(*ARGS, cache, cwd=clean)
+    assert done is not None and done.returncode == 0, done.stdout
+
+    # 1. SIGKILL while orbax writes a checkpoint (its tmp directory exists), after one is committed.
+    assert dew_train(*ARGS, cache, cwd=killed, kill_when=_mid_save) is None
+    run = killed / "ck" / "r"
+    first = steps_on_disk(run)
+    assert first and max(first) < STEPS, first
+    leftovers = [p.name for p in run.iterdir() if "orbax-checkpoint-tmp" in p.name]
+    # 2. Start it again and SIGKILL it between checkpoints, well after it resumed.
+    assert dew_train(*ARGS, cache, cwd=killed, kill_when=_logged_past(max(first) + 5)) is None
+    second = steps_on_disk(run)
+    assert max(second) > max(first), (first, second)
+    # 3. Start it again: it finishes.
+    done = dew_train(*ARGS, cache, cwd=killed)
+    assert done is not None and done.returncode == 0, done.stdout
+    assert f"resuming r from step {max(second)}" in (run / "train.log").read_text()
+
+    # The same parameters, bit for bit, read back from both runs' last checkpoints with orbax.
+    a, b = load_params(clean / "ck" / "r", STEPS), load_params(run, STEPS)
+    assert a.keys() == b.keys() and len(a) > 5
+    for path in a:
+        np.testing.assert_array_equal(a[path], b[path], err_msg=path)
+    # The same journal of losses, each step logged exactly once.
+    clean_journal, killed_journal = _journal(clean), _journal(killed)
+    assert _curves(killed_journal) == _curves(clean_journal)
+    logged = [r["step"] for r in killed_journal if "train/loss" in r]
+    assert logged == list(range(1, STEPS + 1))
+    events = [r["event"] for r in killed_journal if "event" in r]
+    assert events.count("resume") == 2 and events.count("end") == 1
+    # Retention: the 2 latest plus the best, and a killed save's tmp directory never taken for a step.
+    assert steps_on_disk(run)[-2:] == [STEPS - 2, STEPS]
+    assert not [p for p in run.iterdir() if "orbax-checkpoint-tmp" in p.name and p.name.split(".")[0] == str(STEPS)]
+    print(f"killed mid-save with {leftovers} on disk; resumed from {max(first)} and {max(second)}")
