@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from dew.config import RunConfig
-from dew.objectives.knobs import FlowMatchingKnobs
+from dew.objectives.knobs import FlowMatchingKnobs, MaskedDiffusionKnobs, NextTokenKnobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,6 +19,10 @@ class Recipe(RunConfig):
 
     flow_matching: FlowMatchingKnobs = dataclasses.field(default_factory=FlowMatchingKnobs)
     """Knobs of the ``flow_matching`` objective."""
+    masked_diffusion: MaskedDiffusionKnobs = dataclasses.field(default_factory=MaskedDiffusionKnobs)
+    """Knobs of the ``masked_diffusion`` objective (``masked_diffusion.eps=1e-3``)."""
+    next_token: NextTokenKnobs = dataclasses.field(default_factory=NextTokenKnobs)
+    """Knobs of the ``next_token`` objective (``next_token.top_k=40``)."""
 
 
 def with_data_fields(run: RunConfig, data_fields: dict[str, object]) -> RunConfig:

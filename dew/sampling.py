@@ -1,4 +1,4 @@
-"""Writing samples of a trained run to its directory."""
+"""Writing samples of a trained run to its directory: a PNG grid for images, a text file for tokens."""
 
 from __future__ import annotations
 
@@ -15,3 +15,12 @@ def write_sample_grid(objective: Any, model: Any, run_dir: Any, *, seed: int, na
     images, labels = objective.sample_grid(model, jax.random.PRNGKey(seed + 3))
     rows = max(int(labels.max()) + 1, 1)
     return write_grid(os.fspath(run_dir) + "/" + name, images, rows=rows, scale=4)
+
+
+def write_text_samples(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = "samples.txt") -> str:
+    """The objective's ``samples`` knob of sequences, decoded, one block each, in ``run_dir``."""
+    _, texts = objective.sample_text(model, jax.random.PRNGKey(seed + 3))
+    path = os.fspath(run_dir) + "/" + name
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts)))
+    return path

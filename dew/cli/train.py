@@ -116,11 +116,12 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         fail(str(err))
     write_hydra_record(run_dir, cfg)
     state = recipe.train(objective, dataset, name=name, summary=objective.summary())
-    if hasattr(objective, "sample_grid"):
-        from dew.sampling import write_sample_grid
+    if hasattr(objective, "sample_grid") or hasattr(objective, "sample_text"):
+        from dew.sampling import write_sample_grid, write_text_samples
 
-        grid = write_sample_grid(objective, state.model(ema=state.ema is not None), run_dir, seed=recipe.trainer.seed)
-        print(f"dew-train: samples in {grid}", flush=True)
+        write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
+        samples = write(objective, state.model(ema=state.ema is not None), run_dir, seed=recipe.trainer.seed)
+        print(f"dew-train: samples in {samples}", flush=True)
     print(f"dew-train: run {name!r} is in {run_dir}", flush=True)
     return state
 

@@ -12,12 +12,17 @@ from dew.registry import unknown_name
 
 objectives: dict[str, str] = {
     "flow_matching": "dew.objectives.flow_matching:FlowMatching",
+    "masked_diffusion": "dew.objectives.masked_diffusion:MaskedDiffusion",
+    "next_token": "dew.objectives.next_token:NextToken",
 }
 """Objective name -> ``module:class``."""
 
 _natural = {
     ("simple_dit", "image"): "flow_matching",
+    ("simple_dit", "tokens"): "masked_diffusion",
+    ("transformer", "tokens"): "next_token",
 }
+"""(architecture, data kind) -> the objective that trains it; the only pairs that train."""
 
 
 def natural_objective(architecture: str, data_kind: str) -> str:
@@ -34,5 +39,6 @@ def check_objective(name: str, architecture: str, data_kind: str) -> None:
     if name not in objectives:
         raise unknown_name("objective", name, objectives)
     if _natural.get((architecture, data_kind)) != name:
+        pairs = [f"{a} on {k}" for (a, k), o in _natural.items() if o == name]
         raise ValueError(f"objective={name!r} cannot train model.architecture={architecture!r} on "
-                         f"{data_kind} data")
+                         f"{data_kind} data; it trains {', '.join(pairs)}")

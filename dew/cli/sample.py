@@ -1,0 +1,269 @@
+"""``dew-sample``: samples from a finished run directory, with no Hydra and no retyped config.
+
+    dew-sample checkpoints/digits                       # best checkpoint, EMA, a PNG grid
+    dew-sample checkpoints/digits --count 16 --guidance-scale 2 --npz digits.npz
+    dew-sample checkpoints/tiny --latest --temperature 0.8 --top-k 40 --count 4
+
+The run's ``run.json`` is read back with ``Recipe.load``; the dataset, the resolved model fields and
+the objective are rebuilt through ``dew.build`` (the path ``dew-train`` built them through), the
+model's parameters (and their EMA) are restored from the chosen orbax checkpoint, without the
+optimizer state, and the objective's sampler draws from them. Images become a PNG grid, one row per
+class, and on request an ``.npz`` of the images (float32 NHWC in the data's [-1, 1]) and their
+labels; text is decoded with the tokenizer the dataset recorded, printed and written to a file.
+Samples drawn with the same seed are identical. A bad run directory ends with one message and exit
+status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+
+
+class SampleError(Exception):
+    """A run directory (or an option) that cannot be sampled from; the message says why."""
+
+
+@dataclasses.dataclass
+class Restored:
+    """A run rebuilt from its directory: the record, the objective, the dataset and the model."""
+
+    recipe: Any
+    objective: Any
+    dataset: Any
+    model: Any
+    step: int
+    ema: bool
+    """Whether ``model`` carries the EMA of the parameters."""
+    params: Any
+    """The restored parameters the model was merged with (an ``nnx.State``)."""
+
+
+# ------------------------------------------------------------------------------ the run directory
+
+
+def load_recipe(run_dir: str) -> Any:
+    """The run's record, or a SampleError that says what is wrong with the directory."""
+    import dew
+    from dew.recipe import Recipe
+    from dew.typed import ConfigError
+
+    if not os.path.isdir(run_dir):
+        raise SampleError(f"run directory {run_dir!r} does not exist")
+    if not os.path.isfile(os.path.join(run_dir, "run.json")):
+        raise SampleError(f"{run_dir!r} holds no run.json: not a dew run directory (dew-train writes "
+                          "run.json before the first step)")
+    try:
+        return Recipe.load(run_dir)
+    except (ConfigError, ValueError, TypeError) as err:
+        raise SampleError(f"cannot read the run record: {err}. Was the run written by a different "
+                          f"dew version? This is dew {dew.__version__}.") from None
+
+
+def choose_step(checkpoints: Any, run_dir: str, *, step: int | None, latest: bool) -> int:
+    steps = checkpoints.all_steps()
+    if not steps:
+        raise SampleError(f"{run_dir!r} holds no finished checkpoint: the run has not saved one yet, "
+                          "or stopped before its first save")
+    if step is not None:
+        if step not in steps:
+            raise SampleError(f"--step {step}: {run_dir!r} holds steps {', '.join(map(str, sorted(steps)))}")
+        return step
+    if latest:
+        return checkpoints.latest_step()
+    best = checkpoints.best_step()
+    return best if best is not None else checkpoints.latest_step()
+
+
+def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema: bool | None = None) -> Restored:
+    """Rebuild the run in ``run_dir`` and restore its parameters at the best checkpoint (the
+    latest with ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
+    recipe = load_recipe(run_dir)
+
+    import jax
+    import orbax.checkpoint as ocp
+    from etils import epath
+    from flax import nnx
+
+    from dew.build import build_run
+    from dew.training import adapt
+    from dew.training.checkpoint import Checkpoints
+
+    try:
+        resolved, objective, dataset = build_run(recipe)
+    except (ValueError, FileNotFoundError) as err:
+        raise SampleError(f"cannot rebuild the run from {os.path.join(run_dir, 'run.json')}: {err}") from None
+    if resolved.to_dict() != recipe.to_dict():
+        from dew.training.rundir import differences
+
+        diff = differences(recipe.to_dict(), resolved.to_dict())
+        raise SampleError("the data no longer gives the model the run was trained with (recorded -> "
+                          "now):\n  " + "\n  ".join(diff))
+    checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
+    try:
+        chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
+    finally:
+        checkpoints.close()
+
+    # The module exactly as the trainer built it, then only the parameters (and their EMA) read back.
+    t = recipe.trainer
+    abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
+                                                  quantization=t.quantization, lora=recipe.lora, seed=t.seed))
+    graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
+    state_dir = os.path.join(os.path.abspath(run_dir), str(chosen), "state")
+    checkpointer = ocp.PyTreeCheckpointer()
+    saved = checkpointer.metadata(state_dir).item_metadata.tree
+    kept_ema = saved.get("ema") is not None
+    if ema and not kept_ema:
+        raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
+                          f"{objective.ema_decay}); sample without --ema")
+    use_ema = kept_ema if ema is None else ema
+    key = "ema" if use_ema else "params"
+    target = {key: abstract_params}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
+        item=target, restore_args=restore_args, partial_restore=True))
+    params = restored[key]
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):
+        # Non-parameter state (none in dew's models today) is rebuilt concretely from the seed.
+        concrete = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
+                               quantization=t.quantization, lora=recipe.lora, seed=t.seed)
+        _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
+    model = nnx.merge(graphdef, params, rest)
+    return Restored(recipe, objective, dataset, model, chosen, use_ema, params)
+
+
+# ------------------------------------------------------------------------------------- sampling
+
+
+def sample_images(r: Restored, *, count: int | None, seed: int, guidance_scale: float | None,
+                  steps: int | None, sampler: str | None) -> tuple[Any, Any]:
+    """Images (float32 NHWC in [-1, 1]) and labels, ``count`` per class, one class after another."""
+    import jax
+    import numpy as np
+
+    o = r.objective
+    per_class = count or o.knobs.samples_per_class
+    labels = np.repeat(np.arange(max(o.num_classes, 1)), per_class).astype(np.int32)
+    images = o.sample(r.model, labels, jax.random.PRNGKey(seed), steps=steps,
+                      guidance_scale=guidance_scale, sampler=sampler)
+    return np.asarray(images, np.float32), labels
+
+
+def sample_text(r: Restored, *, count: int | None, seed: int, steps: int | None, temperature: float | None,
+                top_k: int | None, prompt: str | None) -> tuple[Any, list[str]]:
+    """Token ids and their text."""
+    import jax
+
+    o = r.objective
+    options: dict[str, Any] = {"temperature": temperature, "top_k": top_k}
+    if hasattr(o.knobs, "sample_steps"):
+        options["steps"] = steps
+    elif steps is not None:
+        raise SampleError("--steps: next-token sampling draws one token per step; it takes no step count")
+    if prompt is not None:
+        if not hasattr(o, "start_ids"):
+            raise SampleError("--prompt: masked diffusion samples whole sequences; it takes no prompt")
+        if o.tokenizer is None:
+            raise SampleError("--prompt: the run's data recorded no tokenizer to encode it with")
+        from dew.data.tokenizer import from_record
+
+        options["prompt"] = [int(i) for i in from_record(o.tokenizer).encode(prompt)]
+    return o.sample_text(r.model, jax.random.PRNGKey(seed), count, **options)
+
+
+# ------------------------------------------------------------------------------------- the command
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="dew-sample", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", help="the run directory (<trainer.checkpoint_dir>/<name>)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="sample from this saved step (default: the best)")
+    which.add_argument("--latest", action="store_true", help="sample from the latest saved step")
+    p.add_argument("--count", type=int, help="images per class, or text sequences (default: the "
+                   "objective's samples_per_class / samples knob)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
+    p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=None,
+                   help="sample with the EMA of the parameters (default: when the run kept one)")
+    p.add_argument("--steps", type=int, help="sampler steps (flow matching, masked diffusion)")
+    p.add_argument("--guidance-scale", type=float, help="classifier-free guidance weight (images)")
+    p.add_argument("--sampler", choices=("euler", "heun"), help="ODE solver (images)")
+    p.add_argument("--temperature", type=float, help="logit temperature (text)")
+    p.add_argument("--top-k", type=int, help="draw among the k most likely tokens; 0 keeps all (text)")
+    p.add_argument("--prompt", help="text the sequences continue (next-token runs)")
+    p.add_argument("--out", help="the PNG grid or the text file (default: samples-step<N>-seed<S>.png "
+                   "or .txt in the run directory)")
+    p.add_argument("--npz", help="also write the images and their labels to this .npz (images)")
+    args = p.parse_args(argv)
+    for name in ("count", "steps"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            p.error(f"--{name} must be positive")
+    if args.temperature is not None and args.temperature <= 0:
+        p.error("--temperature must be > 0")
+    if args.top_k is not None and args.top_k < 0:
+        p.error("--top-k must be >= 0")
+    return args
+
+
+def run(args: argparse.Namespace) -> str:
+    """Sample as ``args`` say; returns the file written."""
+    r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
+    stem = os.path.join(args.run_dir, f"samples-step{r.step}-seed{args.seed}")
+    source = f"step {r.step}, {'EMA' if r.ema else 'trained parameters'}, seed {args.seed}"
+    if hasattr(r.objective, "sample_grid"):
+        for name in ("temperature", "top_k", "prompt"):
+            if getattr(args, name) is not None:
+                raise SampleError(f"--{name.replace('_', '-')}: the run samples images; it is a text option")
+        images, labels = sample_images(r, count=args.count, seed=args.seed, guidance_scale=args.guidance_scale,
+                                       steps=args.steps, sampler=args.sampler)
+        from dew.objectives.flow_matching import to_uint8, write_grid
+
+        out = args.out or stem + ".png"
+        write_grid(out, to_uint8(images), rows=max(r.objective.num_classes, 1), scale=4)
+        if args.npz:
+            import numpy as np
+
+            np.savez(args.npz, images=images, labels=labels)
+            print(f"dew-sample: images and labels in {args.npz}", flush=True)
+        print(f"dew-sample: {len(images)} images ({source}) in {out}", flush=True)
+        return out
+    for name in ("guidance_scale", "sampler", "npz"):
+        if getattr(args, name) is not None:
+            raise SampleError(f"--{name.replace('_', '-')}: the run samples text; it is an image option")
+    ids, texts = sample_text(r, count=args.count, seed=args.seed, steps=args.steps,
+                             temperature=args.temperature, top_k=args.top_k, prompt=args.prompt)
+    out = args.out or stem + ".txt"
+    body = "".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts))
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(body)
+    print(body, end="")
+    print(f"dew-sample: {len(texts)} sequences ({source}) in {out}", flush=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
+    from dew.typed import ConfigError
+
+    try:
+        run(args)
+    except (SampleError, ConfigError, FileNotFoundError, json.JSONDecodeError) as err:
+        print(f"dew-sample: error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+if __name__ == "__main__":
+    main()
