@@ -1,23 +1,108 @@
-"""Wrapping the module an objective trains before the run initialises it: quantized training and
-LoRA (qwix). With neither set, the module is returned as it is and every ``nnx.Param`` trains."""
+"""Wrapping the module an objective trains before the run initialises it: quantized training
+(``dew.training.quantization``) and LoRA (``dew.training.lora``), both with qwix. With neither set,
+the module is returned as it is and every ``nnx.Param`` trains.
+
+qwix wraps an NNX module by calling it once on sample inputs: that call finds the weight each matmul
+reads and creates LoRA's factors next to it. ``adapt`` builds those inputs from the dataset's
+``batch_spec`` (one record, each architecture's call signature) and makes that one call walk a stack
+of blocks (``dew.models.stack``) layer by layer in Python, so that the factors each layer creates land
+in the stack, stacked on its ``depth`` axis. Every later call scans as usual.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from dew.config import LoRA, Quantization
+from dew.models import stack
+
+LORA_STREAM = 0x10AA
+"""Folded into the run's seed for the draw of LoRA's ``A`` factors, apart from the base init."""
 
 
 def adapt(objective: Any, module: nnx.Module, dataset: Any, *, quantization: Quantization | None,
           lora: LoRA | None, seed: int) -> nnx.Module:
     """``module`` with the quantized forward and/or the low-rank adapters the run asks for."""
+    del objective  # the module's call signature follows from its class and the data
     if quantization is None and lora is None:
         return module
-    raise ValueError("trainer.quantization and lora are not wired to qwix yet")  # replaced with the qwix wrap
+    from dew.training import lora as lora_lib
+    from dew.training import quantization as quant
+
+    inputs = sample_inputs(module, dataset)
+    with _stacks_walked_in_python():
+        if lora is None:
+            return quant.quantize(module, inputs, quantization)
+        rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), LORA_STREAM))
+        return lora_lib.apply(module, inputs, lora, quantization, rngs)
 
 
 def trainable(lora: LoRA | None) -> Any:
     """The nnx filter of the leaves the optimizer moves: every parameter, or only LoRA's factors."""
-    return nnx.Param
+    return nnx.Param if lora is None else nnx.LoRAParam
+
+
+def sample_inputs(module: nnx.Module, dataset: Any) -> tuple[jax.Array, ...]:
+    """Positional arguments of one call of ``module`` on one record shaped like ``dataset``'s."""
+    from dew.models.dit import SimpleDiT
+    from dew.models.transformer import Transformer
+
+    spec = dataset.batch_spec()
+    t_B = jnp.zeros((1,), jnp.float32)
+    if isinstance(module, SimpleDiT) and "image" in spec:
+        (_, *image_shape), _ = spec["image"]
+        return jnp.zeros((1, *image_shape), jnp.float32), t_B, jnp.zeros((1,), jnp.int32)
+    # The sequence length shapes no parameter: one token traces the same weights as a full window.
+    tokens_BxL = jnp.zeros((1, 1), jnp.int32)
+    if isinstance(module, SimpleDiT) and "tokens" in spec:
+        return tokens_BxL, t_B
+    if isinstance(module, Transformer) and "tokens" in spec:
+        return (tokens_BxL,)
+    raise ValueError(f"trainer.quantization / lora: no sample call of {type(module).__name__} on data "
+                     f"with fields {sorted(spec)}; dew.training.adapt.sample_inputs knows simple_dit "
+                     "(image or tokens) and transformer (tokens)")
+
+
+@contextlib.contextmanager
+def _stacks_walked_in_python() -> Iterator[None]:
+    """Within: ``stack.run`` merges each layer of a stack in turn and calls it eagerly, then writes
+    every variable a call created back into the stack, stacked on ``depth``; its random streams
+    advance from layer to layer. (Under ``jax.lax.scan`` the created variables would be traced
+    values of the scan, lost when it returns.)"""
+    scanned = stack.run
+
+    def walk(blocks: nnx.Module, body: Any, carry: Any, *, scan: bool) -> tuple[Any, Any]:
+        del scan
+        graphdef, rng_state, state = nnx.split(blocks, nnx.RngState, ...)
+        depth = jax.tree.leaves(state)[0].shape[0]
+        layers, ys = [], []
+        for i in range(depth):
+            layer = nnx.merge(graphdef, rng_state, jax.tree.map(lambda x: x[i], state))
+            carry, y = body(layer, carry)
+            rng_state = nnx.state(layer, nnx.RngState)
+            layers.append(layer)
+            ys.append(y)
+        nnx.update(blocks, rng_state)
+        before = {path for path, _ in nnx.to_flat_state(nnx.state(blocks))}
+        states = [nnx.state(layer, nnx.Not(nnx.RngState)) for layer in layers]
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+        for path, variable in nnx.to_flat_state(stacked):
+            if path not in before:
+                parent = blocks
+                for name in path[:-1]:
+                    parent = getattr(parent, name) if isinstance(name, str) else parent[name]
+                setattr(parent, path[-1], variable)
+        return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *ys)
+
+    stack.run = walk
+    try:
+        yield
+    finally:
+        stack.run = scanned
+
