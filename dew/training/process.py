@@ -3,6 +3,7 @@ JAX process pool (multi-host)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 
@@ -34,7 +35,32 @@ def prepare_process(trainer: TrainerConfig) -> None:
         # then loads instead of compiling. The defaults skip programs under 1 s.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        _count_cache_events()
     _join_process_pool(trainer.multi_host)
+
+
+_cache_events: collections.Counter[str] = collections.Counter()
+_listening = False
+
+
+def _count_cache_events() -> None:
+    """Count the persistent cache's hits and misses (jax.monitoring events), once per process."""
+    global _listening
+    if _listening:
+        return
+    import jax
+
+    def count(event: str, **_: object) -> None:
+        if event.startswith("/jax/compilation_cache/cache_"):
+            _cache_events[event.rsplit("/", 1)[-1]] += 1
+
+    jax.monitoring.register_event_listener(count)
+    _listening = True
+
+
+def compilation_cache_stats() -> dict[str, int]:
+    """Persistent compilation cache hits and misses in this process so far."""
+    return {"hits": _cache_events["cache_hits"], "misses": _cache_events["cache_misses"]}
 
 
 def _cluster_configured() -> bool:

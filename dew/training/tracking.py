@@ -124,6 +124,60 @@ class Tracker:
             self.wandb_run.finish()
 
 
+# Peak dense matmul FLOP/s of one device, by the start of jax's ``device_kind``, from the vendors'
+# data sheets (no sparsity): 16-bit (bfloat16/float16) tensor cores, and float32 as JAX computes it
+# on these GPUs by default (TF32 tensor cores; plain FP32 on V100). Longer prefixes first.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "NVIDIA B200": {"16bit": 2250e12, "float32": 1100e12},
+    "NVIDIA H200": {"16bit": 989e12, "float32": 494e12},
+    "NVIDIA H100 PCIe": {"16bit": 756e12, "float32": 378e12},
+    "NVIDIA H100": {"16bit": 989e12, "float32": 494e12},
+    "NVIDIA GH200": {"16bit": 989e12, "float32": 494e12},
+    "NVIDIA A100": {"16bit": 312e12, "float32": 156e12},
+    "NVIDIA L40S": {"16bit": 362e12, "float32": 183e12},
+    "NVIDIA L4": {"16bit": 121e12, "float32": 60e12},
+    "NVIDIA A10": {"16bit": 125e12, "float32": 62.5e12},
+    "Tesla V100": {"16bit": 125e12, "float32": 15.7e12},
+}
+
+
+def peak_flops(device_kind: str, dtype: str, devices: int) -> float | None:
+    """Peak matmul FLOP/s of ``devices`` devices of ``device_kind`` computing in ``dtype``; None for
+    a kind the table does not know (every CPU), where MFU is not logged."""
+    for prefix in sorted(PEAK_FLOPS, key=len, reverse=True):
+        if device_kind.startswith(prefix):
+            return PEAK_FLOPS[prefix]["float32" if dtype == "float32" else "16bit"] * devices
+    return None
+
+
+class Throughput:
+    """Examples/s, FLOP/s and MFU between two fetched log steps.
+
+    Fetching a step's metrics waits for that step, so the time between two fetches is the time the
+    devices took for the records between them. The first window (compilation) is not reported, and
+    ``restart`` after an evaluation or a checkpoint leaves their time out.
+    """
+
+    def __init__(self, *, flops_per_example: float | None, peak_flops: float | None) -> None:
+        self.flops_per_example, self.peak_flops = flops_per_example, peak_flops
+        self.mark: tuple[float, int] | None = None
+
+    def restart(self, records: int) -> None:
+        self.mark = (time.perf_counter(), records)
+
+    def measure(self, records: int) -> dict[str, float]:
+        now, out = time.perf_counter(), {}
+        if self.mark is not None and now > self.mark[0] and records > self.mark[1]:
+            rate = (records - self.mark[1]) / (now - self.mark[0])
+            out["perf/examples_per_sec"] = rate
+            if self.flops_per_example:
+                out["perf/flops_per_sec"] = rate * self.flops_per_example
+                if self.peak_flops:
+                    out["perf/mfu"] = rate * self.flops_per_example / self.peak_flops
+        self.mark = (now, records)
+        return out
+
+
 class _Progress:
     """A progress bar on a terminal; plain log lines otherwise."""
 

@@ -30,19 +30,26 @@ from jax.sharding import PartitionSpec as P
 
 from dew.config import RunConfig, TrainerConfig
 from dew.data.base import Dataset
+from dew.models.qk import LAYER as QK_LAYER
+from dew.models.qk import qk_clip_layers
 from dew.objectives.base import Loss, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
-from dew.training.process import prepare_process
+from dew.training.process import compilation_cache_stats, prepare_process
 from dew.training.rundir import prepare_run_dir
-from dew.training.tracking import Tracker
+from dew.training.muon import QKClipLayer, qk_clip
+from dew.training.tracking import Throughput, Tracker, peak_flops
 
 log = logging.getLogger("dew")
 
 
 class NonFiniteError(FloatingPointError):
     """The loss or the gradients stopped being finite."""
+
+
+NONFINITE = "_nonfinite_step"
+"""The step's metric (not logged) that carries the first non-finite step, -1 while there is none."""
 
 
 @struct.dataclass
@@ -104,11 +111,21 @@ def tokens_seen_fn(stages: Sequence[tuple[int, int]], tokens_per_record: float) 
 
 def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.GradientTransformation,
                     learning_rate: Callable[[jax.Array], jax.Array], *, accumulation: int,
-                    dynamic_scale: bool) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
-    """The pure train step: micro-batches summed in one scan, one optimizer update."""
+                    dynamic_scale: bool, qk_clip_tau: float | None = None,
+                    qk_layers: Mapping[str, QKClipLayer] | None = None,
+                    ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+    """The pure train step: micro-batches summed in one scan, one optimizer update.
+
+    With ``qk_clip_tau`` (MuonClip), the loss also returns each attention head's largest logit; the
+    maximum over the micro-batches (under ``jit`` over a sharded batch it is already global over the
+    devices) caps the updated query and key projections (``qk_clip``, Kimi K2 section 2.1).
+    """
+    clip = qk_clip_tau is not None
 
     def loss_fn(params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array) -> tuple[jax.Array, Loss]:
-        out = objective.loss(nnx.merge(graphdef, params, rest), batch, key)
+        out = objective.loss(nnx.merge(graphdef, params, rest), batch, key, **({"max_logits": True} if clip else {}))
+        if clip:
+            out = out._replace(max_logits=jax.lax.stop_gradient(out.max_logits))
         return out.total * scale, out
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -127,10 +144,13 @@ def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.Gr
         # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
         total, count = outs.total.sum(), outs.count.sum()
         grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if clip:
+            max_logits = outs.max_logits.max(axis=0)  # over the micro-batches
+            params = qk_clip(params, {QK_LAYER: max_logits}, qk_clip_tau, layers=qk_layers)
         loss_scale, good_steps = state.loss_scale, state.good_steps
         if dynamic_scale:
             # A dynamic loss scale (Micikevicius et al. 2018): skip a non-finite step and halve the
@@ -153,6 +173,9 @@ def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.Gr
                    **{k: v.sum() / count for k, v in outs.sums.items()}}
         if dynamic_scale:
             metrics["train/loss_scale"] = loss_scale
+        if clip:
+            metrics["train/max_logit"] = max_logits.max()
+        metrics[NONFINITE] = nonfinite_step
         new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
                             loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
         return new, metrics
@@ -192,8 +215,14 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
     abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
                                                   quantization=t.quantization, lora=run.lora, seed=t.seed))
-    _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
+    optimizer = _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
+    _qk_layers(run, optimizer.qk_clip_tau)
     return total_steps, eval_every, ckpt_every
+
+
+def _qk_layers(run: RunConfig, tau: float | None) -> dict[str, QKClipLayer] | None:
+    """MuonClip's layer description of the run's model; None without muonclip."""
+    return None if tau is None else qk_clip_layers(run.model.architecture, run.model.fields())
 
 
 def _optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
@@ -237,7 +266,8 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     # (3) The compiled step and evaluation. ----------------------------------------------------
     train_step = jax.jit(
         make_train_step(objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
-                        accumulation=t.accumulation, dynamic_scale=t.dynamic_scale),
+                        accumulation=t.accumulation, dynamic_scale=t.dynamic_scale,
+                        qk_clip_tau=optimizer.qk_clip_tau, qk_layers=_qk_layers(run, optimizer.qk_clip_tau)),
         in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
         donate_argnums=0)
     eval_step = jax.jit(make_eval_step(objective, graphdef, rest),
@@ -281,16 +311,29 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     def check_finite(state: TrainState) -> None:
         bad = int(jax.device_get(state.nonfinite_step))
         if bad >= 0:
+            checkpoints.wait()  # a save in flight holds an earlier, finite state: let it land
             last = checkpoints.latest_step()
             where = f"step {last} in {checkpoints.step_path(last)}" if last is not None else "none was saved"
             raise NonFiniteError(f"the loss or the gradients became non-finite at step {bad + 1}; the run "
                                  f"stops. The last good checkpoint, left intact: {where}")
 
     # (5) The loop. ---------------------------------------------------------------------------------
-    pending: tuple[int, dict[str, jax.Array]] | None = None
-    window_start, window_records = time.perf_counter(), 0
+    pending: tuple[int, int, dict[str, jax.Array]] | None = None  # (step, records, metrics) to fetch
+    meter = Throughput(flops_per_example=_flops_per_example(run), peak_flops=peak_flops(
+        jax.devices()[0].device_kind, run.model.dtype, jax.device_count()))
     last_eval: dict[str, float] = {}
     profiling = False
+
+    def report() -> None:
+        nonlocal pending
+        if pending is not None:
+            logged_step, logged_records, values = pending
+            pending = None
+            fetched = {k: float(v) for k, v in jax.device_get(values).items()}
+            if fetched.pop(NONFINITE) >= 0:
+                check_finite(state)
+            tracker.metrics(logged_step, {**fetched, **meter.measure(logged_records)})
+
     try:
         while step < total_steps:
             if t.profile is not None and step == t.profile.warmup and not profiling:
@@ -301,35 +344,29 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, step_metrics = train_step(state, batch)
             step, records = step + 1, records + batch_size
-            window_records += batch_size
             if profiling and step >= t.profile.warmup + t.profile.steps:
                 jax.block_until_ready(state)
                 jax.profiler.stop_trace()
                 profiling = False
-            if pending is not None:  # the previous log step's metrics, fetched one step late
-                _report(tracker, pending, window_start, window_records)
-                pending = None
-                window_start, window_records = time.perf_counter(), 0
+            report()  # the previous log step's metrics, fetched one step late: no host sync per step
             if step % t.log_every == 0 or step == total_steps:
-                pending = (step, step_metrics)
+                pending = (step, records, step_metrics)
             at_end = step == total_steps
             eval_now = eval_every is not None and (step % eval_every == 0) or at_end
             ckpt_now = ckpt_every is not None and (step % ckpt_every == 0) or at_end
             if eval_now or ckpt_now:
-                if pending is not None:
-                    _report(tracker, pending, window_start, window_records)
-                    pending = None
-                check_finite(state)
+                report()
+                check_finite(state)  # a checkpoint holds only a state that never went non-finite
             if eval_now:
                 last_eval = evaluate(state)
                 tracker.metrics(step, last_eval)
                 tracker.event("eval", step=step, **last_eval)
-                window_start, window_records = time.perf_counter(), 0
             if ckpt_now:
                 checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
                 tracker.event("checkpoint", step=step)
-        if pending is not None:
-            _report(tracker, pending, window_start, window_records)
+            if eval_now or ckpt_now:
+                meter.restart(records)  # evaluation and the save's copy are not step time
+        report()
         check_finite(state)
 
         # (6) The end: wait for the saves, publish the last checkpoint. ----------------------------
@@ -338,7 +375,10 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             checkpoints.save(step, state, meta(), metrics=last_eval or None)
             checkpoints.wait()
         tracker.publish_checkpoint(name, checkpoints.step_path(step), step)
-        tracker.event("end", step=step, best_step=checkpoints.best_step())
+        cache = compilation_cache_stats()
+        if t.compilation_cache_dir:
+            log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
+        tracker.event("end", step=step, best_step=checkpoints.best_step(), compile_cache=cache)
     finally:
         if profiling:
             jax.profiler.stop_trace()
@@ -347,13 +387,16 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     return state
 
 
-def _report(tracker: Tracker, pending: tuple[int, dict[str, jax.Array]], start: float, records: int) -> None:
-    step, values = pending
-    fetched = {k: float(v) for k, v in jax.device_get(values).items()}
-    elapsed = time.perf_counter() - start
-    if elapsed > 0 and records:
-        fetched["perf/examples_per_sec"] = records / elapsed
-    tracker.metrics(step, fetched)
+def _flops_per_example(run: RunConfig) -> float | None:
+    """Training FLOPs of one example (``dew.models.flops``), None for an architecture it does not
+    count."""
+    from dew.models.flops import flops_per_example
+
+    try:
+        return flops_per_example(run.model.architecture, run.model.fields())
+    except (KeyError, ValueError, TypeError) as err:
+        log.info("no FLOP count for %s (%s): perf/mfu is not logged", run.model.architecture, err)
+        return None
 
 
 def _global(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> dict[str, jax.Array]:

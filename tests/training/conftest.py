@@ -39,15 +39,24 @@ def compose(*overrides: str) -> Any:
     return Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
-def train_tiny(tmp: Path, *overrides: str, name: str = "run") -> tuple[Any, Path, list[dict]]:
-    """Train a tiny run in this process: (final state, run directory, journal)."""
+def train_tiny(tmp: Path, *overrides: str, name: str = "run", objective: Callable[[Any], Any] | None = None,
+               data: Callable[[Any], Any] | None = None) -> tuple[Any, Path, list[dict]]:
+    """Train a tiny run in this process: (final state, run directory, journal). ``objective`` and
+    ``data`` wrap the built objective and dataset."""
     from dew.build import build_run
     from dew.training.tracking import read_journal
 
     recipe = compose(f"trainer.checkpoint_dir={tmp / 'ck'}", *overrides)
-    recipe, objective, dataset = build_run(recipe)
-    state = recipe.train(objective, dataset, name=name)
-    return state, tmp / "ck" / name, read_journal(tmp / "tracking" / name / "journal.jsonl")
+    recipe, built_objective, dataset = build_run(recipe)
+    state = recipe.train(objective(built_objective) if objective else built_objective,
+                         data(dataset) if data else dataset, name=name)
+    return state, tmp / "ck" / name, journal(tmp, name)
+
+
+def journal(tmp: Path, name: str = "run") -> list[dict]:
+    from dew.training.tracking import read_journal
+
+    return read_journal(tmp / "tracking" / name / "journal.jsonl")
 
 
 def losses(journal: list[dict], key: str = "train/loss") -> dict[int, float]:

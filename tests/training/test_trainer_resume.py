@@ -66,7 +66,11 @@ def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
     # 3. Start it again: it finishes.
     done = dew_train(*ARGS, cache, cwd=killed)
     assert done is not None and done.returncode == 0, done.stdout
-    assert f"resuming r from step {max(second)}" in (run / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert f"resuming r from step {max(second)}" in log
+    # The compilation cache: a second start loads the step instead of compiling it.
+    hits = [int(line.split(": ")[-1].split(" hits")[0]) for line in log.splitlines() if "compilation cache" in line]
+    assert len(hits) == 1 and hits[0] >= 2, log  # the step and the evaluation, at least
 
     # The same parameters, bit for bit, read back from both runs' last checkpoints with orbax.
     a, b = load_params(clean / "ck" / "r", STEPS), load_params(run, STEPS)
