@@ -49,15 +49,19 @@ class _QtBase(qwix.PtqProvider):
     _update_and_get_quant_stat = qwix.QtProvider._update_and_get_quant_stat
 
 
-class QLoraProvider(qwix.LoraProvider, _QtBase):
+class QLoraProvider(quant.ExactWeights, qwix.LoraProvider, _QtBase):
     """qwix's LoRA provider over quantized-training base matmuls instead of its PTQ ones.
 
     ``LoraProvider`` computes the base product with ``super()`` and adds the delta. Its own base is
     ``PtqProvider``'s, which replaces weights by stored quantized ones and has no straight-through
-    gradient. The MRO here is ``QLoraProvider -> LoraProvider -> _QtBase -> PtqProvider``, so that
+    gradient. The MRO here is ``LoraProvider -> _QtBase -> PtqProvider``, so that
     ``super()`` lands on ``QtProvider``'s matmuls: the delta is LoRA's, the base is what
     ``trainer.quantization`` trains through without LoRA.
     """
+
+
+class LoraProvider(quant.ExactWeights, qwix.LoraProvider):
+    """qwix's LoRA provider, one weight per matmul (``dew.training.quantization.one_weight_per_matmul``)."""
 
 
 def provider(lora: LoRA, quantization: Quantization | None) -> qwix.LoraProvider:
@@ -68,7 +72,7 @@ def provider(lora: LoRA, quantization: Quantization | None) -> qwix.LoraProvider
     """
     adapter = dict(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout)
     if quantization is None:
-        return qwix.LoraProvider([qwix.LoraRule(module_path=t, **adapter) for t in lora.targets])
+        return LoraProvider([qwix.LoraRule(module_path=t, **adapter) for t in lora.targets])
     q = quantization
     qtypes = dict(weight_qtype=q.weight_qtype, act_qtype=q.act_qtype, bwd_qtype=q.bwd_qtype,
                   tile_size=q.tile_size)

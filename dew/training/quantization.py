@@ -23,13 +23,84 @@ Scales are dynamic (recomputed from each batch), so the wrap adds no state. Embe
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
+import jax
 import qwix
 from flax import nnx
+from qwix._src.utils import flax_util
 
 from dew.config import Quantization
+
+
+def _traces_to(x: Any, param: Any) -> bool:
+    """Whether ``x`` is ``param`` or follows from it through unary ops (casts, reshapes)."""
+    while True:
+        if x is param or (hasattr(x, "get_const") and x.get_const() is param):
+            return True
+        parent = getattr(x, "parent", None)
+        if not isinstance(x, jax.core.Tracer) or not parent or len(parent.in_tracers) != 1:
+            return False
+        x = parent.in_tracers[0]
+
+
+@contextlib.contextmanager
+def one_weight_per_matmul(operands: tuple[Any, ...]) -> Iterator[None]:
+    """Within: of a matmul's operands that qwix takes for the same weight, only one is it.
+
+    qwix's ``find_param`` (is this operand a parameter of the current module?) follows a traced
+    operand back to a parameter where it can, then falls back to comparing shapes. The fallback takes
+    an activation for the weight whenever their shapes agree: the timestep MLP's
+    ``(batch, hidden) @ (hidden, hidden)`` with ``batch == hidden`` (the digits experiment's 128 and
+    128) then has two "weights" and fails. Here, when several operands claim one parameter, the one
+    that traces back to it keeps the claim, else the last operand (the kernel in ``nnx.Linear``,
+    ``LinearGeneral``, ``Conv`` and dew's ``einsum`` calls); the others are activations.
+    """
+    shape_or_trace = flax_util.find_param
+    names = [shape_or_trace(x) if hasattr(x, "shape") else None for x in operands]
+    activations: set[int] = set()
+    for name in {n for n in names if n is not None}:
+        claims = [x for x, n in zip(operands, names) if n == name]
+        if len(claims) > 1:
+            param = flax_util.unbox(getattr(flax_util.get_current_module(), name))
+            exact = [x for x in claims if _traces_to(x, param)]
+            weight = (exact or claims)[-1]
+            activations |= {id(x) for x in claims if x is not weight}
+    if not activations:
+        yield
+        return
+
+    def find_param(x: Any, ptq_array_type: Any = None) -> str | None:
+        return None if id(x) in activations else shape_or_trace(x, ptq_array_type)
+
+    flax_util.find_param = find_param
+    try:
+        yield
+    finally:
+        flax_util.find_param = shape_or_trace
+
+
+class ExactWeights:
+    """Mixin for qwix providers: every intercepted matmul runs under ``one_weight_per_matmul``."""
+
+    def dot_general(self, lhs: Any, rhs: Any, *args: Any, **kwargs: Any) -> Any:
+        with one_weight_per_matmul((lhs, rhs)):
+            return super().dot_general(lhs, rhs, *args, **kwargs)  # type: ignore[misc]
+
+    def einsum(self, einsum_str: str, *operands: Any, **kwargs: Any) -> Any:
+        with one_weight_per_matmul(operands):
+            return super().einsum(einsum_str, *operands, **kwargs)  # type: ignore[misc]
+
+    def conv_general_dilated(self, lhs: Any, rhs: Any, *args: Any, **kwargs: Any) -> Any:
+        with one_weight_per_matmul((lhs, rhs)):
+            return super().conv_general_dilated(lhs, rhs, *args, **kwargs)  # type: ignore[misc]
+
+
+class QtProvider(ExactWeights, qwix.QtProvider):
+    """qwix's quantized-training provider, one weight per matmul (``one_weight_per_matmul``)."""
 
 
 def rule(q: Quantization, *, module_path: str | None = None) -> qwix.QtRule:
@@ -56,4 +127,4 @@ def quantize(module: nnx.Module, inputs: tuple[Any, ...], q: Quantization) -> nn
     """``module`` with its forward quantized as ``q`` says (see the module docstring). ``inputs`` is
     one sample call, which qwix traces once to find the weights each matmul reads."""
     check_module_path(module, q.module_path, "trainer.quantization.module_path")
-    return qwix.quantize_model(module, qwix.QtProvider([rule(q)]), *inputs)
+    return qwix.quantize_model(module, QtProvider([rule(q)]), *inputs)
