@@ -166,7 +166,10 @@ def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.Gr
             nonfinite_step = jnp.where((state.nonfinite_step < 0) & ~finite, state.step, state.nonfinite_step)
         ema = state.ema
         if ema is not None:
-            d = objective.ema_decay
+            # The decay warms up as (1 + step) / (10 + step) (TensorFlow's ExponentialMovingAverage
+            # with num_updates), so the average does not drag the initialisation through short runs.
+            step_f = state.step.astype(jnp.float32)
+            d = jnp.minimum(objective.ema_decay, (1.0 + step_f) / (10.0 + step_f))
             ema = jax.tree.map(lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), ema, params)
         metrics = {"train/loss": total / count, "train/grad_norm": grad_norm,
                    "train/lr": learning_rate(state.step),
