@@ -1,0 +1,212 @@
+"""trainer.quantization and lora (dew.training.adapt): the quantized forward, straight-through
+gradients, LoRA's factors and what stays frozen, on a tiny simple_dit, and tiny runs through
+``RunConfig.train``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from dew.build import build_run
+from dew.config import LoRA, ModelConfig, Quantization, TrainerConfig
+from dew.data.specs import datasets
+from dew.models.dit import SimpleDiT
+from dew.models.registry import SimpleDiTFields
+from dew.recipe import Recipe
+from dew.training import adapt
+
+FIELDS = SimpleDiTFields(input_size=8, in_channels=1, patch_size=2, hidden_size=32, depth=2, num_heads=2,
+                         num_classes=10)
+
+
+class Digits:
+    """The batch spec of 8x8x1 digits, for the one call that wraps the module."""
+
+    def batch_spec(self) -> dict:
+        return {"image": ((4, 8, 8, 1), np.dtype(np.float32)), "label": ((4,), np.dtype(np.int32))}
+
+
+def model(seed: int = 0) -> SimpleDiT:
+    """A tiny DiT whose zero-initialised layers (adaLN-Zero) are nudged, so its output is not zero."""
+    m = SimpleDiT(FIELDS, nnx.Rngs(params=seed))
+    for i, (_, param) in enumerate(nnx.to_flat_state(nnx.state(m, nnx.Param))):
+        param[...] = param[...] + 0.05 * jax.random.normal(jax.random.key(i), param.shape)
+    return m
+
+
+def inputs(batch: int = 32) -> tuple[jax.Array, jax.Array, jax.Array]:
+    # batch == hidden_size: qwix's shape fallback would take the timestep MLP's activation for a weight.
+    x = jax.random.normal(jax.random.key(1), (batch, 8, 8, 1))
+    return x, jax.random.uniform(jax.random.key(2), (batch,)), jnp.arange(batch, dtype=jnp.int32) % 10
+
+
+def wrap(m: nnx.Module, quantization: Quantization | None = None, lora: LoRA | None = None,
+         seed: int = 0) -> nnx.Module:
+    return adapt.adapt(None, m, Digits(), quantization=quantization, lora=lora, seed=seed)
+
+
+def paths(state: nnx.State) -> list[str]:
+    return ["/".join(map(str, p)) for p, _ in nnx.to_flat_state(state)]
+
+
+def forward(m: nnx.Module, filter_: object = nnx.Param):
+    """A jitted ``params -> output`` of ``m`` on ``inputs()``, as the trainer runs it."""
+    graphdef, params, rest = nnx.split(m, filter_, ...)
+    return jax.jit(lambda p: nnx.merge(graphdef, p, rest)(*inputs())), params
+
+
+# ------------------------------------------------------------------------------- quantized training
+
+
+def test_quantized_forward_is_close_to_float_and_gradients_pass_straight_through():
+    base = model()
+    float_fn, params = forward(base)
+    int8_fn, int8_params = forward(wrap(base, Quantization()))
+    out, out_q = float_fn(params), int8_fn(int8_params)
+    err = float(jnp.abs(out_q - out).max() / jnp.abs(out).max())
+    assert 0 < err < 0.05, err
+    # The wrap keeps the parameters: same paths, same values, same dtype.
+    assert paths(params) == paths(int8_params)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(int8_params)):
+        assert a.dtype == b.dtype == jnp.float32 and np.array_equal(a, b)
+    # Straight-through: every parameter that learns in float learns here, in nearly the same direction.
+    grad = lambda fn: jax.jit(jax.grad(lambda p: jnp.mean(fn(p) ** 2)))  # noqa: E731
+    g, g_q = grad(float_fn)(params), grad(int8_fn)(params)
+    for path, a, b in zip(paths(g), jax.tree.leaves(g), jax.tree.leaves(g_q)):
+        if float(jnp.linalg.norm(a)) > 1e-3:
+            cos = float(jnp.vdot(a, b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
+            assert cos > 0.95, (path, cos)
+
+
+def test_quantization_module_path_that_matches_nothing_is_refused():
+    with pytest.raises(ValueError, match=r"trainer.quantization.module_path='nope/.\*' matches no module"):
+        wrap(model(), Quantization(module_path="nope/.*"))
+
+
+# -------------------------------------------------------------------------------------------- LoRA
+
+
+def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
+    base = model()
+    base_fn, params = forward(base)
+    adapted = wrap(base, lora=LoRA(rank=4, alpha=8.0, targets=("blocks/.*", "final_layer/linear")))
+    lora_fn, factors = forward(adapted, adapt.trainable(LoRA()))
+    # B = 0: the delta is exactly zero (the two programs fuse differently, hence float rounding).
+    np.testing.assert_allclose(lora_fn(factors), base_fn(params), rtol=0, atol=1e-6)
+    names = paths(factors)
+    assert names and all(n.endswith(("_lora_a", "_lora_b")) for n in names)
+    assert "blocks/attn/q/kernel_lora_a" in names and "final_layer/linear/kernel_lora_b" in names
+    assert not any(n.startswith(("t_embedder", "x_embedder", "final_layer/adaLN")) for n in names)
+    flat = dict(zip(names, jax.tree.leaves(factors)))
+    assert flat["blocks/mlp_in/kernel_lora_a"].shape == (2, 32, 4)  # stacked on depth like the weight
+    assert flat["blocks/mlp_in/kernel_lora_b"].shape == (2, 4, 128)
+    assert all(not np.any(v) for n, v in flat.items() if n.endswith("_lora_b"))
+    a = flat["blocks/mlp_in/kernel_lora_a"]
+    assert np.any(a) and not np.array_equal(a[0], a[1])  # each layer draws its own A
+    # The frozen part is what the seed initialised, and the factors follow from the seed too.
+    again = nnx.state(wrap(model(), lora=LoRA(rank=4, targets=("blocks/.*",))), nnx.LoRAParam)
+    assert np.array_equal(dict(zip(paths(again), jax.tree.leaves(again)))["blocks/mlp_in/kernel_lora_a"], a)
+    frozen = nnx.state(adapted, nnx.Not(nnx.LoRAParam))
+    assert paths(frozen) == paths(params)
+    assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(params)))
+
+
+def test_lora_steps_move_the_factors_and_lower_the_loss():
+    graphdef, factors, rest = nnx.split(wrap(model(), lora=LoRA(rank=4)), nnx.LoRAParam, ...)
+    x, t, y = inputs()
+    target = jnp.zeros_like(x)
+
+    def loss(p):
+        return jnp.mean((nnx.merge(graphdef, p, rest)(x, t, y) - target) ** 2)
+
+    tx = optax.adam(1e-2)
+
+    @jax.jit
+    def step(p, opt):
+        value, grads = jax.value_and_grad(loss)(p)
+        updates, opt = tx.update(grads, opt, p)
+        return optax.apply_updates(p, updates), opt, value
+
+    p, opt = factors, tx.init(factors)
+    values = []
+    for _ in range(5):
+        p, opt, value = step(p, opt)
+        values.append(float(value))
+    assert values[-1] < values[0]
+    assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(factors)))
+
+
+def test_lora_target_that_matches_nothing_is_named():
+    with pytest.raises(ValueError, match=r"lora.targets pattern 'decoder/.\*' matches no module"):
+        wrap(model(), lora=LoRA(targets=("blocks/.*", "decoder/.*")))
+
+
+def test_lora_dropout_is_refused_until_supported():
+    with pytest.raises(ValueError, match=r"lora.dropout=0.1"):
+        wrap(model(), lora=LoRA(dropout=0.1))
+
+
+# ---------------------------------------------------------------------- runs through RunConfig.train
+
+
+def tiny_run(tmp: Path, quantization: Quantization | None, lora: LoRA | None) -> tuple:
+    run = Recipe(
+        model=ModelConfig(architecture="simple_dit", config=dict(depth=1, hidden_size=32, num_heads=2),
+                          dtype="float32"),
+        data=datasets["digits"](),
+        trainer=TrainerConfig(name="tiny", checkpoint_dir=str(tmp / "ck"), batch_size=32, steps=4, log_every=1,
+                              eval_every=None, checkpoint_every=None, compilation_cache_dir=None,
+                              quantization=quantization),
+        lora=lora)
+    run, objective, dataset = build_run(run)
+    batch = {k: jnp.asarray(v) for k, v in dataset.iterator().next().items()}
+    key = jax.random.key(7)
+
+    def loss(m: nnx.Module) -> float:
+        out = objective.loss(m, batch, key)
+        return float(out.total / out.count)
+
+    initial = adapt.adapt(objective, objective.build(nnx.Rngs(params=run.trainer.seed)), dataset,
+                          quantization=quantization, lora=lora, seed=run.trainer.seed)
+    before = loss(initial)
+    state = run.train(objective, dataset, name="tiny")
+    return state, initial, before, loss(state.model()), tmp / "ck" / "tiny"
+
+
+def saved_params(run_dir: Path) -> list[str]:
+    import orbax.checkpoint as ocp
+
+    step = max(int(p.name) for p in run_dir.iterdir() if p.name.isdigit())
+    restored = ocp.StandardCheckpointer().restore(run_dir / str(step) / "state")
+    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(restored["params"])[0]]
+
+
+def test_quantized_run_learns(tmp_path):
+    state, initial, before, after, _ = tiny_run(tmp_path, Quantization(), None)
+    assert after < before
+    assert paths(state.params) == paths(nnx.state(initial, nnx.Param))
+
+
+def test_qlora_run_moves_only_the_factors(tmp_path):
+    state, initial, before, after, run_dir = tiny_run(tmp_path, Quantization(), LoRA(rank=4, alpha=8.0))
+    assert after < before
+    names = paths(state.params)
+    assert names and all(n.endswith(("_lora_a", "_lora_b")) for n in names)
+    factors = nnx.state(initial, nnx.LoRAParam)
+    moved = [n for n, a, b in zip(names, jax.tree.leaves(state.params), jax.tree.leaves(factors))
+             if not np.array_equal(a, b)]
+    assert any(n.endswith("_lora_b") for n in moved)
+    # The frozen base is bit for bit what the seed initialised; the checkpoint holds only the factors.
+    trained = state.model()
+    base_before = nnx.state(initial, nnx.Not(nnx.LoRAParam))
+    base_after = nnx.state(trained, nnx.Not(nnx.LoRAParam))
+    assert paths(base_after) == paths(base_before)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(base_after), jax.tree.leaves(base_before)))
+    saved = saved_params(run_dir)
+    assert saved and all(s.replace("['value']", "").endswith(("_lora_a']", "_lora_b']")) for s in saved), saved
