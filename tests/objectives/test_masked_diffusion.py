@@ -1,0 +1,143 @@
+"""masked_diffusion (MDLM): the loss at initialisation, SUBS, the times, the sampler, the data fields."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dew.build import build_run
+from dew.config import ModelConfig, TrainerConfig
+from dew.data.specs import TokenWindows
+from dew.objectives.knobs import MaskedDiffusionKnobs
+from dew.objectives.masked_diffusion import MaskedDiffusion, subs_log_probs
+from dew.recipe import Recipe
+from dew.typed import ConfigError
+
+V, L = 11, 16
+TINY = {"hidden_size": 32, "depth": 1, "num_heads": 2}
+
+
+def objective(**knobs) -> MaskedDiffusion:
+    fields = {**TINY, "vocab_size": V + 1, "input_size": L, "num_classes": 0}
+    return MaskedDiffusion(ModelConfig("simple_dit", fields, dtype="float32"), MaskedDiffusionKnobs(**knobs), V, L)
+
+
+def tokens(n: int, seed: int = 0) -> jnp.ndarray:
+    return jnp.asarray(np.random.default_rng(seed).integers(0, V, (n, L + 1)), jnp.int32)
+
+
+def test_loss_at_init_is_log_v_per_token():
+    """simple_dit's output layer starts at zero: every masked token costs log V (the mask is never
+    predicted), and E[1{masked} / t] = 1, so the expected loss is log V per token."""
+    o = objective()
+    model = o.build(nnx.Rngs(params=0))
+    batch = {"tokens": tokens(512)}
+    logits = model(batch["tokens"][:, :L], jnp.full((512,), 0.5))
+    assert float(jnp.abs(logits).max()) == 0.0
+    graphdef, state = nnx.split(model)  # parameters as arguments: XLA:CPU miscompiles them as constants
+    out = jax.jit(lambda s, b, k: o.loss(nnx.merge(graphdef, s), b, k))(state, batch, jax.random.PRNGKey(0))
+    assert float(out.count) == 512 * L
+    assert float(out.total / out.count) == pytest.approx(math.log(V), rel=0.02)
+    # Exactly: each masked token costs log V / t, each unmasked one nothing.
+    x0 = batch["tokens"][:, :L]
+    t = o.times(jax.random.split(jax.random.PRNGKey(0))[0], 512, antithetic=True)
+    z = o.corrupt(jax.random.split(jax.random.PRNGKey(0))[1], x0, t)
+    expected = float(((z == V) / t[:, None]).sum() * math.log(V))
+    assert float(out.total) == pytest.approx(expected, rel=1e-5)
+
+
+def test_subs_never_predicts_the_mask_and_carries_unmasked_tokens():
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(3, L, V + 1)) * 5, jnp.float32)
+    z = jnp.asarray(rng.integers(0, V + 1, (3, L)), jnp.int32)
+    z = z.at[:, 0].set(V).at[:, 1].set(2)  # at least one masked and one unmasked position per row
+    p = np.asarray(jnp.exp(subs_log_probs(logits, z, V)))
+    np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-5)
+    assert (p[..., V] == 0.0).all()  # zero masking probability, exactly
+    unmasked = np.asarray(z != V)
+    one_hot = np.eye(V + 1)[np.asarray(z)]
+    assert (p[unmasked] == one_hot[unmasked]).all()  # carry-over unmasking, exactly one-hot
+    masked = ~unmasked
+    want = jax.nn.softmax(logits[..., :V], axis=-1)
+    np.testing.assert_allclose(p[masked][:, :V], np.asarray(want)[masked], rtol=1e-5, atol=1e-7)
+
+
+def test_unmasked_positions_cost_nothing_and_time_weights_by_one_over_t():
+    o = objective()
+    model = o.build(nnx.Rngs(params=0))
+    x0 = tokens(4)[:, :L]
+    t = jnp.array([0.1, 0.3, 0.6, 0.9])
+    z = x0.at[:, ::2].set(V)
+    per_token, _ = o.per_token(model, x0, t, z)
+    assert (np.asarray(per_token)[:, 1::2] == 0).all()
+    np.testing.assert_allclose(np.asarray(per_token)[:, ::2], np.broadcast_to(math.log(V) / np.asarray(t)[:, None], (4, L // 2)),
+                               rtol=1e-5)
+
+
+def test_antithetic_times_cover_every_stripe():
+    o = objective(eps=1e-3)
+    t = np.asarray(o.times(jax.random.PRNGKey(3), 8, antithetic=True))
+    u = (t - 1e-3) / (1 - 1e-3)
+    assert sorted(np.floor(u * 8).astype(int)) == list(range(8))
+    assert t.min() >= 1e-3 and t.max() <= 1.0
+
+
+def test_evaluation_is_deterministic_given_the_key_and_ignores_padding():
+    o = objective()
+    model = o.build(nnx.Rngs(params=0))
+    batch = {"tokens": tokens(8), "mask": jnp.array([1, 1, 1, 1, 1, 1, 0, 0], jnp.float32)}
+    a = o.evaluate(model, batch, jax.random.PRNGKey(5))
+    b = o.evaluate(model, batch, jax.random.PRNGKey(5))
+    assert float(a.total) == float(b.total) and float(a.count) == 6 * L
+    assert float(a.sums["bits_per_token"]) == pytest.approx(float(a.total) / math.log(2))
+    other = dict(batch, tokens=batch["tokens"].at[6:].set(0))  # the padding's content changes nothing
+    assert float(o.evaluate(model, other, jax.random.PRNGKey(5)).total) == float(a.total)
+
+
+def test_max_logits_on_request():
+    o = objective()
+    model = o.build(nnx.Rngs(params=0))
+    out = o.loss(model, {"tokens": tokens(2)}, jax.random.PRNGKey(0), max_logits=True)
+    assert out.max_logits.shape == (1, 2) and o.loss(model, {"tokens": tokens(2)}, jax.random.PRNGKey(0)).max_logits is None
+
+
+@pytest.mark.parametrize("steps,top_k", [(1, 0), (5, 0), (7, 3)])
+def test_sampler_ends_with_no_mask(steps, top_k):
+    o = objective()
+    model = o.build(nnx.Rngs(params=1))
+    # Random weights in the output layer, so the sampler draws from a non-uniform p_θ.
+    final = model.final_layer.linear
+    final.kernel[...] = jax.random.normal(jax.random.PRNGKey(2), final.kernel.shape)
+    ids = np.asarray(o.sample(model, 6, jax.random.PRNGKey(0), steps=steps, top_k=top_k))
+    assert ids.shape == (6, L) and ids.min() >= 0 and ids.max() < V
+    again = np.asarray(o.sample(model, 6, jax.random.PRNGKey(0), steps=steps, top_k=top_k))
+    assert (ids == again).all()
+
+
+def test_data_fields_add_the_mask_token_and_are_recorded(tmp_path):
+    ids = np.random.default_rng(0).integers(0, V, 400).astype(np.uint16)
+    path = tmp_path / "t.npy"
+    np.save(path, ids)
+    run = Recipe(model=ModelConfig("simple_dit", TINY, dtype="float32"),
+                 data=TokenWindows(path=str(path), seq_len=L, vocab_size=V),
+                 trainer=TrainerConfig(batch_size=4, steps=1))
+    resolved, o, _ = build_run(run)
+    assert isinstance(o, MaskedDiffusion) and o.vocab_size == V and o.mask_id == V
+    assert resolved.model.config["vocab_size"] == V + 1 and resolved.model.config["input_size"] == L
+    assert resolved.model.config["num_classes"] == 0
+    assert Recipe.from_dict(resolved.to_dict()).model.config == resolved.model.config
+    wrong = Recipe(model=ModelConfig("simple_dit", {**TINY, "vocab_size": V}), data=run.data, trainer=run.trainer)
+    with pytest.raises(ConfigError, match="mask token"):
+        build_run(wrong)
+
+
+def test_knobs_are_checked():
+    with pytest.raises(ValueError, match=r"masked_diffusion.eps=0.0"):
+        MaskedDiffusionKnobs(eps=0.0)
+    with pytest.raises(ValueError, match=r"masked_diffusion.top_k=-1"):
+        MaskedDiffusionKnobs(top_k=-1)
