@@ -12,14 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.conftest import REPO, cli_env
-from tests.training.conftest import losses, train_tiny
+from tests.conftest import REPO
+from tests.training.conftest import fast_env, losses, train_tiny
 
 ARGS = ["trainer.steps=4", "trainer.eval_every=2", "trainer.checkpoint_every=null", "optim.clip_grads=0"]
 
 SHARDED = """
 import json, sys
 import jax
+from dew.training import trainer
+from tests.training.conftest import FAST_COMPILE
+trainer.COMPILER_OPTIONS = FAST_COMPILE
 from pathlib import Path
 from tests.training.conftest import compose, train_tiny
 from dew.training import sharding
@@ -47,7 +50,7 @@ params = {jax.tree_util.keystr(p): jax.device_get(x).tolist() for p, x in jax.tr
 
 
 def test_eight_devices_match_one(tmp_path: Path):
-    env = cli_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = fast_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
     proc = subprocess.run([sys.executable, "-c", SHARDED, str(tmp_path / "sharded"), json.dumps(ARGS)], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
