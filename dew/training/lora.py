@@ -91,7 +91,11 @@ def apply(module: nnx.Module, inputs: tuple[Any, ...], lora: LoRA, quantization:
         raise ValueError(f"lora.dropout={lora.dropout}: LoRA dropout is not supported yet; use 0.0")
     if quantization is not None:
         quant.check_module_path(module, quantization.module_path, "trainer.quantization.module_path")
-    adapted = qwix.apply_lora_to_model(module, provider(lora, quantization), *inputs, rngs=rngs)
+    try:
+        adapted = qwix.apply_lora_to_model(module, provider(lora, quantization), *inputs, rngs=rngs)
+    except ValueError as e:
+        raise ValueError(f"lora={lora} with trainer.quantization={quantization}: qwix cannot adapt "
+                         f"the module: {e}") from e
     check_targets(adapted, lora)
     return adapted
 

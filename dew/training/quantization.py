@@ -127,4 +127,8 @@ def quantize(module: nnx.Module, inputs: tuple[Any, ...], q: Quantization) -> nn
     """``module`` with its forward quantized as ``q`` says (see the module docstring). ``inputs`` is
     one sample call, which qwix traces once to find the weights each matmul reads."""
     check_module_path(module, q.module_path, "trainer.quantization.module_path")
-    return qwix.quantize_model(module, QtProvider([rule(q)]), *inputs)
+    try:
+        return qwix.quantize_model(module, QtProvider([rule(q)]), *inputs)
+    except ValueError as e:  # e.g. a tile_size that does not divide a contraction (attention's keys)
+        raise ValueError(f"trainer.quantization={q}: qwix cannot quantize the matmuls of modules matching "
+                         f"{q.module_path!r}: {e}") from e
