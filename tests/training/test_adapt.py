@@ -66,18 +66,22 @@ def forward(m: nnx.Module, filter_: object = nnx.Param):
 
 def test_quantized_forward_is_close_to_float_and_gradients_pass_straight_through():
     base = model()
-    float_fn, params = forward(base)
-    int8_fn, int8_params = forward(wrap(base, Quantization()))
-    out, out_q = float_fn(params), int8_fn(int8_params)
-    err = float(jnp.abs(out_q - out).max() / jnp.abs(out).max())
-    assert 0 < err < 0.05, err
+    graphdef, params, rest = nnx.split(base, nnx.Param, ...)
+    int8_graphdef, int8_params, int8_rest = nnx.split(wrap(base, Quantization()), nnx.Param, ...)
     # The wrap keeps the parameters: same paths, same values, same dtype.
     assert paths(params) == paths(int8_params)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(int8_params)):
         assert a.dtype == b.dtype == jnp.float32 and np.array_equal(a, b)
+
+    def output_and_grads(graphdef, rest):
+        fn = lambda p: nnx.merge(graphdef, p, rest)(*inputs())  # noqa: E731
+        return jax.jit(lambda p: (fn(p), jax.grad(lambda p: jnp.mean(fn(p) ** 2))(p)))
+
+    out, g = output_and_grads(graphdef, rest)(params)
+    out_q, g_q = output_and_grads(int8_graphdef, int8_rest)(params)
+    err = float(jnp.abs(out_q - out).max() / jnp.abs(out).max())
+    assert 0 < err < 0.05, err
     # Straight-through: every parameter that learns in float learns here, in nearly the same direction.
-    grad = lambda fn: jax.jit(jax.grad(lambda p: jnp.mean(fn(p) ** 2)))  # noqa: E731
-    g, g_q = grad(float_fn)(params), grad(int8_fn)(params)
     for path, a, b in zip(paths(g), jax.tree.leaves(g), jax.tree.leaves(g_q)):
         if float(jnp.linalg.norm(a)) > 1e-3:
             cos = float(jnp.vdot(a, b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
