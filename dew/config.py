@@ -490,14 +490,10 @@ class LoRA:
     """The delta is scaled by alpha / rank."""
     targets: tuple[str, ...] = (".*",)
     """Regular expressions over module paths under params that carry a delta."""
-    dropout: float = 0.0
-    """Dropout on the adapter's input."""
 
     def __post_init__(self) -> None:
         if self.rank <= 0:
             raise ValueError(f"lora.rank={self.rank} must be positive")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora.dropout={self.dropout} must lie in [0, 1)")
         if not self.targets:
             raise ValueError("lora.targets must name at least one module path pattern")
 

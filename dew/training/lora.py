@@ -70,7 +70,7 @@ def provider(lora: LoRA, quantization: Quantization | None) -> qwix.LoraProvider
     Rules are matched in order, the first whose pattern fully matches the module path wins: a
     targeted module that is also quantized, a targeted module, a quantized module.
     """
-    adapter = dict(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout)
+    adapter = dict(rank=lora.rank, alpha=lora.alpha)
     if quantization is None:
         return LoraProvider([qwix.LoraRule(module_path=t, **adapter) for t in lora.targets])
     q = quantization
@@ -85,10 +85,6 @@ def provider(lora: LoRA, quantization: Quantization | None) -> qwix.LoraProvider
 def apply(module: nnx.Module, inputs: tuple[Any, ...], lora: LoRA, quantization: Quantization | None,
           rngs: nnx.Rngs) -> nnx.Module:
     """``module`` with LoRA factors on every targeted weight; ``A`` is drawn from ``rngs``."""
-    if lora.dropout > 0:
-        # qwix draws LoRA dropout from rngs stored on the modules, which the trainer's pure step (its
-        # per-step key goes to the objective, not the module) would replay identically every step.
-        raise ValueError(f"lora.dropout={lora.dropout}: LoRA dropout is not supported yet; use 0.0")
     if quantization is not None:
         quant.check_module_path(module, quantization.module_path, "trainer.quantization.module_path")
     try:

@@ -151,14 +151,6 @@ def test_lora_target_that_matches_nothing_is_named():
         wrap(model(), lora=LoRA(targets=("blocks/.*", "decoder/.*")))
 
 
-def test_lora_dropout_is_refused_until_supported():
-    with pytest.raises(ValueError, match=r"lora.dropout=0.1"):
-        wrap(model(), lora=LoRA(dropout=0.1))
-
-
-# ---------------------------------------------------------------------- runs through RunConfig.train
-
-
 def tiny_run(tmp: Path, quantization: Quantization | None, lora: LoRA | None) -> tuple:
     run = Recipe(
         model=ModelConfig(architecture="simple_dit", config=dict(depth=1, hidden_size=32, num_heads=2),
