@@ -143,8 +143,12 @@ def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.Gr
             grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
             return jax.tree.map(jnp.add, grad_sum, grads), out
 
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        grad_sum, outs = jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
+        if accumulation == 1:  # no scan of one: XLA fuses the step as a hand-written one
+            grad_sum, out = grad_fn(state.params, batch, jax.random.fold_in(key, 0), state.loss_scale)
+            outs = jax.tree.map(lambda x: x[None], out)
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            grad_sum, outs = jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
         # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
         total, count = outs.total.sum(), outs.count.sum()
         grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
@@ -413,6 +417,8 @@ def _flops_per_example(run: RunConfig) -> float | None:
 
 def _global(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> dict[str, jax.Array]:
     """This process's part of a global batch, as global arrays laid out over the batch axes."""
+    if jax.process_count() == 1:  # the whole batch is here: one transfer, as a hand-written loop does
+        return jax.device_put(dict(batch), batch_sharding)
     return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch.items()}
 
 

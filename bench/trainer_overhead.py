@@ -1,0 +1,175 @@
+"""RunConfig.train against a minimal hand-written jax.jit + optax loop, and the asynchronous
+checkpoint's blocking time against the save's own duration.
+
+Both loops train the same model (the digits experiment's DiT), on the same data (the digits
+iterator), with the same optimizer (``build_optimizer`` of the run's OptimConfig), in one process,
+interleaved round by round. The hand-written side is a jitted, donated value_and_grad + optax step
+fed from the dataset's iterator, blocked on once at the end. The trainer side is
+``RunConfig.train`` with no evaluation and no checkpoints but the final one, logging at the end of
+the warm-up and at the last step; its loop time is the wall time between the tracker receiving
+those two steps' metrics (a fetch waits for its step), taken by the benchmark, so set-up,
+compilation and the final save are left out of both sides. The EMA is
+off (``flow_matching.ema_decay=0``): it is the objective's work, not the loop's.
+
+    JAX_PLATFORMS=cpu python bench/trainer_overhead.py [--steps 300 --rounds 5 --batch 64 --hidden 64 --depth 2]
+
+The last line printed is JSON: {"bench": "trainer_overhead", "ratio": ..., ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+from flax import nnx
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from dew.cli.train import conf_dir, register_configs
+    from dew.recipe import Recipe
+
+    GlobalHydra.instance().clear()
+    register_configs()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides))
+    return Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def hand_loop(recipe, steps: int, warmup: int) -> float:
+    """Seconds for ``steps`` steps of the hand-written loop after ``warmup`` (compilation) steps."""
+    from dew.build import build_run
+    from dew.training.optim import build_optimizer
+
+    recipe, objective, dataset = build_run(recipe)
+    graphdef, params, rest = nnx.split(objective.build(nnx.Rngs(params=0)), nnx.Param, ...)
+    tx = build_optimizer(recipe.optim, params, total_steps=warmup + steps).tx
+    opt_state = tx.init(params)
+
+    def step(params, opt_state, key, batch):
+        def loss_fn(p):
+            out = objective.loss(nnx.merge(graphdef, p, rest), batch, key)
+            return out.total / out.count
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    it, key = dataset.iterator(), jax.random.PRNGKey(1)
+    for i in range(warmup):
+        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(key, i), it.next())
+    jax.block_until_ready(loss)
+    start = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(key, i), it.next())
+    jax.block_until_ready((params, loss))
+    return time.perf_counter() - start
+
+
+def trainer_loop(recipe, steps: int, warmup: int, work: Path, name: str) -> float:
+    """Seconds the trainer's loop took for steps ``warmup``..``warmup + steps``: the wall time between
+    the tracker receiving step ``warmup``'s metrics and the last step's (each fetch waits for its
+    step), taken here, outside the trainer."""
+    import dataclasses
+
+    from dew.build import build_run
+    from dew.training import tracking
+
+    seen: dict[int, float] = {}
+    original = tracking.Tracker.metrics
+
+    def metrics(self, step, values):
+        if "train/loss" in values:
+            seen[step] = time.perf_counter()
+        return original(self, step, values)
+
+    run = dataclasses.replace(recipe, trainer=dataclasses.replace(
+        recipe.trainer, steps=warmup + steps, log_every=warmup, checkpoint_dir=str(work / "ck")))
+    run, objective, dataset = build_run(run)
+    tracking.Tracker.metrics = metrics
+    try:
+        run.train(objective, dataset, name=name)
+    finally:
+        tracking.Tracker.metrics = original
+    return seen[warmup + steps] - seen[warmup]
+
+
+def checkpoint_blocking(work: Path, recipe, saves: int) -> tuple[list[float], list[float], int]:
+    """Per save: the seconds ``save`` blocks the caller, and the seconds until it is on disk."""
+    from dew.build import build_run
+    from dew.training.checkpoint import Checkpoints
+    from dew.training.optim import build_optimizer
+
+    _, objective, _ = build_run(recipe)
+    params = nnx.state(objective.build(nnx.Rngs(params=0)), nnx.Param)
+    state = {"params": params, "opt": build_optimizer(recipe.optim, params, total_steps=10).tx.init(params)}
+    size = sum(x.nbytes for x in jax.tree.leaves(state))
+    ckpts = Checkpoints(work / "ckpt-bench", keep=2)
+    blocking, total = [], []
+    for i in range(saves):
+        start = time.perf_counter()
+        ckpts.save(i + 1, state, {"step": i + 1}, metrics=None)
+        blocking.append(time.perf_counter() - start)
+        ckpts.wait()
+        total.append(time.perf_counter() - start)
+    ckpts.close()
+    return blocking, total, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=300, help="steps timed per side per round")
+    parser.add_argument("--warmup", type=int, default=10, help="steps run before the timed ones, per side")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument("--hidden", type=int, default=64, help="model.config.hidden_size")
+    parser.add_argument("--depth", type=int, default=2, help="model.config.depth")
+    args = parser.parse_args()
+    logging.getLogger("absl").setLevel(logging.WARNING)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        recipe = compose("experiment=digits", f"trainer.batch_size={args.batch}", f"model.config.depth={args.depth}",
+                         f"model.config.hidden_size={args.hidden}", "trainer.eval_every=null",
+                         "trainer.checkpoint_every=null", "trainer.log_every=100", "flow_matching.ema_decay=0",
+                         f"trainer.compilation_cache_dir={work / 'xla'}", "optim.schedule.warmup_steps=1")
+        hand, ours = [], []
+        for r in range(args.rounds):
+            sides = ["hand", "trainer"] if r % 2 == 0 else ["trainer", "hand"]
+            for side in sides:
+                if side == "hand":
+                    hand.append(args.steps * args.batch / hand_loop(recipe, args.steps, args.warmup))
+                else:
+                    ours.append(args.steps * args.batch / trainer_loop(recipe, args.steps, args.warmup, work, f"r{r}"))
+            print(f"round {r}: hand {hand[-1]:.0f} ex/s, trainer {ours[-1]:.0f} ex/s, "
+                  f"ratio {ours[-1] / hand[-1]:.3f}", flush=True)
+        ratios = [o / h for o, h in zip(ours, hand, strict=True)]
+        blocking, total, size = checkpoint_blocking(work, recipe, args.saves)
+    step_ms = 1000 * args.batch / statistics.median(hand)
+    print(f"checkpoint of {size / 2**20:.1f} MiB: save blocks {1000 * statistics.median(blocking):.1f} ms, "
+          f"lands in {1000 * statistics.median(total):.1f} ms (median of {args.saves})")
+    print(json.dumps({"bench": "trainer_overhead", "ratio": round(statistics.median(ratios), 4),
+                      "ratios": [round(x, 4) for x in ratios], "hand_examples_per_sec": round(statistics.median(hand)),
+                      "trainer_examples_per_sec": round(statistics.median(ours)), "step_ms": round(step_ms, 1),
+                      "batch": args.batch, "steps": args.steps, "device": jax.devices()[0].device_kind,
+                      "checkpoint_mib": round(size / 2**20, 2),
+                      "checkpoint_blocking_ms": round(1000 * statistics.median(blocking), 1),
+                      "checkpoint_total_ms": round(1000 * statistics.median(total), 1)}))
+
+
+if __name__ == "__main__":
+    main()
