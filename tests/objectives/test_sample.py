@@ -1,0 +1,141 @@
+"""dew-sample from a real run directory: parameters restored bit for bit, the same samples as the
+trained model in-process, the quality of class-conditional digits, text runs, and every error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import sklearn.datasets
+from sklearn.linear_model import LogisticRegression
+
+from dew.build import build_run
+from dew.cli.sample import restore
+from dew.config import ModelConfig, OptimConfig, TrainerConfig
+from dew.data.prepare import prepare
+from dew.data.specs import Digits, TokenWindows
+from dew.objectives.knobs import FlowMatchingKnobs
+from dew.recipe import Recipe
+from dew.training.schedules import schedules
+from tests.conftest import dew
+
+STEPS = 800
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """A short real digits run (a small model; the README run's figure is in docs/objectives.md)."""
+    root = tmp_path_factory.mktemp("runs")
+    recipe = Recipe(
+        model=ModelConfig("simple_dit", {"hidden_size": 64, "depth": 2, "num_heads": 4, "patch_size": 2},
+                          dtype="float32"),
+        data=Digits(),
+        optim=OptimConfig(learning_rate=2e-3, schedule=schedules["cosine"](warmup_steps=50), weight_decay=0.0,
+                          clip_grads=1.0),
+        trainer=TrainerConfig(name="digits", checkpoint_dir=str(root), batch_size=64, steps=STEPS, log_every=200,
+                              eval_every=STEPS // 2, checkpoint_every=STEPS // 2, compilation_cache_dir=None),
+        flow_matching=FlowMatchingKnobs(ema_decay=0.99, guidance_scale=2.0))
+    run, objective, dataset = build_run(recipe)
+    state = run.train(objective, dataset, name="digits")
+    return root / "digits", state, objective
+
+
+def test_restored_parameters_equal_the_trained_ones_bit_for_bit(digits_run):
+    run_dir, state, _ = digits_run
+    for ema, trained in ((False, state.params), (True, state.ema)):
+        r = restore(str(run_dir), step=STEPS, ema=ema)
+        assert r.step == STEPS and r.ema == ema
+        for a, b in zip(jax.tree.leaves(r.params), jax.tree.leaves(trained), strict=True):
+            assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_dew_sample_draws_what_the_trained_model_draws_and_the_digits_are_recognised(digits_run, tmp_path):
+    run_dir, state, objective = digits_run
+    npz, png = tmp_path / "d.npz", tmp_path / "d.png"
+    result = dew(str(run_dir), "--step", str(STEPS), "--count", "20", "--seed", "3", "--npz", str(npz),
+                 "--out", str(png), cwd=tmp_path, script="dew.cli.sample")
+    assert result.returncode == 0, result.stderr
+    assert f"200 images (step {STEPS}, EMA, seed 3) in {png}" in result.stdout and png.stat().st_size > 0
+    saved = np.load(npz)
+    labels = np.repeat(np.arange(10), 20)
+    assert (saved["labels"] == labels).all() and saved["images"].shape == (200, 8, 8, 1)
+    # The same seed in this process, from the trained state: identical samples.
+    here = np.asarray(objective.sample(state.model(ema=True), labels, jax.random.PRNGKey(3)))
+    np.testing.assert_array_equal(saved["images"], here)
+    # Quality: a classifier trained on scikit-learn's real digits labels them as conditioned.
+    digits = sklearn.datasets.load_digits()
+    classifier = LogisticRegression(max_iter=3000).fit(digits.data / 8.0 - 1.0, digits.target)
+    accuracy = float((classifier.predict(saved["images"].reshape(200, -1)) == labels).mean())
+    assert accuracy >= 0.8, accuracy
+
+
+def test_text_run_samples_decoded_text(tmp_path):
+    (tmp_path / "a.txt").write_text("abcabcabc " * 60)
+    prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
+    recipe = Recipe(model=ModelConfig("simple_dit", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16),
+                    trainer=TrainerConfig(name="md", checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=4,
+                                          eval_every=None, checkpoint_every=4, compilation_cache_dir=None))
+    run, objective, dataset = build_run(recipe)
+    run.train(objective, dataset, name="md")
+    assert json.loads((tmp_path / "ck" / "md" / "run.json").read_text())["model"]["config"]["vocab_size"] == 258
+    out = tmp_path / "s.txt"
+    result = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(out), cwd=tmp_path,
+                 script="dew.cli.sample")
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert text.count("--- sample ") == 2 and text in result.stdout
+    assert "2 sequences (step 4, EMA, seed 0)" in result.stdout
+    again = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(tmp_path / "t.txt"),
+                cwd=tmp_path, script="dew.cli.sample")
+    assert (tmp_path / "t.txt").read_text() == text
+
+
+def _no_run_json(run_dir: Path, d: Path) -> Path:
+    (d / "empty").mkdir()
+    return d / "empty"
+
+
+def _bad_json(run_dir: Path, d: Path) -> Path:
+    (d / "bad").mkdir()
+    (d / "bad" / "run.json").write_text("{not json")
+    return d / "bad"
+
+
+def _other_version(run_dir: Path, d: Path) -> Path:
+    (d / "old").mkdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    record["trainer"]["retired_field"] = 1
+    (d / "old" / "run.json").write_text(json.dumps(record))
+    return d / "old"
+
+
+def _incomplete(run_dir: Path, d: Path) -> Path:
+    (d / "started").mkdir()
+    shutil.copy(run_dir / "run.json", d / "started" / "run.json")
+    return d / "started"
+
+
+@pytest.mark.parametrize("make,args,message", [
+    (lambda run_dir, d: d / "nope", [], "run directory .*nope' does not exist"),
+    (_no_run_json, [], "holds no run.json: not a dew run directory"),
+    (_bad_json, [], "cannot read the run record: .*not a JSON run record"),
+    (_other_version, [], "retired_field.*different dew version\\? This is dew"),
+    (_incomplete, [], "holds no finished checkpoint"),
+    (lambda run_dir, d: run_dir, ["--step", "7"], f"--step 7: .* holds steps {STEPS // 2}, {STEPS}"),
+    (lambda run_dir, d: run_dir, ["--temperature", "0.5"], "--temperature: the run samples images"),
+])
+def test_errors_exit_2_with_one_message(digits_run, tmp_path, make, args, message):
+    import re
+
+    run_dir, _, _ = digits_run
+    target = make(run_dir, tmp_path)
+    result = dew(str(target), *args, cwd=tmp_path, script="dew.cli.sample")
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("dew-sample: error: ") and result.stderr.count("\n") <= 2, result.stderr
+    assert re.search(message, result.stderr, re.S), result.stderr
