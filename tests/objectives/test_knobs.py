@@ -1,0 +1,26 @@
+"""Objective knobs: overridable from the command line, recorded in run.json, restored by load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dew.objectives.knobs import MaskedDiffusionKnobs, NextTokenKnobs
+from dew.recipe import Recipe
+from tests.conftest import dew, tree
+
+
+def test_knobs_round_trip_through_run_json(tmp_path: Path):
+    recipe = Recipe(masked_diffusion=MaskedDiffusionKnobs(eps=0.01, sample_steps=9),
+                    next_token=NextTokenKnobs(top_k=40, temperature=0.7))
+    recipe.save(str(tmp_path))
+    loaded = Recipe.load(str(tmp_path))
+    assert loaded.masked_diffusion == recipe.masked_diffusion and loaded.next_token == recipe.next_token
+
+
+def test_knobs_are_command_line_overrides(workdir: Path):
+    result = dew("--cfg", "job", "masked_diffusion.eps=0.01", "next_token.top_k=40", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "eps: 0.01" in result.stdout and "top_k: 40" in result.stdout
+    bad = dew("masked_diffusion.eps=2", cwd=workdir)
+    assert bad.returncode != 0 and "masked_diffusion.eps=2" in bad.stderr
+    assert tree(workdir) == []
