@@ -96,6 +96,12 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     from dew.training import adapt
     from dew.training.checkpoint import Checkpoints
 
+    checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
+    try:
+        chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
+    finally:
+        checkpoints.close()
+
     try:
         resolved, objective, dataset = build_run(recipe)
     except (ValueError, FileNotFoundError) as err:
@@ -106,11 +112,6 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         diff = differences(recipe.to_dict(), resolved.to_dict())
         raise SampleError("the data no longer gives the model the run was trained with (recorded -> "
                           "now):\n  " + "\n  ".join(diff))
-    checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
-    try:
-        chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
-    finally:
-        checkpoints.close()
 
     # The module exactly as the trainer built it, then only the parameters (and their EMA) read back.
     t = recipe.trainer
