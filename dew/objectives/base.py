@@ -47,6 +47,10 @@ class Objective(Protocol):
         runs' evaluations compare."""
         ...
 
+    # Optional: ``derived_metrics(metrics) -> Mapping[str, float]``, metrics that follow from the
+    # reported means (a perplexity is exp of a mean loss, not a mean of sums); the trainer logs them
+    # beside the metrics they come from.
+
     def summary(self) -> Mapping[str, Any]:
         """The recipe's own view of the run, for the tracker's config."""
         ...

@@ -290,6 +290,11 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
                         compiler_options=COMPILER_OPTIONS or None)
     eval_key = jax.random.PRNGKey(t.seed + 2)
 
+    def derived(values: Mapping[str, float]) -> dict[str, float]:
+        """Metrics an objective derives from the reported means (next_token's perplexity)."""
+        derive = getattr(objective, "derived_metrics", None)
+        return dict(derive(values)) if derive is not None else {}
+
     def evaluate(state: TrainState) -> dict[str, float]:
         sums: dict[str, jax.Array] = {}
         total = count = 0.0
@@ -302,7 +307,8 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         total, count, sums = jax.device_get((total, count, sums))
         if not count:
             return {}
-        return {BEST_METRIC: float(total / count), **{f"eval/{k}": float(v / count) for k, v in sums.items()}}
+        values = {BEST_METRIC: float(total / count), **{f"eval/{k}": float(v / count) for k, v in sums.items()}}
+        return {**values, **derived(values)}
 
     # (4) Resume from the latest checkpoint. -----------------------------------------------------
     iterator = dataset.iterator(jax.process_index(), jax.process_count())
@@ -348,7 +354,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             fetched = {k: float(v) for k, v in jax.device_get(values).items()}
             if fetched.pop(NONFINITE) >= 0:
                 check_finite(state)
-            tracker.metrics(logged_step, {**fetched, **meter.measure(logged_records)})
+            tracker.metrics(logged_step, {**fetched, **derived(fetched), **meter.measure(logged_records)})
 
     try:
         while step < total_steps:

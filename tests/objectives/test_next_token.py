@@ -89,3 +89,29 @@ def test_sampling_is_seeded_and_temperature_spreads_it(setup):
     assert (a[:, 0] == 12).all() and a.min() >= 0 and a.max() < V  # the default start id: end-of-text
     ids, texts = o.sample_text(model, jax.random.PRNGKey(0), 2)
     assert ids.shape == (2, L) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
+
+
+def test_a_run_logs_the_perplexity_of_its_mean_losses(tmp_path):
+    from dew.build import build_run
+    from dew.config import TrainerConfig
+    from dew.data.prepare import prepare
+    from dew.data.specs import TokenWindows
+    from dew.recipe import Recipe
+    from dew.training.tracking import read_journal
+
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
+    prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
+    recipe = Recipe(model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16, val_fraction=0.2),
+                    trainer=TrainerConfig(checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=2, log_every=1,
+                                          eval_every=2, checkpoint_every=None, compilation_cache_dir=None))
+    run, objective, dataset = build_run(recipe)
+    run.train(objective, dataset, name="lm")
+    records = read_journal(tmp_path / "tracking" / "lm" / "journal.jsonl")
+    evals = [r for r in records if "eval/loss" in r and "event" not in r]
+    trains = [r for r in records if "train/loss" in r]
+    assert evals and trains
+    for r in evals:
+        assert r["eval/perplexity"] == pytest.approx(math.exp(r["eval/loss"]))
+    for r in trains:
+        assert r["train/perplexity"] == pytest.approx(math.exp(r["train/loss"]))
