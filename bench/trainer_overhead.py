@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 import optax
 from flax import nnx
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 

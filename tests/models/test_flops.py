@@ -1,7 +1,6 @@
 """Training FLOPs per example: the counted matmul weights are the model's, the formula is 6·N·T plus
 the attention term."""
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx

@@ -62,7 +62,6 @@ def train_tiny(tmp: Path, *overrides: str, name: str = "run", objective: Callabl
     """Train a tiny run in this process: (final state, run directory, journal). ``objective`` and
     ``data`` wrap the built objective and dataset."""
     from dew.build import build_run
-    from dew.training.tracking import read_journal
 
     recipe = compose(f"trainer.checkpoint_dir={tmp / 'ck'}", *overrides)
     recipe, built_objective, dataset = build_run(recipe)
