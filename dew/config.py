@@ -279,10 +279,12 @@ class Ramp:
                 raise ValueError(f"trainer.batch_ramp.{name}={getattr(self, name)} must be positive")
 
     def stages(self, batch_size: int) -> list[tuple[int, int]]:
-        """``(batch, records)`` for each stage, the last one at ``batch_size`` with no end."""
+        """``(global batch, steps)`` for each stage: the ramp's records spread evenly over its stages,
+        each stage's steps rounded up (at least one); the last, at ``batch_size``, has steps 0 and
+        lasts to the end of the run."""
         sizes = list(range(self.start, batch_size, self.increment))
         per_stage = self.records // max(len(sizes), 1)
-        return [(b, per_stage) for b in sizes] + [(batch_size, 0)]
+        return [(b, max(1, math.ceil(per_stage / b))) for b in sizes] + [(batch_size, 0)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,6 +423,11 @@ class TrainerConfig:
         if self.name is not None:
             _check_run_name(self.name)
 
+    def stages(self) -> list[tuple[int, int]]:
+        """``(global batch, steps)`` per stage of the batch ramp; the last stage (steps 0) lasts to
+        the end of the run. Without a ramp, one stage at ``batch_size``."""
+        return self.batch_ramp.stages(self.batch_size) if self.batch_ramp else [(self.batch_size, 0)]
+
     # The three lengths below read only the dataset's record count: they are what the spec's
     # stream rules are about.
     def _steps_per_epoch(self, dataset: Dataset, field: str) -> int:
@@ -460,10 +467,8 @@ class TrainerConfig:
 def records_to_steps(trainer: TrainerConfig, records: int) -> int:
     """Optimizer updates that consume ``records`` (at least one), the batch ramp included."""
     steps, left = 0, records
-    stages = trainer.batch_ramp.stages(trainer.batch_size) if trainer.batch_ramp else [(trainer.batch_size, 0)]
-    for batch, span in stages:
-        n = math.ceil(span / batch) if span else left // batch
-        n = min(n, left // batch)
+    for batch, n in trainer.stages():
+        n = min(n or left // batch, left // batch)
         steps, left = steps + n, left - n * batch
         if left < batch:
             break

@@ -245,6 +245,10 @@ def test_trainer_lengths():
     # 16 records a stage: 4 steps of 4, 2 of 8, 2 of 12 (ceil 16/12: 24 records), so 56 records in
     # 8 steps; the 49 left give 3 full steps of 16.
     assert ramp.total_steps(Data()) == 4 + 2 + 2 + 3
+    assert ramp.stages() == [(4, 4), (8, 2), (12, 2), (16, 0)]
+    # A ramp spanning fewer records than it has stages still takes one step at each stage.
+    assert Ramp(start=4, increment=4, records=2).stages(16) == [(4, 1), (8, 1), (12, 1), (16, 0)]
+    assert TrainerConfig(steps=3, batch_size=16).stages() == [(16, 0)]
 
 
 def test_records_need_their_required_fields():

@@ -13,7 +13,6 @@ step late) and to evaluate or checkpoint.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -27,7 +26,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dew.config import RunConfig, TrainerConfig
+from dew.config import RunConfig
 from dew.data.base import Dataset
 from dew.models.qk import LAYER as QK_LAYER
 from dew.models.qk import qk_clip_layers
@@ -77,13 +76,6 @@ class TrainState:
 
 
 # ------------------------------------------------------------------------------------ the batch ramp
-
-
-def ramp_stages(trainer: TrainerConfig) -> list[tuple[int, int]]:
-    """``(global batch, steps)`` per stage; the last stage (steps 0) lasts to the end of the run."""
-    if trainer.batch_ramp is None:
-        return [(trainer.batch_size, 0)]
-    return [(b, math.ceil(span / b) if span else 0) for b, span in trainer.batch_ramp.stages(trainer.batch_size)]
 
 
 def batch_at(stages: Sequence[tuple[int, int]], step: int) -> int:
@@ -220,7 +212,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t)
-    for batch, _ in ramp_stages(t):
+    for batch, _ in t.stages():
         sharding.check_batch(batch // t.accumulation, mesh, t.layout,
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
     abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
@@ -238,7 +230,7 @@ def _qk_layers(run: RunConfig, tau: float | None) -> dict[str, QKClipLayer] | No
 def _optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
     tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
     return build_optimizer(run.optim, params, total_steps=total_steps,
-                           tokens_seen=tokens_seen_fn(ramp_stages(run.trainer), tokens_per_record))
+                           tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record))
 
 
 def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
@@ -257,7 +249,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
 
     # (2) The model, the optimizer and the mesh. -------------------------------------------------
     mesh = sharding.make_mesh(t)
-    stages = ramp_stages(t)
+    stages = t.stages()
     model = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
                         quantization=t.quantization, lora=run.lora, seed=t.seed)
     graphdef, params, rest = nnx.split(model, adapt.trainable(run.lora), ...)
