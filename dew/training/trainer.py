@@ -78,12 +78,13 @@ class TrainState:
 # ------------------------------------------------------------------------------------ the batch ramp
 
 
-def batch_at(stages: Sequence[tuple[int, int]], step: int) -> int:
-    for batch, steps in stages:
+def stage_at(stages: Sequence[tuple[int, int]], step: int) -> int:
+    """The index of the ramp stage that ``step`` trains in."""
+    for i, (_, steps) in enumerate(stages):
         if steps == 0 or step < steps:
-            return batch
+            return i
         step -= steps
-    return stages[-1][0]
+    return len(stages) - 1
 
 
 def tokens_seen_fn(stages: Sequence[tuple[int, int]], tokens_per_record: float) -> Callable[[jax.Array], jax.Array]:
@@ -319,7 +320,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     def meta() -> dict[str, Any]:
         data_state = iterator.get_state() if dataset.resumable else None
         return {"step": step, "records": records, "data": _plain(data_state), "wandb_id": tracker.wandb_id,
-                "ramp_stage": _stage_index(stages, step), "total_steps": total_steps}
+                "ramp_stage": stage_at(stages, step), "total_steps": total_steps}
 
     def check_finite(state: TrainState) -> None:
         bad = int(jax.device_get(state.nonfinite_step))
@@ -352,7 +353,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             if t.profile is not None and step == t.profile.warmup and not profiling:
                 jax.profiler.start_trace(os.path.expanduser(t.profile.directory))
                 profiling = True
-            batch_size = batch_at(stages, step)
+            batch_size = stages[stage_at(stages, step)][0]
             batch = _global(iterator.next(batch_size), batch_sharding)
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, step_metrics = train_step(state, batch)
@@ -417,14 +418,6 @@ def _global(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> d
     if jax.process_count() == 1:  # the whole batch is here: one transfer, as a hand-written loop does
         return jax.device_put(dict(batch), batch_sharding)
     return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch.items()}
-
-
-def _stage_index(stages: Sequence[tuple[int, int]], step: int) -> int:
-    for i, (_, steps) in enumerate(stages):
-        if steps == 0 or step < steps:
-            return i
-        step -= steps
-    return len(stages) - 1
 
 
 def _plain(value: Any) -> Any:
