@@ -255,6 +255,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
                         quantization=t.quantization, lora=run.lora, seed=t.seed)
     graphdef, params, rest = nnx.split(model, adapt.trainable(run.lora), ...)
     optimizer = _optimizer(run, dataset, params, total_steps)
+
     def init_state(params: Any) -> TrainState:
         return TrainState(
             step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.tx.init(params),
