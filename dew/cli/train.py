@@ -110,7 +110,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         recipe, objective, dataset = build_run(recipe)
         check(recipe, objective, dataset)
         run_dir = prepare_run_dir(recipe, name)
-    except (ConfigError, ValueError, FileNotFoundError, RunDirError) as err:
+    except (ConfigError, ValueError, OSError, RunDirError) as err:  # OSError: missing files, no network
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
         fail(str(err))

@@ -77,7 +77,7 @@ def download(name: str, directory: str) -> str:
             with urllib.request.urlopen(url, timeout=60) as response, open(part, "wb") as f:
                 shutil.copyfileobj(response, f, length=1 << 20)
         except (urllib.error.URLError, OSError) as e:
-            raise RuntimeError(
+            raise ConnectionError(
                 f"could not download {url} ({e}). Without network, download {ARCHIVE}, {LABELS} "
                 f"and {SETID} from {BASE_URL} elsewhere and put them in {directory} (or in a "
                 "directory named by data.root)") from e

@@ -46,3 +46,12 @@ def test_a_changed_config_is_refused_and_nothing_changes(workdir):
     assert "optim.learning_rate: 0.001 -> 0.5" in second.stderr and "Traceback" not in second.stderr
     after = {p: (workdir / p).stat().st_mtime_ns for p in tree(workdir) if (workdir / p).is_file()}
     assert after == before
+
+
+def test_no_network_and_no_files_says_what_to_download(workdir, tmp_path):
+    result = dew("data=oxford_flowers102", f"data.cache_dir={tmp_path / 'cache'}", "trainer.steps=2",
+                 "trainer.checkpoint_dir=ck", cwd=workdir, timeout=300)
+    assert result.returncode != 0
+    assert "Without network, download 102flowers.tgz, imagelabels.mat and setid.mat" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert tree(workdir) == []

@@ -119,7 +119,7 @@ def test_env_var_sets_cache_and_download_verifies(tmp_path, monkeypatch):
 
 def test_no_network_says_what_to_download(tmp_path, monkeypatch):
     monkeypatch.setattr(flowers, "BASE_URL", "http://127.0.0.1:9/")
-    with pytest.raises(RuntimeError, match=r"could not download .*102flowers.tgz.*Without network, "
+    with pytest.raises(ConnectionError, match=r"could not download .*102flowers.tgz.*Without network, "
                                            r"download 102flowers.tgz, imagelabels.mat and setid"):
         OxfordFlowers102(cache_dir=str(tmp_path), resolution=R).load(2, 0)
 
