@@ -51,8 +51,21 @@ def register_configs() -> None:
     for name, cls in schedules.items():
         cs.store(group="schema/schedule", name=name, node=member_schema(cls))
     register_resolvers()
+    OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
     OmegaConf.register_new_resolver("dew_sweep", _sweep_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
+
+
+def _group_listing() -> str:
+    """The user's config groups and their options, for --help (Hydra's own listing also shows the
+    schema groups, which are dew's plumbing, not choices)."""
+    root = Path(conf_dir())
+    lines = []
+    for folder in sorted(p for p in root.rglob("*") if p.is_dir() and not p.relative_to(root).parts[0] == "hydra"):
+        options = sorted(f.stem for f in folder.glob("*.yaml"))
+        if options:
+            lines.append(f"{folder.relative_to(root).as_posix()}: {', '.join(options)}")
+    return "\n".join(lines)
 
 
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -46,6 +46,7 @@ def test_help_lists_groups_and_options(workdir: Path):
                  "data: digits, oxford_flowers102, text_stream, token_windows",
                  "optim/schedule: cosine, linear, power", "optim: adam, adamw, lamb, muon, muonclip"]:
         assert line in result.stdout, result.stdout
+    assert "schema/" not in result.stdout  # dew's plumbing is not a choice
     assert tree(workdir) == []
 
 
