@@ -210,7 +210,8 @@ class MeshSpec:
     fsdp: int = 1
     """Fully-sharded data parallel: parameters and optimizer state sharded, batch split too."""
     tensor: int = 1
-    """Tensor parallel: matrices split along their hidden dimension, where the model declares it."""
+    """Tensor parallel: matrices split along their hidden dimension, where the model declares it (no
+    registered architecture declares it yet, so a size above 1 is refused)."""
 
     def __post_init__(self) -> None:
         sizes = dataclasses.asdict(self)
@@ -219,9 +220,6 @@ class MeshSpec:
                 raise ValueError(f"trainer.mesh.{axis}={size} must be a positive size or -1")
         if sum(s == -1 for s in sizes.values()) > 1:
             raise ValueError(f"trainer.mesh: at most one axis may be -1, got {sizes}")
-
-    def axis_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self))
 
     def shape(self, device_count: int) -> dict[str, int]:
         """The axis sizes over ``device_count`` devices; raises if they do not multiply to it."""
@@ -248,8 +246,6 @@ class Layout:
     dimension that divides; False replicates them."""
     min_shard_size: int = 1024
     """Parameters with fewer elements stay replicated."""
-    tensor_parallel: bool = True
-    """Split matrices the model declares over the tensor axis."""
 
     def __post_init__(self) -> None:
         allowed = tuple(f.name for f in dataclasses.fields(MeshSpec))

@@ -71,6 +71,16 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+# What each scalar type accepts; bool is an int subclass, so it is neither an int nor a float here.
+_SCALARS: dict[Any, Any] = {
+    type(None): lambda v: v is None,
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+}
+
+
 def from_json(tp: Any, value: object, path: str = "") -> Any:
     """Read ``value`` as type ``tp``; raise ConfigError naming ``path`` if it does not fit."""
     origin = typing.get_origin(tp)
@@ -109,25 +119,9 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
         if len(errors) == 1:
             raise errors[0]
         _fail(path, tp, value)
-    if tp is type(None):
-        if value is None:
-            return None
-        _fail(path, tp, value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        _fail(path, tp, value)
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        _fail(path, tp, value)
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        _fail(path, tp, value)
-    if tp is str:
-        if isinstance(value, str):
-            return value
+    if tp in _SCALARS:
+        if _SCALARS[tp](value):
+            return float(value) if tp is float else value
         _fail(path, tp, value)
     if origin is tuple:
         args = typing.get_args(tp)
