@@ -3,7 +3,8 @@
 A dataset here is a set of ``Records``: ``num_records`` of them, addressed by index, and a
 ``gather`` that turns an int64 index array into a batch in one vectorised read (an array fancy-index
 for images, ``tokens[idx[:, None] * L + arange(L + 1)]`` for token windows). The read path is
-design.md's grain recipe: shuffle the indices, batch the indices, gather once per batch.
+the recipe in docs/architecture.md ("data order"): shuffle the indices, batch the indices, gather once
+per batch.
 
 The training stream is a sequence of *positions* 0, 1, 2, ...; position ``q`` reads record
 ``order(epoch)[q % n]`` with ``epoch = q // n``, where ``order(epoch)`` is a fresh permutation of the

@@ -7,7 +7,7 @@ complete, so a save killed mid-write never corrupts an earlier checkpoint; saves
 
 Retention: orbax's ``max_to_keep`` together with ``best_fn`` keeps the N *best* and deletes newer,
 worse checkpoints (a resumed run could go back in time), so the policy here is "N latest OR the
-best" (design.md). ``best_fn`` is still given: without it, orbax writes no metrics.
+best" (docs/architecture.md, "Decisions"). ``best_fn`` is still given: without it, orbax writes no metrics.
 """
 
 from __future__ import annotations

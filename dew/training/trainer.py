@@ -5,7 +5,7 @@ compiled step and evaluation, (4) resume from the latest checkpoint, (5) the loo
 metrics one step late, evaluation, checkpoints, (6) the end: final evaluation and checkpoint.
 
 The step is a pure function of (state, batch), jitted once per batch shape with the state donated
-(design.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
+(docs/architecture.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
 happens, and it never waits on the device except to fetch metrics every ``log_every`` steps (one
 step late) and to evaluate or checkpoint.
 """
