@@ -25,6 +25,7 @@ from typing import Any
 import qwix
 from flax import nnx
 
+from dew import compat
 from dew.config import LoRA, Quantization
 from dew.training import quantization as quant
 
@@ -44,9 +45,10 @@ class _QtBase(qwix.PtqProvider):
     dot_general = qwix.QtProvider.dot_general
     einsum = qwix.QtProvider.einsum
     conv_general_dilated = qwix.QtProvider.conv_general_dilated
-    _create_dot_general_qt_config = qwix.QtProvider._create_dot_general_qt_config
-    _create_conv_general_qt_config = qwix.QtProvider._create_conv_general_qt_config
-    _update_and_get_quant_stat = qwix.QtProvider._update_and_get_quant_stat
+
+
+for _name, _method in compat.qwix_qt_provider_private().items():  # the private methods those matmuls call
+    setattr(_QtBase, _name, _method)
 
 
 class QLoraProvider(quant.ExactWeights, qwix.LoraProvider, _QtBase):

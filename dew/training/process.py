@@ -7,15 +7,10 @@ import collections
 import logging
 import os
 
+from dew import compat
 from dew.config import TrainerConfig
 
 log = logging.getLogger("dew")
-
-
-def _backends_started() -> bool:
-    from jax._src import xla_bridge  # no public query; checked so a late flag is an error, not ignored
-
-    return bool(xla_bridge._backends)
 
 
 def prepare_process(trainer: TrainerConfig) -> None:
@@ -25,7 +20,7 @@ def prepare_process(trainer: TrainerConfig) -> None:
     if trainer.xla_flags:
         current = os.environ.get("XLA_FLAGS", "")
         if trainer.xla_flags not in current:
-            if _backends_started():
+            if compat.jax_backends_started():  # a late flag is an error, not ignored
                 raise RuntimeError(f"trainer.xla_flags={trainer.xla_flags!r}: JAX already opened a backend in "
                                    "this process, so XLA would ignore them; set XLA_FLAGS before starting")
             os.environ["XLA_FLAGS"] = f"{current} {trainer.xla_flags}".strip()
@@ -71,9 +66,8 @@ def _cluster_configured() -> bool:
 
 def _join_process_pool(multi_host: bool | None) -> None:
     import jax
-    from jax._src import distributed
 
-    if multi_host is False or distributed.global_state.client is not None:
+    if multi_host is False or compat.jax_distributed_client() is not None:
         return
     if multi_host is None and not _cluster_configured():
         return

@@ -31,8 +31,7 @@ from typing import Any
 import jax
 import qwix
 from flax import nnx
-from qwix._src.utils import flax_util
-
+from dew import compat
 from dew.config import Quantization
 
 
@@ -59,6 +58,7 @@ def one_weight_per_matmul(operands: tuple[Any, ...]) -> Iterator[None]:
     that traces back to it keeps the claim, else the last operand (the kernel in ``nnx.Linear``,
     ``LinearGeneral``, ``Conv`` and dew's ``einsum`` calls); the others are activations.
     """
+    flax_util = compat.qwix_flax_util()
     shape_or_trace = flax_util.find_param
     names = [shape_or_trace(x) if hasattr(x, "shape") else None for x in operands]
     activations: set[int] = set()
@@ -76,11 +76,8 @@ def one_weight_per_matmul(operands: tuple[Any, ...]) -> Iterator[None]:
     def find_param(x: Any, ptq_array_type: Any = None) -> str | None:
         return None if id(x) in activations else shape_or_trace(x, ptq_array_type)
 
-    flax_util.find_param = find_param
-    try:
+    with compat.qwix_find_param(find_param):
         yield
-    finally:
-        flax_util.find_param = shape_or_trace
 
 
 class ExactWeights:

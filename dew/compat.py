@@ -1,0 +1,73 @@
+"""Every place dew reaches into a library's internals, in one module.
+
+Each of these has no public equivalent in the version dew was written against (``WRITTEN_FOR``);
+``tests/test_compat.py`` checks that every one of them is still where dew expects it, so a dependency
+update that moves one fails there, loudly and by name, instead of somewhere deep in a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8"}
+"""The versions whose internals the functions below were written against."""
+
+
+# ------------------------------------------------------------------------------------------- jax
+
+
+def jax_backends_started() -> bool:
+    """Whether this process already opened a JAX backend (after which XLA flags and
+    ``jax_num_cpu_devices`` are ignored). jax has no public query for it."""
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge._backends)
+
+
+def jax_distributed_client() -> Any:
+    """The client of the JAX process pool this process joined, or None before
+    ``jax.distributed.initialize`` (jax has no public "is initialized" query)."""
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+# ------------------------------------------------------------------------------------------ qwix
+
+
+def qwix_flax_util() -> Any:
+    """qwix's flax helpers: ``find_param`` (is this operand a parameter of the current module?),
+    ``get_current_module`` and ``unbox``, which ``dew.training.quantization`` needs to tell a weight
+    from an activation of the same shape."""
+    from qwix._src.utils import flax_util
+
+    return flax_util
+
+
+@contextlib.contextmanager
+def qwix_find_param(find_param: Callable[..., str | None]) -> Iterator[None]:
+    """Within: qwix asks ``find_param`` instead of its own which operand of a matmul is a weight.
+    qwix reads the module global at every call, so the replacement is a patch of that global,
+    restored on exit."""
+    flax_util = qwix_flax_util()
+    original = flax_util.find_param
+    flax_util.find_param = find_param
+    try:
+        yield
+    finally:
+        flax_util.find_param = original
+
+
+QT_PROVIDER_PRIVATE = ("_create_dot_general_qt_config", "_create_conv_general_qt_config",
+                       "_update_and_get_quant_stat")
+"""``qwix.QtProvider``'s private methods its matmuls call; a provider that borrows those matmuls
+under another base class (dew's quantized LoRA) must borrow these too."""
+
+
+def qwix_qt_provider_private() -> dict[str, Callable[..., Any]]:
+    """``QT_PROVIDER_PRIVATE`` of ``qwix.QtProvider``, by name."""
+    import qwix
+
+    return {name: getattr(qwix.QtProvider, name) for name in QT_PROVIDER_PRIVATE}
