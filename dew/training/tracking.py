@@ -9,10 +9,12 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -31,6 +33,23 @@ def tracking_dir(trainer: TrainerConfig) -> epath.Path:
         return epath.Path(path)
     root = os.path.abspath(trainer.checkpoint_dir)
     return epath.Path(os.path.join(os.path.dirname(root), "tracking"))
+
+
+ARTIFACT_NAME_MAX = 128
+"""The longest artifact name the W&B registry takes."""
+
+
+def artifact_name(name: str) -> str:
+    """The W&B artifact name of run ``name``: slashes and spaces become ``-`` (the spec's rule), and
+    so does every other character the registry refuses (it takes letters, digits, ``-``, ``_`` and
+    ``.``: a sweep job's ``lr=0.001,seed=1`` holds two it refuses). A name that needed a replacement
+    ends with 8 hex digits of the original's SHA-256, so two runs whose names differ only where
+    characters were replaced (``a/b`` and ``a b``) still publish two artifacts."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+    if safe == name and len(name) <= ARTIFACT_NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{safe[:ARTIFACT_NAME_MAX - len(digest) - 1]}-{digest}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -110,8 +129,7 @@ class Tracker:
             return
         import wandb
 
-        artifact = wandb.Artifact(name.replace("/", "-").replace(" ", "-"), type="model",
-                                  metadata={"step": step})
+        artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
         artifact.add_reference(f"file://{os.path.abspath(path)}")
         self.wandb_run.log_artifact(artifact)
 
