@@ -151,7 +151,7 @@ def fail(message: str) -> None:
 
 def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
-    from dew.training.rundir import RunDirError, prepare_run_dir, write_hydra_record
+    from dew.training.rundir import RunDirError, prepare_run_dir, trained_objective, write_hydra_record
 
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     job_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -167,7 +167,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 
         recipe, objective, dataset = build_run(recipe)
         check(recipe, objective, dataset)
-        run_dir = prepare_run_dir(recipe, name)
+        run_dir = prepare_run_dir(recipe, name, trains=trained_objective(recipe, objective))
     except (ConfigError, ValueError, OSError, RunDirError) as err:  # OSError: missing files, no network
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job

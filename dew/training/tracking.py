@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from etils import epath
@@ -91,7 +91,7 @@ class Tracker:
 
     def __init__(self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any],
                  summary: Mapping[str, object], total_steps: int, resume_step: int | None,
-                 wandb_id: str | None, is_main: bool) -> None:
+                 wandb_id: str | None, is_main: bool, changed: Sequence[str] = ()) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
         self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl", resume_step=resume_step) if is_main else None
@@ -109,7 +109,9 @@ class Tracker:
             )
             self.wandb_id = self.wandb_run.id
         self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
-        self.event("resume" if resume_step is not None else "start", step=resume_step or 0)
+        # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
+        self.event("resume" if resume_step is not None else "start", step=resume_step or 0,
+                   **({"changed": list(changed)} if changed else {}))
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None:

@@ -35,7 +35,7 @@ from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.process import compilation_cache_stats, prepare_process
-from dew.training.rundir import prepare_run_dir
+from dew.training.rundir import prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
 from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.tracking import Throughput, Tracker, peak_flops
 
@@ -244,7 +244,10 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     prepare_process(t)  # before anything opens a JAX backend
     total_steps, eval_every, ckpt_every = check(run, objective, dataset)
     is_main = jax.process_index() == 0
-    path = prepare_run_dir(run, name, write=is_main)
+    trains = trained_objective(run, objective)
+    recorded = read_record(run_dir(run, name))
+    path = prepare_run_dir(run, name, write=is_main, trains=trains)
+    changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     _log_to_file(path)
     checkpoints = Checkpoints(path, keep=t.keep)
 
@@ -316,7 +319,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         log.info("resuming %s from step %d (%d records consumed)", name, latest, records)
     step = int(jax.device_get(state.step))
     tracker = Tracker(t, name, record=run.to_dict(), summary=summary or {}, total_steps=total_steps,
-                      resume_step=latest, wandb_id=wandb_id, is_main=is_main)
+                      resume_step=latest, wandb_id=wandb_id, is_main=is_main, changed=changed)
 
     def meta() -> dict[str, Any]:
         data_state = iterator.get_state() if dataset.resumable else None
