@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import posixpath
 from typing import Any
 
 from etils import epath
@@ -23,13 +24,27 @@ class RunDirError(ValueError):
     """A run directory that cannot take this run."""
 
 
+def is_local(path: str) -> bool:
+    """Whether ``path`` is on this machine's filesystem, not a URL (``gs://bucket/runs``)."""
+    return "://" not in path
+
+
+def absolute(path: str) -> epath.Path:
+    """``path`` made absolute when it is local; a URL as it is (``os.path.abspath`` would make
+    ``gs://b/runs`` the local folder ``<cwd>/gs:/b/runs``)."""
+    return epath.Path(os.path.abspath(path) if is_local(path) else path.rstrip("/"))
+
+
 def run_dir(config: RunConfig, name: str) -> epath.Path:
-    """``checkpoint_dir/name``; a name that would escape checkpoint_dir is refused."""
-    root = os.path.abspath(config.trainer.checkpoint_dir)
-    path = os.path.abspath(os.path.join(root, name))
-    if os.path.commonpath([root, path]) != root or path == root:
+    """``checkpoint_dir/name``, local or any filesystem epath reaches; a name that would escape
+    checkpoint_dir is refused."""
+    root = os.fspath(absolute(config.trainer.checkpoint_dir))
+    scheme, _, rest = root.rpartition("://")
+    inner = rest if scheme else root  # the path part of a URL: the same containment rule
+    path = posixpath.normpath(posixpath.join(inner, name)) if scheme else os.path.abspath(os.path.join(root, name))
+    if os.path.commonpath([inner, path]) != inner or path == inner:
         raise RunDirError(f"run name {name!r} escapes trainer.checkpoint_dir={config.trainer.checkpoint_dir!r}")
-    return epath.Path(path)
+    return epath.Path(f"{scheme}://{path}" if scheme else path)
 
 
 def differences(old: Any, new: Any, prefix: str = "") -> list[str]:

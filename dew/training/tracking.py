@@ -23,6 +23,7 @@ from typing import Any
 from etils import epath
 
 from dew.config import TrainerConfig
+from dew.training.rundir import absolute, is_local
 
 log = logging.getLogger("dew")
 
@@ -31,8 +32,7 @@ def tracking_dir(trainer: TrainerConfig) -> epath.Path:
     """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
     if path := os.environ.get("DEW_TRACKING_DIR"):
         return epath.Path(path)
-    root = os.path.abspath(trainer.checkpoint_dir)
-    return epath.Path(os.path.join(os.path.dirname(root), "tracking"))
+    return absolute(trainer.checkpoint_dir).parent / "tracking"
 
 
 ARTIFACT_NAME_MAX = 128
@@ -71,7 +71,7 @@ class Journal:
             kept = [line for line in path.read_text().splitlines()
                     if line and json.loads(line).get("step", 0) <= resume_step]
             path.write_text("".join(line + "\n" for line in kept))
-        self._file = open(os.fspath(path), "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close(); epath: any filesystem it reaches
 
     def write(self, record: Mapping[str, Any]) -> None:
         self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
@@ -104,7 +104,9 @@ class Tracker:
             self.wandb_run = wandb.init(
                 project=cfg.project, entity=cfg.entity, name=name, id=wandb_id, resume="allow",
                 mode="offline" if cfg.offline else "online",
-                dir=os.fspath(tracking_dir(trainer) / name),
+                # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
+                # when the tracking directory is not local (gs://).
+                dir=os.fspath(tracking_dir(trainer) / name) if is_local(os.fspath(tracking_dir(trainer))) else None,
                 config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
             )
             self.wandb_id = self.wandb_run.id
@@ -132,7 +134,7 @@ class Tracker:
         import wandb
 
         artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
-        artifact.add_reference(f"file://{os.path.abspath(path)}")
+        artifact.add_reference(f"file://{os.path.abspath(path)}" if is_local(path) else path)
         self.wandb_run.log_artifact(artifact)
 
     def close(self) -> None:

@@ -35,7 +35,9 @@ from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.process import compilation_cache_stats, prepare_process
-from dew.training.rundir import prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
+from dew.training.rundir import (
+    is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
+)
 from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.tracking import Throughput, Tracker, peak_flops
 
@@ -438,6 +440,9 @@ def _plain(value: Any) -> Any:
 def _log_to_file(path: epath.Path) -> None:
     """Append this process's log to ``<run>/train.log`` (process index in the name past process 0)."""
     index = jax.process_index()
+    if not is_local(os.fspath(path)):  # a logging.FileHandler streams to a local file only
+        log.info("the run directory %s is not local: no train.log (the journal and stderr have the log)", path)
+        return
     filename = os.fspath(path / ("train.log" if index == 0 else f"train.{index}.log"))
     root = logging.getLogger()
     if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):
