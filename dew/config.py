@@ -82,6 +82,13 @@ class ModelConfig:
         except ValueError as err:
             raise ConfigError(f"model.architecture: {err}") from None
         resolve_fields(self.architecture, self.config)  # raises naming the field at fault
+        for name, value in self._precision().items():
+            # One setting, two places: the one that built the model and the one MFU and the record
+            # read must not disagree (a silent float32 run reported as bfloat16).
+            if name in self.config and self.config[name] != value:
+                raise ConfigError(
+                    f"model.config.{name}={self.config[name]!r} disagrees with model.{name}={value!r}: "
+                    f"set the precision once, as model.{name} (or give both the same value)")
 
     def _precision(self) -> dict[str, object]:
         from dew.models.registry import architecture
@@ -481,6 +488,30 @@ def _check_run_name(name: str) -> None:
 # ----------------------------------------------------------------------------------------------- run
 
 
+def _written_by(cls: type, values: object, directory: str) -> str:
+    """For a record ``cls`` cannot read: which subclass of RunConfig wrote it (the one whose fields
+    are exactly the record's) and how to load it; empty when none is known. dew-train's ``Recipe``
+    is imported here so that its records are recognised from a plain ``RunConfig.load``."""
+    import importlib
+
+    importlib.import_module("dew.recipe")
+    if not isinstance(values, Mapping):
+        return ""
+    pending, seen = list(RunConfig.__subclasses__()) + [RunConfig], []
+    while pending:
+        sub = pending.pop()
+        pending.extend(sub.__subclasses__())
+        if sub is not cls and sub not in seen:
+            seen.append(sub)
+    for sub in seen:
+        if {f.name for f in dataclasses.fields(sub) if f.init} == set(values):
+            where = f"{sub.__module__}.{sub.__qualname__}"
+            return (f"\nThis record was written by {where} (not {cls.__qualname__}); load it as that class: "
+                    f"{where}.load({directory!r})")
+    return ""
+
+
+
 @dataclasses.dataclass(frozen=True)
 class LoRA:
     """A low-rank adapter (qwix): a delta B·A of rank ``rank`` on each targeted module's weight."""
@@ -562,7 +593,7 @@ class RunConfig:
         try:
             return cls.from_dict(values)
         except ConfigError as err:
-            raise ConfigError(f"{os.fspath(path)}: {err}") from None
+            raise ConfigError(f"{os.fspath(path)}: {err}{_written_by(cls, values, directory)}") from None
 
     def train(self, objective: Any, dataset: Dataset, *, name: str, metrics: Sequence[Any] = (),
               summary: Mapping[str, object] | None = None) -> Any:

@@ -1,4 +1,5 @@
-"""Writing samples of a trained run to its directory: a PNG grid for images, a text file for tokens."""
+"""Writing samples of a trained run to its directory: a PNG grid for images, a text file for tokens.
+Both go through epath, so a run directory on any filesystem epath reaches (gs://) takes them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 from typing import Any
 
 import jax
+from etils import epath
 
 from dew.objectives.flow_matching import write_grid
 
@@ -21,6 +23,5 @@ def write_text_samples(objective: Any, model: Any, run_dir: Any, *, seed: int, n
     """The objective's ``samples`` knob of sequences, decoded, one block each, in ``run_dir``."""
     _, texts = objective.sample_text(model, jax.random.PRNGKey(seed + 3))
     path = os.fspath(run_dir) + "/" + name
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts)))
+    epath.Path(path).write_text("".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts)))
     return path

@@ -92,6 +92,7 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{path}: expected JSON ({_type_name(inner)}), found invalid JSON "
                                   f"{value!r}: {err.msg}") from None
+            value = with_defaults(inner, value)
         return from_json(inner, value, path)
     if tp is Any or tp is object:
         return value
@@ -145,6 +146,32 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_from_json(tp, value, path)
     raise TypeError(f"{path}: dew cannot read values of type {tp!r}")
+
+
+def with_defaults(tp: Any, value: object) -> object:
+    """``value`` with the records in it completed by their dataclass defaults.
+
+    For a JSON string a user typed (``optim.param_groups='[{"pattern": "bias"}]'``), not for a
+    record: a run record must carry every field, so ``from_json`` still refuses one that lacks any.
+    """
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return with_defaults(typing.get_args(tp)[0], value)
+    if origin is tuple and isinstance(value, list):
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return [with_defaults(args[0], v) for v in value]
+        return [with_defaults(a, v) for a, v in zip(args, value)] + value[len(args):]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and registry_of(tp) is None and isinstance(value, Mapping):
+        out = dict(value)
+        for f in dataclasses.fields(tp):
+            if f.init and f.name not in out:
+                if f.default is not dataclasses.MISSING:
+                    out[f.name] = to_json(f.default)
+                elif f.default_factory is not dataclasses.MISSING:
+                    out[f.name] = to_json(f.default_factory())
+        return out
+    return value
 
 
 def _dataclass_from_json(cls: type, value: object, path: str) -> Any:

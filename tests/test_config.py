@@ -205,10 +205,31 @@ def test_param_groups_accept_a_json_list():
 
 
 def test_model_fields_and_precision_settings():
-    m = ModelConfig(config={"depth": 2, "dtype": "float32"}, param_dtype="bfloat16")
+    m = ModelConfig(config={"depth": 2, "dtype": "float32"}, dtype="float32", param_dtype="bfloat16")
     assert m.fields() == {"depth": 2, "dtype": "float32", "param_dtype": "bfloat16", "attention_impl": "auto"}
     assert m.precision_settings() == frozenset({"param_dtype", "attention_impl"})
     assert ModelConfig.from_dict(m.__class__(**{**dataclasses.asdict(m)}).__dict__) == m
+
+
+def test_a_precision_set_twice_must_agree():
+    """model.dtype and model.config.dtype are one setting: disagreeing is an error naming both."""
+    with pytest.raises(ConfigError, match=r"model.config.dtype='float32' disagrees with model.dtype='bfloat16'"):
+        ModelConfig(config={"dtype": "float32"}, dtype="bfloat16")
+    with pytest.raises(ConfigError, match=r"model.config.param_dtype='float32' disagrees with "
+                                          r"model.param_dtype='bfloat16'"):
+        ModelConfig("transformer", {"param_dtype": "float32"}, dtype="float32", param_dtype="bfloat16")
+    assert ModelConfig(config={"dtype": "float32"}, dtype="float32").fields()["dtype"] == "float32"
+    # Unset on the ModelConfig side (param_dtype None): the config's own value stands alone.
+    assert ModelConfig(config={"param_dtype": "bfloat16"}, dtype="bfloat16").fields()["param_dtype"] == "bfloat16"
+
+
+def test_load_of_a_subclass_record_names_the_class_that_wrote_it(tmp_path):
+    from dew.recipe import Recipe
+
+    Recipe().save(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"written by dew\.recipe\.Recipe .*dew\.recipe\.Recipe\.load\("):
+        RunConfig.load(str(tmp_path))
+    assert Recipe.load(str(tmp_path)) == Recipe()
 
 
 def test_load_errors_name_the_file(tmp_path):

@@ -9,6 +9,8 @@ nothing written (Hydra itself writes nothing: see conf/config.yaml).
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import logging
 import os
 import re
@@ -22,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dew.cli.json_args import json_fields, quote_json_overrides
 from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.data.specs import datasets
 from dew.recipe import Recipe
@@ -52,7 +55,7 @@ def register_configs() -> None:
         cs.store(group="schema/schedule", name=name, node=member_schema(cls))
     register_resolvers()
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
-    OmegaConf.register_new_resolver("dew_sweep", _sweep_name, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("dew_sweep", _sweep_name, replace=True)
     OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
 
 
@@ -70,22 +73,64 @@ def _group_listing() -> str:
 
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
+SWEEP_ENV = "DEW_SWEEP"
+"""The environment variable that carries a sweep's directory name and swept keys from the process
+that starts the sweep to every job (the basic launcher's, in the same process, and submitit's, in
+processes that inherit the environment), so that all agree on one directory."""
 
-def _sweep_name(name: str | None, checkpoint_dir: str) -> str:
-    """A sweep's directory under checkpoint_dir: the run name, else one per sweep start that no
-    earlier sweep holds (resolved once per process: every job of the sweep gets the same)."""
-    if name:
-        return name
-    candidate, n = f"sweep-{_STAMP}", 1
+FIXED_KEYS = ("trainer.name", "trainer.checkpoint_dir", "experiment")
+"""Overrides a job directory's name leaves out when no sweep record says which keys were swept."""
+
+JOB_NAME_MAX = 120
+"""Longest job directory name (most filesystems take 255 bytes per path component)."""
+
+
+def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> str:
+    """A sweep's directory under checkpoint_dir: ``<name>-sweep-<time>`` (``sweep-<time>`` for an
+    unnamed run), one that no earlier sweep holds and never a run directory, so a sweep over a
+    named experiment does not write into the run that name already holds.
+
+    Resolved first in the process that starts the sweep, where ``overrides`` are the command line's
+    own (``optim.learning_rate=1e-3,3e-3``); that process records the name and the swept keys in
+    $DEW_SWEEP for every job (``_job_dirname``).
+    """
+    if known := os.environ.get(SWEEP_ENV):
+        return json.loads(known)["dir"]
+    base = f"{name}-sweep-{_STAMP}" if name else f"sweep-{_STAMP}"
+    candidate, n = base, 1
     while os.path.exists(os.path.join(checkpoint_dir, candidate)):
         n += 1
-        candidate = f"sweep-{_STAMP}-{n}"
+        candidate = f"{base}-{n}"
+    parts = Path(candidate).parts
+    for depth in range(1, len(parts) + 1):  # a name like a/b puts the sweep inside run a
+        inside = os.path.join(checkpoint_dir, *parts[:depth])
+        if os.path.exists(os.path.join(inside, "run.json")):
+            raise ValueError(f"trainer.name={name!r}: the sweep's directory {candidate!r} would lie inside the run "
+                             f"{inside}; a sweep never writes into a run directory: name it elsewhere")
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
+    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
+    os.environ[SWEEP_ENV] = json.dumps({"dir": candidate, "swept": swept})
     return candidate
 
 
-def _job_dirname(num: Any, overrides: str) -> str:
-    """A sweep job's directory: its number and its overrides, made safe as one path component."""
-    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", str(overrides))[:120]
+def _job_dirname(num: Any, overrides: Any) -> str:
+    """A sweep job's directory: its number (unique in the sweep), then the swept keys with this
+    job's values (``0-optim.learning_rate=0.001``), made safe as one path component. Fixed
+    overrides are left out, so every job's name shows what tells it apart; the full list is in the
+    job's ``.hydra/overrides.yaml``. Without a sweep record, every override but ``FIXED_KEYS``."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    known = os.environ.get(SWEEP_ENV)
+    swept = set(json.loads(known)["swept"]) if known else None
+    parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
+    pairs = sorted((o.key_or_group, o.get_value_element_as_str()) for o in parsed
+                   if (o.key_or_group in swept if swept is not None else o.key_or_group not in FIXED_KEYS))
+    text = ",".join(f"{k}={v}" for k, v in pairs)
+    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
+    if len(safe) > JOB_NAME_MAX:  # keep the start readable; the hash keeps two long names apart
+        safe = f"{safe[:JOB_NAME_MAX - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
     return f"{num}-{safe}" if safe else str(num)
 
 
@@ -106,7 +151,7 @@ def fail(message: str) -> None:
 
 def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
-    from dew.training.rundir import RunDirError, prepare_run_dir, write_hydra_record
+    from dew.training.rundir import RunDirError, prepare_run_dir, trained_objective, write_hydra_record
 
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     job_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -122,7 +167,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 
         recipe, objective, dataset = build_run(recipe)
         check(recipe, objective, dataset)
-        run_dir = prepare_run_dir(recipe, name)
+        run_dir = prepare_run_dir(recipe, name, trains=trained_objective(recipe, objective))
     except (ConfigError, ValueError, OSError, RunDirError) as err:  # OSError: missing files, no network
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
@@ -140,6 +185,8 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 
 
 def main() -> None:
+    os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
+    sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     register_configs()
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 

@@ -33,10 +33,16 @@ SIDECAR = "tokens.json"
 _CHUNK = 1 << 24  # tokens scanned at a time by the vocabulary check (32-64 MB)
 
 
-def expand(pattern: str, field: str) -> list[str]:
-    """The files ``pattern`` names (a path or a glob), sorted; an error naming ``field`` if none."""
+MAKE_TOKENS = "make one from text files with: dew-prepare --out data/tiny corpus/*.txt (then data.path=data/tiny/train.bin)"
+"""How to make a token file, for the errors that find none."""
+
+
+def expand(pattern: str, field: str, *, how: str | None = None) -> list[str]:
+    """The files ``pattern`` names (a path or a glob), sorted; an error naming ``field`` if none,
+    ending with ``how`` to make one when given."""
     if not pattern:
-        raise ValueError(f"{field} is empty: give a token file or a glob over shards")
+        raise ValueError(f"{field} is empty: give a token file or a glob over shards"
+                         + (f"; {how}" if how else ""))
     paths = sorted(glob.glob(os.path.expanduser(pattern)))
     paths = [p for p in paths if os.path.isfile(p)]
     if not paths:

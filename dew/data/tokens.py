@@ -22,7 +22,7 @@ import numpy as np
 from dew.data.base import Batch
 from dew.data.pipeline import RecordDataset
 from dew.data.specs import TokenWindows
-from dew.data.token_files import check_vocabulary, expand, open_tokens, read_sidecar
+from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,7 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
     Every file is scanned once for ids outside the vocabulary, so a bad file fails here, naming
     the file and the token offset, not in the middle of a run.
     """
-    paths = expand(spec.path, "data.path")
+    paths = expand(spec.path, "data.path", how=MAKE_TOKENS)
     val_paths = expand(spec.val_path, "data.val_path") if spec.val_path else []
     if spec.val_path and spec.val_fraction:
         raise ValueError(f"data.val_path={spec.val_path!r} and data.val_fraction="

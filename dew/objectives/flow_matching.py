@@ -150,5 +150,8 @@ def write_grid(path: str, images: np.ndarray, rows: int, scale: int = 1) -> str:
     picture = Image.fromarray(grid[..., 0] if c == 1 else grid)
     if scale > 1:
         picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
-    picture.save(path)
+    from etils import epath
+
+    with epath.Path(path).open("wb") as f:  # through epath: a gs:// run directory takes it too
+        picture.save(f, format="PNG")
     return path

@@ -10,6 +10,7 @@ One optax chain per run, read top to bottom:
 
 The update rules are optax's where optax has them exactly (``scale_by_adam``,
 ``scale_by_trust_ratio``, Newton-Schulz orthogonalisation); what it lacks lives beside this file:
+``dew.training.layerwise`` (LAMB's trust ratio per layer of a stack),
 ``dew.training.muon`` (Keller Jordan's Muon momentum and routing, QK-clip) and
 ``dew.training.bf16`` (Adam moments in bfloat16 with stochastic rounding). Every option and default
 is listed in docs/optimizers.md.
@@ -30,6 +31,7 @@ import optax
 from dew.config import OptimConfig, ParamGroup
 from dew.training import muon as muon_lib
 from dew.training.bf16 import bf16_moments
+from dew.training.layerwise import scale_by_layerwise_trust_ratio
 from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.schedules import build_schedule
 
@@ -171,11 +173,12 @@ def _update_rule(config: OptimConfig, opts: Mapping[str, Any], rate: Schedule, d
         steps = [decayed, scale] if name == "adam" else [scale, decayed]  # L2 (Adam) vs decoupled (AdamW)
         return optax.chain(*steps, optax.scale_by_learning_rate(rate))
     if name == "lamb":
-        # You et al. 2020, Algorithm 2: r = m̂/(sqrt(v̂)+eps); u = r + λx; x -= lr·(||x||/||u||)·u.
+        # You et al. 2020, Algorithm 2: r = m̂/(sqrt(v̂)+eps); u = r + λx; x -= lr·(||x_l||/||u_l||)·u
+        # with one trust ratio per layer l, also inside a stack of layers (dew.training.layerwise).
         return optax.chain(
             optax.scale_by_adam(opts["b1"], opts["b2"], opts["eps"]),
             optax.add_decayed_weights(decay),
-            optax.scale_by_trust_ratio(),
+            scale_by_layerwise_trust_ratio(),
             optax.scale_by_learning_rate(rate),
         )
     if name in ("muon", "muonclip"):

@@ -2,13 +2,17 @@
 
 It holds ``run.json`` (the resolved config), the orbax step directories, Hydra's ``.hydra/`` and
 ``train.log``. Starting a run whose directory already holds a record resumes it when the config is
-the same and is refused, with the fields that differ, when it is not: nothing is overwritten.
+the same, or differs only in settings that cannot change the training (``RESUME_FREE``, the knobs of
+objectives the run does not train, sampling knobs), and is refused, with the fields that differ,
+when it is not: nothing is overwritten.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import posixpath
 from typing import Any
 
 from etils import epath
@@ -20,13 +24,27 @@ class RunDirError(ValueError):
     """A run directory that cannot take this run."""
 
 
+def is_local(path: str) -> bool:
+    """Whether ``path`` is on this machine's filesystem, not a URL (``gs://bucket/runs``)."""
+    return "://" not in path
+
+
+def absolute(path: str) -> epath.Path:
+    """``path`` made absolute when it is local; a URL as it is (``os.path.abspath`` would make
+    ``gs://b/runs`` the local folder ``<cwd>/gs:/b/runs``)."""
+    return epath.Path(os.path.abspath(path) if is_local(path) else path.rstrip("/"))
+
+
 def run_dir(config: RunConfig, name: str) -> epath.Path:
-    """``checkpoint_dir/name``; a name that would escape checkpoint_dir is refused."""
-    root = os.path.abspath(config.trainer.checkpoint_dir)
-    path = os.path.abspath(os.path.join(root, name))
-    if os.path.commonpath([root, path]) != root or path == root:
+    """``checkpoint_dir/name``, local or any filesystem epath reaches; a name that would escape
+    checkpoint_dir is refused."""
+    root = os.fspath(absolute(config.trainer.checkpoint_dir))
+    scheme, _, rest = root.rpartition("://")
+    inner = rest if scheme else root  # the path part of a URL: the same containment rule
+    path = posixpath.normpath(posixpath.join(inner, name)) if scheme else os.path.abspath(os.path.join(root, name))
+    if os.path.commonpath([inner, path]) != inner or path == inner:
         raise RunDirError(f"run name {name!r} escapes trainer.checkpoint_dir={config.trainer.checkpoint_dir!r}")
-    return epath.Path(path)
+    return epath.Path(f"{scheme}://{path}" if scheme else path)
 
 
 def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -44,21 +62,80 @@ def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
 
 
-def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True) -> epath.Path:
-    """Check the run directory can take ``config`` and write the record there (before anything
-    trains). The same config again is a resume; a different one is refused, nothing overwritten."""
-    path = run_dir(config, name)
+# ------------------------------------------------------------------------------ resume rules
+
+RESUME_FREE: tuple[str, ...] = (
+    "trainer.log_every", "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep",
+    "trainer.profile", "trainer.wandb", "trainer.compilation_cache_dir", "trainer.multi_host",
+)
+"""Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
+reports and how the process starts, never what a step computes. (The best checkpoint is chosen among
+the evaluations a run makes, so eval_every changes which step is best, not any parameter.)"""
+
+SAMPLING_KNOBS: tuple[str, ...] = (
+    "sampler", "sample_steps", "samples", "samples_per_class", "guidance_scale", "temperature", "top_k",
+)
+"""Knobs of an objective that only its sampler reads (the samples written at the end of a run):
+a resume may change them for the objective it trains."""
+
+
+def resume_blocks(path: str, trains: str | None, objectives: frozenset[str]) -> bool:
+    """Whether a change at dotted ``path`` must refuse a resume: every setting that can change
+    what the run computes does, except ``RESUME_FREE``, the knobs of objectives the run does not
+    train (``trains``; ``objectives`` are the record's knob sections) and ``SAMPLING_KNOBS``.
+
+    An unknown objective (``trains`` None) keeps every knob blocking."""
+    if any(path == free or path.startswith(free + ".") for free in RESUME_FREE):
+        return False
+    section, _, field = path.partition(".")
+    if section in objectives and trains is not None:
+        return section == trains and field.partition(".")[0] not in SAMPLING_KNOBS
+    return True
+
+
+def resume_changes(old: dict[str, Any], new: dict[str, Any], trains: str | None) -> tuple[list[str], list[str]]:
+    """The differences between a run's record and the config that resumes it, as (accepted,
+    refused) lists of ``path: old -> new``."""
+    from dew.config import RunConfig as Base
+
+    sections = frozenset(set(old) | set(new)) - {f.name for f in dataclasses.fields(Base)}
+    accepted, refused = [], []
+    for line in differences(old, new):
+        (refused if resume_blocks(line.partition(":")[0], trains, sections) else accepted).append(line)
+    return accepted, refused
+
+
+def trained_objective(run: RunConfig, objective: Any) -> str | None:
+    """The objective a run trains, by the name of its knob section: ``run.objective``, else the one
+    the built objective reports in its summary."""
+    return run.objective or objective.summary().get("objective")
+
+
+def read_record(path: epath.Path) -> dict[str, Any] | None:
+    """The run record in run directory ``path``, None when there is none."""
     record = path / RUN_RECORD
-    if record.exists():
-        try:
-            old = json.loads(record.read_text())
-        except json.JSONDecodeError as err:
-            raise RunDirError(f"{record}: unreadable run record ({err}); refusing to touch the run") from None
-        diff = differences(old, config.to_dict())
-        if diff:
+    if not record.exists():
+        return None
+    try:
+        return json.loads(record.read_text())
+    except json.JSONDecodeError as err:
+        raise RunDirError(f"{record}: unreadable run record ({err}); refusing to touch the run") from None
+
+
+def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True, trains: str | None = None) -> epath.Path:
+    """Check the run directory can take ``config`` and write the record there (before anything
+    trains). The same config again is a resume, and so is one that differs only in settings a resume
+    may change (``resume_blocks``; ``trains`` names the objective the run trains); any other
+    difference is refused, nothing overwritten. The record keeps the config the run started with:
+    it is what built the parameters; the trainer writes what a resume changed to the journal."""
+    path = run_dir(config, name)
+    old = read_record(path)
+    if old is not None:
+        _, refused = resume_changes(old, config.to_dict(), trains or config.objective)
+        if refused:
             raise RunDirError(
                 f"{path} already holds a run with a different config; nothing was changed. Fields that "
-                "differ (recorded -> requested):\n  " + "\n  ".join(diff)
+                "differ (recorded -> requested):\n  " + "\n  ".join(refused)
                 + "\nResume it with the recorded config, or name a new run with trainer.name=...")
         return path
     if write:

@@ -9,18 +9,21 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from etils import epath
 
 from dew.config import TrainerConfig
+from dew.training.rundir import absolute, is_local
 
 log = logging.getLogger("dew")
 
@@ -29,8 +32,24 @@ def tracking_dir(trainer: TrainerConfig) -> epath.Path:
     """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
     if path := os.environ.get("DEW_TRACKING_DIR"):
         return epath.Path(path)
-    root = os.path.abspath(trainer.checkpoint_dir)
-    return epath.Path(os.path.join(os.path.dirname(root), "tracking"))
+    return absolute(trainer.checkpoint_dir).parent / "tracking"
+
+
+ARTIFACT_NAME_MAX = 128
+"""The longest artifact name the W&B registry takes."""
+
+
+def artifact_name(name: str) -> str:
+    """The W&B artifact name of run ``name``: slashes and spaces become ``-`` (the spec's rule), and
+    so does every other character the registry refuses (it takes letters, digits, ``-``, ``_`` and
+    ``.``: a sweep job's ``lr=0.001,seed=1`` holds two it refuses). A name that needed a replacement
+    ends with 8 hex digits of the original's SHA-256, so two runs whose names differ only where
+    characters were replaced (``a/b`` and ``a b``) still publish two artifacts."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+    if safe == name and len(name) <= ARTIFACT_NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{safe[:ARTIFACT_NAME_MAX - len(digest) - 1]}-{digest}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -52,7 +71,7 @@ class Journal:
             kept = [line for line in path.read_text().splitlines()
                     if line and json.loads(line).get("step", 0) <= resume_step]
             path.write_text("".join(line + "\n" for line in kept))
-        self._file = open(os.fspath(path), "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close(); epath: any filesystem it reaches
 
     def write(self, record: Mapping[str, Any]) -> None:
         self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
@@ -72,7 +91,7 @@ class Tracker:
 
     def __init__(self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any],
                  summary: Mapping[str, object], total_steps: int, resume_step: int | None,
-                 wandb_id: str | None, is_main: bool) -> None:
+                 wandb_id: str | None, is_main: bool, changed: Sequence[str] = ()) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
         self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl", resume_step=resume_step) if is_main else None
@@ -85,12 +104,16 @@ class Tracker:
             self.wandb_run = wandb.init(
                 project=cfg.project, entity=cfg.entity, name=name, id=wandb_id, resume="allow",
                 mode="offline" if cfg.offline else "online",
-                dir=os.fspath(tracking_dir(trainer) / name),
+                # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
+                # when the tracking directory is not local (gs://).
+                dir=os.fspath(tracking_dir(trainer) / name) if is_local(os.fspath(tracking_dir(trainer))) else None,
                 config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
             )
             self.wandb_id = self.wandb_run.id
         self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
-        self.event("resume" if resume_step is not None else "start", step=resume_step or 0)
+        # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
+        self.event("resume" if resume_step is not None else "start", step=resume_step or 0,
+                   **({"changed": list(changed)} if changed else {}))
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None:
@@ -110,9 +133,8 @@ class Tracker:
             return
         import wandb
 
-        artifact = wandb.Artifact(name.replace("/", "-").replace(" ", "-"), type="model",
-                                  metadata={"step": step})
-        artifact.add_reference(f"file://{os.path.abspath(path)}")
+        artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
+        artifact.add_reference(f"file://{os.path.abspath(path)}" if is_local(path) else path)
         self.wandb_run.log_artifact(artifact)
 
     def close(self) -> None:

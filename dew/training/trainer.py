@@ -35,7 +35,9 @@ from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.process import compilation_cache_stats, prepare_process
-from dew.training.rundir import prepare_run_dir
+from dew.training.rundir import (
+    is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
+)
 from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.tracking import Throughput, Tracker, peak_flops
 
@@ -244,7 +246,10 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     prepare_process(t)  # before anything opens a JAX backend
     total_steps, eval_every, ckpt_every = check(run, objective, dataset)
     is_main = jax.process_index() == 0
-    path = prepare_run_dir(run, name, write=is_main)
+    trains = trained_objective(run, objective)
+    recorded = read_record(run_dir(run, name))
+    path = prepare_run_dir(run, name, write=is_main, trains=trains)
+    changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     _log_to_file(path)
     checkpoints = Checkpoints(path, keep=t.keep)
 
@@ -316,7 +321,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         log.info("resuming %s from step %d (%d records consumed)", name, latest, records)
     step = int(jax.device_get(state.step))
     tracker = Tracker(t, name, record=run.to_dict(), summary=summary or {}, total_steps=total_steps,
-                      resume_step=latest, wandb_id=wandb_id, is_main=is_main)
+                      resume_step=latest, wandb_id=wandb_id, is_main=is_main, changed=changed)
 
     def meta() -> dict[str, Any]:
         data_state = iterator.get_state() if dataset.resumable else None
@@ -435,6 +440,9 @@ def _plain(value: Any) -> Any:
 def _log_to_file(path: epath.Path) -> None:
     """Append this process's log to ``<run>/train.log`` (process index in the name past process 0)."""
     index = jax.process_index()
+    if not is_local(os.fspath(path)):  # a logging.FileHandler streams to a local file only
+        log.info("the run directory %s is not local: no train.log (the journal and stderr have the log)", path)
+        return
     filename = os.fspath(path / ("train.log" if index == 0 else f"train.{index}.log"))
     root = logging.getLogger()
     if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):

@@ -66,10 +66,10 @@ def test_data_fields_fill_in_and_conflicts_raise():
 
 
 def test_model_config_writes_the_runs_precision_where_declared():
-    config = ModelConfig("transformer", {"depth": 2, "dtype": "float32"}, dtype="bfloat16",
+    config = ModelConfig("transformer", {"depth": 2, "dtype": "float32"}, dtype="float32",
                          param_dtype="bfloat16", matmul_precision="highest")
     fields = config.fields()
-    assert fields["dtype"] == "float32"  # the config's own value wins
+    assert fields["dtype"] == "float32"  # set in both places, agreeing (disagreeing raises)
     assert fields["param_dtype"] == "bfloat16" and fields["matmul_precision"] == "highest"
     assert config.precision_settings() == {"param_dtype", "matmul_precision", "attention_impl"}
     record = resolve_fields("transformer", fields)
