@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dew.models.axes import constrain, param
 from dew.models.precision import LAX_PRECISION, Precision
 
 logger = logging.getLogger(__name__)
@@ -153,14 +154,25 @@ class Attention(nnx.Module):
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
         self.impl, self.matmul_precision = impl, precision.matmul
         kw = dict(use_bias=use_bias, rngs=rngs, **precision.linear_kwargs)
-        self.q = nnx.LinearGeneral(hidden_size, (num_heads, head_dim), kernel_init=kernel_init, **kw)
-        self.k = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), kernel_init=kernel_init, **kw)
-        self.v = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), kernel_init=kernel_init, **kw)
-        self.o = nnx.LinearGeneral((num_heads, head_dim), hidden_size, axis=(-2, -1),
-                                   kernel_init=out_init or kernel_init, **kw)
+        # Megatron's split: q, k, v by heads (column parallel), o by heads (row parallel).
+        zeros = nnx.initializers.zeros_init()
+        self.q = nnx.LinearGeneral(hidden_size, (num_heads, head_dim), **kw,
+                                   kernel_init=param(kernel_init, "embed", "heads", "kv"),
+                                   bias_init=param(zeros, "heads", "kv"))
+        self.k = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), **kw,
+                                   kernel_init=param(kernel_init, "embed", "kv_heads", "kv"),
+                                   bias_init=param(zeros, "kv_heads", "kv"))
+        self.v = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), **kw,
+                                   kernel_init=param(kernel_init, "embed", "kv_heads", "kv"),
+                                   bias_init=param(zeros, "kv_heads", "kv"))
+        self.o = nnx.LinearGeneral((num_heads, head_dim), hidden_size, axis=(-2, -1), **kw,
+                                   kernel_init=param(out_init or kernel_init, "heads", "kv", "embed"),
+                                   bias_init=param(zeros, "embed"))
         if qk_norm:
-            self.q_norm = nnx.RMSNorm(head_dim, epsilon=norm_eps, rngs=rngs, **precision.dtypes)
-            self.k_norm = nnx.RMSNorm(head_dim, epsilon=norm_eps, rngs=rngs, **precision.dtypes)
+            norm = dict(epsilon=norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "kv"),
+                        **precision.dtypes)
+            self.q_norm = nnx.RMSNorm(head_dim, **norm)
+            self.k_norm = nnx.RMSNorm(head_dim, **norm)
         else:
             self.q_norm = self.k_norm = None
 
@@ -168,7 +180,9 @@ class Attention(nnx.Module):
                  rope: tuple[jax.Array, jax.Array] | None = None,
                  kv_lengths: jax.Array | None = None,
                  return_max_logits: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = self.q(x_BxTxD), self.k(x_BxTxD), self.v(x_BxTxD)
+        q_BxTxNxH = constrain(self.q(x_BxTxD), "batch", "length", "heads", "kv")
+        k_BxTxKxH = constrain(self.k(x_BxTxD), "batch", "length", "kv_heads", "kv")
+        v_BxTxKxH = constrain(self.v(x_BxTxD), "batch", "length", "kv_heads", "kv")
         if self.q_norm is not None:
             q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
         if rope is not None:
@@ -176,7 +190,8 @@ class Attention(nnx.Module):
         out_BxTxNxH = attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, scale=self.scale, causal=causal,
                              kv_lengths=kv_lengths, impl=self.impl,
                              matmul_precision=self.matmul_precision)
-        out_BxTxD = self.o(out_BxTxNxH)
+        out_BxTxNxH = constrain(out_BxTxNxH, "batch", "length", "heads", "kv")
+        out_BxTxD = constrain(self.o(out_BxTxNxH), "batch", "length", "embed")
         if not return_max_logits:
             return out_BxTxD
         return out_BxTxD, max_logits(q_BxTxNxH, k_BxTxKxH, scale=self.scale, causal=causal,

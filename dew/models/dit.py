@@ -50,6 +50,7 @@ import numpy as np
 from flax import nnx
 
 from dew.models import stack
+from dew.models.axes import constrain, param
 from dew.models.attention import Attention
 from dew.models.precision import Precision
 from dew.models.registry import SimpleDiTFields
@@ -113,9 +114,9 @@ class TimestepEmbedder(nnx.Module):
 
     def __init__(self, hidden: int, precision: Precision, rngs: nnx.Rngs, frequency_size: int = 256):
         self.frequency_size = frequency_size
-        kw = dict(kernel_init=_normal, rngs=rngs, **precision.linear_kwargs)
-        self.mlp_in = nnx.Linear(frequency_size, hidden, **kw)
-        self.mlp_out = nnx.Linear(hidden, hidden, **kw)
+        kw = dict(rngs=rngs, bias_init=param(_zeros, "embed"), **precision.linear_kwargs)
+        self.mlp_in = nnx.Linear(frequency_size, hidden, kernel_init=param(_normal, "features", "embed"), **kw)
+        self.mlp_out = nnx.Linear(hidden, hidden, kernel_init=param(_normal, None, "embed"), **kw)
 
     def __call__(self, t_B: jax.Array) -> jax.Array:
         freq_BxF = timestep_embedding(TIME_SCALE * t_B, self.frequency_size)
@@ -139,11 +140,15 @@ class DiTBlock(nnx.Module):
         # LinearGeneral initialises its kernel flattened to (fan in, fan out): Xavier as in DiT.
         self.attn = Attention(D, f.num_heads, precision=precision, rngs=rngs, impl=f.attention_impl,
                               kernel_init=nnx.initializers.xavier_uniform())
-        xavier = dict(kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs, **precision.linear_kwargs)
-        self.mlp_in = nnx.Linear(D, mlp_hidden, **xavier)
-        self.mlp_out = nnx.Linear(mlp_hidden, D, **xavier)
-        self.adaLN_modulation = nnx.Linear(D, 6 * D, kernel_init=_zeros, rngs=rngs,
-                                           **precision.linear_kwargs)
+        xavier = nnx.initializers.xavier_uniform()
+        linear = dict(rngs=rngs, **precision.linear_kwargs)
+        # Megatron's MLP split: mlp_in by the hidden width (column parallel), mlp_out by it (row).
+        self.mlp_in = nnx.Linear(D, mlp_hidden, kernel_init=param(xavier, "embed", "mlp"),
+                                 bias_init=param(_zeros, "mlp"), **linear)
+        self.mlp_out = nnx.Linear(mlp_hidden, D, kernel_init=param(xavier, "mlp", "embed"),
+                                  bias_init=param(_zeros, "embed"), **linear)
+        self.adaLN_modulation = nnx.Linear(D, 6 * D, kernel_init=param(_zeros, "embed", "modulation"),
+                                           bias_init=param(_zeros, "modulation"), **linear)
 
     def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array,
                  return_max_logits: bool) -> tuple[jax.Array, jax.Array | None]:
@@ -152,21 +157,25 @@ class DiTBlock(nnx.Module):
         attn = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
                          return_max_logits=return_max_logits)
         attn_BxTxD, max_logits_N = attn if return_max_logits else (attn, None)
-        x_BxTxD = x_BxTxD + gate_msa[:, None] * attn_BxTxD
-        h = self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp))
-        x_BxTxD = x_BxTxD + gate_mlp[:, None] * self.mlp_out(jax.nn.gelu(h, approximate=True))
-        return x_BxTxD, max_logits_N
+        x_BxTxD = constrain(x_BxTxD + gate_msa[:, None] * attn_BxTxD, "batch", "length", "embed")
+        h_BxTxH = constrain(self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp)),
+                            "batch", "length", "mlp")
+        x_BxTxD = x_BxTxD + gate_mlp[:, None] * self.mlp_out(jax.nn.gelu(h_BxTxH, approximate=True))
+        return constrain(x_BxTxD, "batch", "length", "embed"), max_logits_N
 
 
 class FinalLayer(nnx.Module):
     """Modulated LayerNorm and a zero-initialised projection to each token's output."""
 
-    def __init__(self, hidden: int, out_features: int, precision: Precision, rngs: nnx.Rngs):
+    def __init__(self, hidden: int, out_features: int, precision: Precision, rngs: nnx.Rngs,
+                 out_axis: str = "features"):
         self.norm_final = nnx.LayerNorm(hidden, epsilon=1e-6, use_bias=False, use_scale=False,
                                         rngs=rngs, **precision.dtypes)
-        zero = dict(kernel_init=_zeros, rngs=rngs, **precision.linear_kwargs)
-        self.linear = nnx.Linear(hidden, out_features, **zero)
-        self.adaLN_modulation = nnx.Linear(hidden, 2 * hidden, **zero)
+        zero = dict(rngs=rngs, **precision.linear_kwargs)
+        self.linear = nnx.Linear(hidden, out_features, kernel_init=param(_zeros, "embed", out_axis),
+                                 bias_init=param(_zeros, out_axis), **zero)
+        self.adaLN_modulation = nnx.Linear(hidden, 2 * hidden, kernel_init=param(_zeros, "embed", "modulation"),
+                                           bias_init=param(_zeros, "modulation"), **zero)
 
     def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array) -> jax.Array:
         shift, scale = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 2, axis=-1)
@@ -185,20 +194,21 @@ class SimpleDiT(nnx.Module):
         D = f.hidden_size
         self.tokens = f.vocab_size is not None
         if self.tokens:
-            self.x_embedder = nnx.Embed(f.vocab_size, D, embedding_init=_normal, rngs=rngs,
-                                        **precision.dtypes)
+            self.x_embedder = nnx.Embed(f.vocab_size, D, embedding_init=param(_normal, "vocab", "embed"),
+                                        rngs=rngs, **precision.dtypes)
             out_features = f.vocab_size
         else:
-            self.x_embedder = nnx.Linear(f.patch_size ** 2 * f.in_channels, D,
-                                         kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs,
-                                         **precision.linear_kwargs)
+            self.x_embedder = nnx.Linear(f.patch_size ** 2 * f.in_channels, D, rngs=rngs,
+                                         kernel_init=param(nnx.initializers.xavier_uniform(), "features", "embed"),
+                                         bias_init=param(_zeros, "embed"), **precision.linear_kwargs)
             self.out_channels = f.in_channels * (2 if f.learn_sigma else 1)
             out_features = f.patch_size ** 2 * self.out_channels
         self.t_embedder = TimestepEmbedder(D, precision, rngs)
-        self.y_embedder = (nnx.Embed(f.num_classes + 1, D, embedding_init=_normal, rngs=rngs,
-                                     **precision.dtypes) if f.num_classes else None)
+        self.y_embedder = (nnx.Embed(f.num_classes + 1, D, embedding_init=param(_normal, "classes", "embed"),
+                                     rngs=rngs, **precision.dtypes) if f.num_classes else None)
         self.blocks = stack.stack(lambda r: DiTBlock(f, precision, r), f.depth, rngs)
-        self.final_layer = FinalLayer(D, out_features, precision, rngs)
+        self.final_layer = FinalLayer(D, out_features, precision, rngs,
+                                      out_axis="vocab" if self.tokens else "features")
         self.dtype = precision.dtype
 
     def position_embedding(self, length: int) -> np.ndarray:
@@ -221,6 +231,7 @@ class SimpleDiT(nnx.Module):
                                  f"{expected[1]}, {expected[2]}) (NHWC), got {x.shape}")
             h_BxTxD = self.x_embedder(patchify(x, f.patch_size).astype(self.dtype))
         h_BxTxD = h_BxTxD + jnp.asarray(self.position_embedding(h_BxTxD.shape[1]), self.dtype)
+        h_BxTxD = constrain(h_BxTxD, "batch", "length", "embed")
 
         c_BxD = self.t_embedder(t_B)
         if self.y_embedder is not None:
@@ -230,7 +241,7 @@ class SimpleDiT(nnx.Module):
 
         h_BxTxD, max_logits_LxN = stack.run(
             self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers)
-        out = self.final_layer(h_BxTxD, c_BxD)
+        out = constrain(self.final_layer(h_BxTxD, c_BxD), "batch", "length", "vocab" if self.tokens else "features")
         if not self.tokens:
             out = unpatchify(out, f.patch_size, self.out_channels)
         return (out, max_logits_LxN) if return_max_logits else out

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew.models import stack
+from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
 from dew.models.precision import Precision
 from dew.models.registry import TransformerFields
@@ -65,7 +66,8 @@ class DecoderBlock(nnx.Module):
         std = f.init_std / math.sqrt(width_multiplier(f))
         init = nnx.initializers.normal(std)
         out_init = nnx.initializers.normal(std / math.sqrt(2 * f.depth))
-        norm = dict(epsilon=f.norm_eps, rngs=rngs, **precision.dtypes)
+        norm = dict(epsilon=f.norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "embed"),
+                    **precision.dtypes)
         self.attn_norm = nnx.RMSNorm(D, **norm)
         self.attn = Attention(D, f.num_heads, num_kv_heads=f.num_kv_heads, head_dim=head_dim(f),
                               use_bias=False, qk_norm=f.qk_norm, norm_eps=f.norm_eps,
@@ -73,9 +75,10 @@ class DecoderBlock(nnx.Module):
                               precision=precision, kernel_init=init, out_init=out_init, rngs=rngs)
         self.mlp_norm = nnx.RMSNorm(D, **norm)
         linear = dict(use_bias=False, rngs=rngs, **precision.linear_kwargs)
-        self.mlp_gate = nnx.Linear(D, H, kernel_init=init, **linear)
-        self.mlp_up = nnx.Linear(D, H, kernel_init=init, **linear)
-        self.mlp_down = nnx.Linear(H, D, kernel_init=out_init, **linear)
+        # Megatron's MLP split: gate and up by the hidden width (column parallel), down by it (row).
+        self.mlp_gate = nnx.Linear(D, H, kernel_init=param(init, "embed", "mlp"), **linear)
+        self.mlp_up = nnx.Linear(D, H, kernel_init=param(init, "embed", "mlp"), **linear)
+        self.mlp_down = nnx.Linear(H, D, kernel_init=param(out_init, "mlp", "embed"), **linear)
         self.residual_multiplier = f.residual_multiplier
 
     def __call__(self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array],
@@ -84,10 +87,12 @@ class DecoderBlock(nnx.Module):
         attn = self.attn(self.attn_norm(x_BxTxD), causal=True, rope=rope,
                          return_max_logits=return_max_logits)
         attn_BxTxD, max_logits_N = attn if return_max_logits else (attn, None)
-        x_BxTxD = x_BxTxD + r * attn_BxTxD
+        x_BxTxD = constrain(x_BxTxD + r * attn_BxTxD, "batch", "length", "embed")
         h_BxTxD = self.mlp_norm(x_BxTxD)
-        mlp_BxTxD = self.mlp_down(jax.nn.silu(self.mlp_gate(h_BxTxD)) * self.mlp_up(h_BxTxD))
-        return x_BxTxD + r * mlp_BxTxD, max_logits_N
+        hidden_BxTxH = constrain(jax.nn.silu(self.mlp_gate(h_BxTxD)) * self.mlp_up(h_BxTxD),
+                                 "batch", "length", "mlp")
+        mlp_BxTxD = self.mlp_down(hidden_BxTxH)
+        return constrain(x_BxTxD + r * mlp_BxTxD, "batch", "length", "embed"), max_logits_N
 
 
 class Transformer(nnx.Module):
@@ -97,13 +102,14 @@ class Transformer(nnx.Module):
         self.fields = f
         precision = Precision.of(f)
         self.precision = precision
-        self.embed = nnx.Embed(f.vocab_size, f.hidden_size, rngs=rngs,
-                               embedding_init=nnx.initializers.normal(f.init_std), **precision.dtypes)
+        self.embed = nnx.Embed(f.vocab_size, f.hidden_size, rngs=rngs, **precision.dtypes,
+                               embedding_init=param(nnx.initializers.normal(f.init_std), "vocab", "embed"))
         self.blocks = stack.stack(lambda r: DecoderBlock(f, precision, r), f.depth, rngs)
-        self.final_norm = nnx.RMSNorm(f.hidden_size, epsilon=f.norm_eps, rngs=rngs, **precision.dtypes)
+        self.final_norm = nnx.RMSNorm(f.hidden_size, epsilon=f.norm_eps, rngs=rngs, **precision.dtypes,
+                                      scale_init=param(nnx.initializers.ones_init(), "embed"))
         self.lm_head = None if f.tie_embeddings else nnx.Linear(
-            f.hidden_size, f.vocab_size, use_bias=False, rngs=rngs,
-            kernel_init=nnx.initializers.normal(f.init_std), **precision.linear_kwargs)
+            f.hidden_size, f.vocab_size, use_bias=False, rngs=rngs, **precision.linear_kwargs,
+            kernel_init=param(nnx.initializers.normal(f.init_std), "embed", "vocab"))
 
     def __call__(self, tokens_BxT: jax.Array, *, return_max_logits: bool = False) -> Any:
         f, p = self.fields, self.precision
@@ -111,6 +117,7 @@ class Transformer(nnx.Module):
             raise ValueError(f"transformer takes (batch, length <= seq_len={f.seq_len}) token ids, "
                              f"got shape {tokens_BxT.shape}")
         x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
+        x_BxTxD = constrain(x_BxTxD, "batch", "length", "embed")
         rope = rope_tables(jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta)
 
         x_BxTxD, max_logits_LxN = stack.run(
@@ -123,6 +130,7 @@ class Transformer(nnx.Module):
             logits_BxTxV = jnp.einsum("btd,vd->btv", x_BxTxD, table_VxD, precision=p.lax)
         else:
             logits_BxTxV = self.lm_head(x_BxTxD)
+        logits_BxTxV = constrain(logits_BxTxV, "batch", "length", "vocab")
         if f.mup:
             logits_BxTxV = logits_BxTxV / jnp.asarray(width_multiplier(f), p.dtype)
         return (logits_BxTxV, max_logits_LxN) if return_max_logits else logits_BxTxV
