@@ -1,0 +1,95 @@
+"""The documentation runs: every ``dew-train`` command in a code block of README.md and docs/*.md is
+executed by the real CLI (tiny overrides appended so that it trains one step of a tiny model), and
+the defaults the docs state are the program's."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO, tree
+from tests.training.conftest import dew_train, fast_env
+
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(file, command) for every ``dew-train ...`` line in a fenced code block, comment dropped."""
+    found: dict[str, str] = {}
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in FENCE.findall(doc.read_text()):
+            for line in block.splitlines():
+                match = re.search(r"(?:^|[\s/])(dew-train(?:\s.*)?)$", line)
+                if match:
+                    command = re.split(r"\s#\s", match.group(1))[0].strip()
+                    found.setdefault(command, doc.name)
+    return sorted((doc, command) for command, doc in found.items())
+
+
+COMMANDS = documented_commands()
+
+# One optimizer step of a tiny model, nothing evaluated or checkpointed mid-run, minimal samples.
+RUN_TAIL = ["trainer.steps=1", "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.batch_size=8",
+            "trainer.log_every=1", "trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1",
+            "flow_matching.sample_steps=1", "masked_diffusion.samples=1", "masked_diffusion.sample_steps=1",
+            "model.dtype=float32"]
+TINY_MODEL = ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+
+
+def _tail(args: list[str]) -> list[str]:
+    if any(a.startswith("--") for a in args):  # --help, --cfg: they run as written
+        return []
+    tail = list(RUN_TAIL)
+    if not any(a.startswith("model.config=") for a in args):  # a whole JSON dict: as written
+        tail += TINY_MODEL
+    if "experiment=digits" in args or any(a.startswith("optim/schedule=") for a in args):
+        tail.append("optim.schedule.warmup_steps=0")
+    if "data=token_windows" in args:  # 1024-token windows: two make a batch
+        tail = [a.replace("trainer.batch_size=8", "trainer.batch_size=2") for a in tail]
+    return tail
+
+
+def _make_shards(work: Path) -> None:
+    """The files docs/data.md's token_windows command names: raw uint16 ids below its vocabulary."""
+    rng = np.random.default_rng(0)
+    (work / "shards").mkdir()
+    for name, n in (("train_000.bin", 4 * 1025), ("train_001.bin", 4 * 1025), ("val.bin", 2 * 1025)):
+        rng.integers(0, 50257, n).astype("<u2").tofile(work / "shards" / name)
+
+
+def test_the_docs_have_commands():
+    commands = [c for _, c in COMMANDS]
+    assert "dew-train model.config='{\"depth\": 4}'" in commands
+    assert any(c.startswith("dew-train -m ") for c in commands) and len(commands) >= 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc, command", COMMANDS, ids=[c for _, c in COMMANDS])
+def test_a_documented_command_runs(tmp_path, doc, command):
+    args = shlex.split(command)[1:]
+    work = tmp_path / "work"
+    work.mkdir()
+    if "data=token_windows" in args:
+        _make_shards(work)
+    result = dew_train(*args, *_tail(args), cwd=work, timeout=600, env=fast_env())
+    assert result is not None and result.returncode == 0, f"{doc}: {command}\n{result.stdout[-3000:]}"
+    if not _tail(args):
+        return
+    runs = [p for p in tree(work) if p.endswith("run.json")]
+    assert runs, f"{doc}: {command} wrote no run"
+
+
+def test_data_md_states_both_defaults():
+    """The command line's default dataset (conf/config.yaml) and the Python dataclass's."""
+    from dew.config import RunConfig
+
+    text = (REPO / "docs" / "data.md").read_text()
+    cli_default = re.search(r"^\s*- data: (\w+)", (REPO / "conf" / "config.yaml").read_text(), re.MULTILINE).group(1)
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", text, re.MULTILINE)}
+    assert "dew-train's default" in rows[cli_default]
+    assert "default of the Python dataclass" in rows[RunConfig().data.name]
+    assert sum("default" in row for row in rows.values()) == 2
