@@ -1,6 +1,6 @@
 """The documentation runs: every ``dew-train`` command in a code block of README.md and docs/*.md is
-executed by the real CLI (tiny overrides appended so that it trains one step of a tiny model), and
-the defaults the docs state are the program's."""
+executed by the real CLI (trained for one step of a tiny model, or composed and converted: see
+``TRAINED``), and the defaults the docs state are the program's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
-from tests.conftest import REPO, tree
+from dew.recipe import Recipe
+from tests.conftest import REPO, dew, tree
 from tests.training.conftest import dew_train, fast_env
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -32,24 +34,38 @@ def documented_commands() -> list[tuple[str, str]]:
 
 COMMANDS = documented_commands()
 
+TRAINED = {
+    "dew-train model.config='{\"depth\": 4}'",
+    "dew-train optim/schedule=power optim.schedule.decay_fraction=0.1",
+    "dew-train -m experiment=digits optim.learning_rate=1e-3,3e-3",
+    "dew-train experiment=digits trainer.quantization='{act_qtype: null}' lora='{rank: 4, targets: [\"blocks/.*\"]}'",
+    "dew-train data=token_windows data.path='shards/train_*.bin' data.val_path=shards/val.bin data.seq_len=1024 "
+    "data.vocab_size=50257",
+}
+"""The commands trained for one step (each a different path through the build: a JSON model record,
+a schedule, a sweep, both adapters, token files). Every other command runs as ``dew-train --cfg job
+--resolve <command>``, and the config it prints is converted as dew-train converts it: the real
+parser and the real conversion, without a minute of JAX per command (the experiment=digits runs
+are trained by tests/cli/test_pulse.py)."""
+
 # One optimizer step of a tiny model, nothing evaluated or checkpointed mid-run, minimal samples.
-RUN_TAIL = ["trainer.steps=1", "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.batch_size=8",
-            "trainer.log_every=1", "trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1",
-            "flow_matching.sample_steps=1", "masked_diffusion.samples=1", "masked_diffusion.sample_steps=1",
-            "model.dtype=float32"]
-TINY_MODEL = ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+RUN_TAIL = ["trainer.steps=1", "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.log_every=1",
+            "trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1",
+            "masked_diffusion.samples=1", "masked_diffusion.sample_steps=1", "model.dtype=float32"]
 
 
 def _tail(args: list[str]) -> list[str]:
-    if any(a.startswith("--") for a in args):  # --help, --cfg: they run as written
-        return []
+    """What makes ``args`` a one-step run of a tiny model."""
     tail = list(RUN_TAIL)
-    if not any(a.startswith("model.config=") for a in args):  # a whole JSON dict: as written
-        tail += TINY_MODEL
+    tail.append("trainer.batch_size=2" if "data=token_windows" in args else "trainer.batch_size=8")
+    if any(a.startswith("model.config=") for a in args):
+        pass  # the whole JSON record, as written
+    elif any(a.startswith("experiment=") for a in args):  # an option set model.config: change its keys
+        tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+    else:
+        tail.append("model.config={depth: 1, hidden_size: 32, num_heads: 2}")
     if "experiment=digits" in args or any(a.startswith("optim/schedule=") for a in args):
         tail.append("optim.schedule.warmup_steps=0")
-    if "data=token_windows" in args:  # 1024-token windows: two make a batch
-        tail = [a.replace("trainer.batch_size=8", "trainer.batch_size=2") for a in tail]
     return tail
 
 
@@ -57,14 +73,15 @@ def _make_shards(work: Path) -> None:
     """The files docs/data.md's token_windows command names: raw uint16 ids below its vocabulary."""
     rng = np.random.default_rng(0)
     (work / "shards").mkdir()
-    for name, n in (("train_000.bin", 4 * 1025), ("train_001.bin", 4 * 1025), ("val.bin", 2 * 1025)):
+    for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
         rng.integers(0, 50257, n).astype("<u2").tofile(work / "shards" / name)
 
 
 def test_the_docs_have_commands():
     commands = [c for _, c in COMMANDS]
     assert "dew-train model.config='{\"depth\": 4}'" in commands
-    assert any(c.startswith("dew-train -m ") for c in commands) and len(commands) >= 10
+    assert TRAINED <= set(commands), TRAINED - set(commands)
+    assert len(commands) >= 10
 
 
 @pytest.mark.slow
@@ -73,14 +90,21 @@ def test_a_documented_command_runs(tmp_path, doc, command):
     args = shlex.split(command)[1:]
     work = tmp_path / "work"
     work.mkdir()
-    if "data=token_windows" in args:
-        _make_shards(work)
-    result = dew_train(*args, *_tail(args), cwd=work, timeout=600, env=fast_env())
-    assert result is not None and result.returncode == 0, f"{doc}: {command}\n{result.stdout[-3000:]}"
-    if not _tail(args):
+    if command in TRAINED:
+        if "data=token_windows" in args:
+            _make_shards(work)
+        result = dew_train(*args, *_tail(args), "trainer.checkpoint_dir=ck", cwd=work, timeout=600, env=fast_env())
+        assert result is not None and result.returncode == 0, f"{doc}: {command}\n{result.stdout[-3000:]}"
+        assert [p for p in tree(work) if p.endswith("run.json")], f"{doc}: {command} wrote no run"
         return
-    runs = [p for p in tree(work) if p.endswith("run.json")]
-    assert runs, f"{doc}: {command} wrote no run"
+    if any(a.startswith("--") for a in args):  # --help, --cfg: as written
+        result = dew(*args, cwd=work)
+        assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
+        return
+    result = dew("--cfg", "job", "--resolve", *args, cwd=work)
+    assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
+    Recipe.from_dict(yaml.safe_load(result.stdout))  # raises as dew-train would, naming the field
+    assert tree(work) == []
 
 
 def test_data_md_states_both_defaults():
