@@ -602,6 +602,9 @@ class RunConfig:
 
         The run lives under ``name`` in ``trainer.checkpoint_dir``, and process zero writes the record
         there before anything trains. ``dataset`` must be the one loaded at ``trainer.batch_size``.
+        ``metrics`` (``dew.objectives.base.Metric``) are computed on every evaluation batch as sums
+        and counts, logged as ``eval/<name>`` to the journal and W&B, and one marked ``best`` chooses
+        the best checkpoint instead of ``eval/loss``.
         """
         from dew.training.trainer import train
 

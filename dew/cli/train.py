@@ -173,7 +173,9 @@ def train_from_hydra(cfg: DictConfig) -> Any:
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
         fail(str(err))
     write_hydra_record(run_dir, cfg)
-    state = recipe.train(objective, dataset, name=name, summary=objective.summary())
+    from dew.objectives.metrics import builtin_metrics
+
+    state = recipe.train(objective, dataset, name=name, metrics=builtin_metrics(objective), summary=objective.summary())
     if hasattr(objective, "sample_grid") or hasattr(objective, "sample_text"):
         from dew.sampling import write_sample_grid, write_text_samples
 

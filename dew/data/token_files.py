@@ -33,7 +33,8 @@ SIDECAR = "tokens.json"
 _CHUNK = 1 << 24  # tokens scanned at a time by the vocabulary check (32-64 MB)
 
 
-MAKE_TOKENS = "make one from text files with: dew-prepare --out data/tiny corpus/*.txt (then data.path=data/tiny/train.bin)"
+MAKE_TOKENS = ("make one from text files with: dew-prepare --out data/tiny corpus/*.txt "
+               "(then data.path=data/tiny/train.bin)")
 """How to make a token file, for the errors that find none."""
 
 

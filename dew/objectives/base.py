@@ -54,3 +54,28 @@ class Objective(Protocol):
     def summary(self) -> Mapping[str, Any]:
         """The recipe's own view of the run, for the tracker's config."""
         ...
+
+
+class Metric(Protocol):
+    """A metric of the held-out data, computed by the trainer on every evaluation batch beside the
+    loss (``RunConfig.train(metrics=...)``) and logged as ``eval/<name>``.
+
+    It returns a *sum and a count* over the batch's real records (``batch["mask"]``: 1 a record, 0
+    padding), not a mean: the trainer adds both over the evaluation batches (and, since the batch
+    is one global array, over devices and processes) and logs sum / count, so the value is the
+    metric of the whole held-out set whatever the batch and the device count
+    (``dew.objectives.metrics`` has the built-ins and says how to write one).
+    """
+
+    name: str
+    """Logged as ``eval/<name>``; unique among the run's metrics and the objective's own."""
+    best: bool
+    """This metric, not ``eval/loss``, chooses the best checkpoint (at most one metric of a run)."""
+    higher_is_better: bool
+    """Which way ``best`` reads it (accuracy: higher; a loss: lower)."""
+
+    def __call__(self, model: nnx.Module, batch: Batch, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The metric's sum over the batch's real records and what it counts (records, tokens),
+        traced inside the compiled evaluation step; ``key`` is the evaluation's per-batch key."""
+        ...
+

@@ -12,6 +12,7 @@ best" (docs/architecture.md, "Decisions"). ``best_fn`` is still given: without i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -25,24 +26,29 @@ log = logging.getLogger("dew")
 BEST_METRIC = "eval/loss"
 
 
-def _metric(metrics: Any) -> float:
-    return float(metrics[BEST_METRIC])
+def _metric(key: str, metrics: Any) -> float:
+    return float(metrics[key])
 
 
 class Checkpoints:
     """The run directory's checkpoints."""
 
-    def __init__(self, directory: epath.Path, *, keep: int) -> None:
+    def __init__(self, directory: epath.Path, *, keep: int, best_metric: str = BEST_METRIC,
+                 higher_is_better: bool = False) -> None:
+        """``best_metric`` (an evaluation key, ``eval/loss`` by default, or a run's metric marked
+        best) chooses the best checkpoint, the lowest unless ``higher_is_better``."""
         self.directory = directory
+        metric = functools.partial(_metric, best_metric)
         options = ocp.CheckpointManagerOptions(
             preservation_policy=policies.AnyPreservationPolicy([
                 policies.LatestN(n=keep),
-                # reverse=True sorts descending, so the last n kept are the lowest losses.
-                policies.BestN(get_metric_fn=_metric, reverse=True, n=1,
+                # BestN keeps the last n of the sorted order: descending (reverse=True) keeps the
+                # lowest, ascending the highest.
+                policies.BestN(get_metric_fn=metric, reverse=not higher_is_better, n=1,
                                keep_checkpoints_without_metrics=False),
             ]),
-            best_fn=_metric,
-            best_mode="min",
+            best_fn=metric,
+            best_mode="max" if higher_is_better else "min",
             enable_async_checkpointing=True,
             create=True,
         )

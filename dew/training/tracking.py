@@ -71,7 +71,8 @@ class Journal:
             kept = [line for line in path.read_text().splitlines()
                     if line and json.loads(line).get("step", 0) <= resume_step]
             path.write_text("".join(line + "\n" for line in kept))
-        self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close(); epath: any filesystem it reaches
+        # epath: a journal on any filesystem it reaches (gs://), not only a local one.
+        self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, record: Mapping[str, Any]) -> None:
         self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")

@@ -30,7 +30,7 @@ from dew.config import RunConfig
 from dew.data.base import Dataset
 from dew.models.qk import LAYER as QK_LAYER
 from dew.models.qk import qk_clip_layers
-from dew.objectives.base import Loss, Objective
+from dew.objectives.base import Loss, Metric, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
@@ -188,12 +188,30 @@ def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.Gr
     return step
 
 
-def make_eval_step(objective: Objective, graphdef: Any, rest: Any) -> Callable[..., tuple[jax.Array, jax.Array, Any]]:
-    def eval_step(params: Any, batch: Mapping[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
-        out = objective.evaluate(nnx.merge(graphdef, params, rest), batch, key)
-        return out.total, out.count, out.sums
+def make_eval_step(objective: Objective, graphdef: Any, rest: Any,
+                   metrics: Sequence[Metric] = ()) -> Callable[..., tuple[jax.Array, jax.Array, Any, Any]]:
+    """The evaluation of one batch: the objective's loss (sum, count, sums) and each metric's
+    (sum, count) by name, all in one compiled program."""
+
+    def eval_step(params: Any, batch: Mapping[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array, Any, Any]:
+        model = nnx.merge(graphdef, params, rest)
+        out = objective.evaluate(model, batch, key)
+        return out.total, out.count, out.sums, {m.name: m(model, batch, key) for m in metrics}
 
     return eval_step
+
+
+def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
+    """The key that chooses the best checkpoint and whether higher is better: the metric marked
+    ``best``, else ``eval/loss``. Names must be unique, and at most one metric is marked."""
+    names = [m.name for m in metrics]
+    if len(set(names)) != len(names) or "loss" in names:
+        raise ValueError(f"metrics: names must be unique and not 'loss' (eval/loss is the objective's); got {names}")
+    best = [m for m in metrics if m.best]
+    if len(best) > 1:
+        raise ValueError(f"metrics: {[m.name for m in best]} are all marked best; one metric chooses the best "
+                         "checkpoint")
+    return (f"eval/{best[0].name}", best[0].higher_is_better) if best else (BEST_METRIC, False)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -237,21 +255,22 @@ def _optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) 
 
 
 def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
-          metrics: Sequence[Any] = (), summary: Mapping[str, object] | None = None) -> TrainState:
-    """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``)."""
-    del metrics  # objectives report their own metric sums (Loss.sums)
+          metrics: Sequence[Metric] = (), summary: Mapping[str, object] | None = None) -> TrainState:
+    """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
+    evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint."""
     t = run.trainer
 
     # (1) Check everything that can be checked before the run directory is touched. ---------------
     prepare_process(t)  # before anything opens a JAX backend
     total_steps, eval_every, ckpt_every = check(run, objective, dataset)
+    best_metric, higher_is_better = best_criterion(metrics)
     is_main = jax.process_index() == 0
     trains = trained_objective(run, objective)
     recorded = read_record(run_dir(run, name))
     path = prepare_run_dir(run, name, write=is_main, trains=trains)
     changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     _log_to_file(path)
-    checkpoints = Checkpoints(path, keep=t.keep)
+    checkpoints = Checkpoints(path, keep=t.keep, best_metric=best_metric, higher_is_better=higher_is_better)
 
     # (2) The model, the optimizer and the mesh. -------------------------------------------------
     mesh = sharding.make_mesh(t)
@@ -283,7 +302,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
         donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(objective, graphdef, rest),
+    eval_step = jax.jit(make_eval_step(objective, graphdef, rest, metrics),
                         in_shardings=(state_sharding.params, batch_sharding, None),
                         compiler_options=COMPILER_OPTIONS or None)
     eval_key = jax.random.PRNGKey(t.seed + 2)
@@ -295,17 +314,25 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
 
     def evaluate(state: TrainState) -> dict[str, float]:
         sums: dict[str, jax.Array] = {}
+        metric_sums: dict[str, tuple[jax.Array, jax.Array]] = {}
         total = count = 0.0
         for i, batch in enumerate(dataset.eval_batches(jax.process_index(), jax.process_count())):
-            out_total, out_count, out_sums = eval_step(state.params, _global(batch, batch_sharding),
-                                                       jax.random.fold_in(eval_key, i))
+            out_total, out_count, out_sums, out_metrics = eval_step(
+                state.params, _global(batch, batch_sharding), jax.random.fold_in(eval_key, i))
             total, count = total + out_total, count + out_count
             for k, v in out_sums.items():
                 sums[k] = sums.get(k, 0.0) + v
-        total, count, sums = jax.device_get((total, count, sums))
+            for k, (v, n) in out_metrics.items():  # sums and counts, divided once at the end
+                before = metric_sums.get(k, (0.0, 0.0))
+                metric_sums[k] = (before[0] + v, before[1] + n)
+        total, count, sums, metric_sums = jax.device_get((total, count, sums, metric_sums))
         if not count:
             return {}
         values = {BEST_METRIC: float(total / count), **{f"eval/{k}": float(v / count) for k, v in sums.items()}}
+        for k, (v, n) in metric_sums.items():
+            if f"eval/{k}" in values:
+                raise ValueError(f"metric {k!r}: the objective already reports eval/{k}; name the metric otherwise")
+            values[f"eval/{k}"] = float(v / n) if n else float("nan")
         return {**values, **derived(values)}
 
     # (4) Resume from the latest checkpoint. -----------------------------------------------------

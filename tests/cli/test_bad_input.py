@@ -21,6 +21,11 @@ CASES = [
     (["model.config={num_classes: 7}", "trainer.steps=2"], "model.config.num_classes=7 conflicts with the data"),
     (["trainer.steps=2", "trainer.batch_size=30", "trainer.accumulation=4"], "trainer.batch_size=30 does not divide"),
     (["data=token_windows", "data.path=/nonexistent/tokens.bin", "trainer.steps=2"], "/nonexistent/tokens.bin"),
+    (["data=token_windows", "trainer.steps=2"],
+     "data.path is empty: give a token file or a glob over shards; make one from text files with: "
+     "dew-prepare --out data/tiny corpus/*.txt (then data.path=data/tiny/train.bin)"),
+    (["model.dtype=bfloat16", "model.config={dtype: float32}", "trainer.steps=2"],
+     "model.config.dtype='float32' disagrees with model.dtype='bfloat16'"),
 ]
 
 

@@ -1,0 +1,74 @@
+"""Built-in metrics (the ``Metric`` protocol of ``dew.objectives.base``) and the ones ``dew-train``
+hands each objective.
+
+A metric is a small frozen record with a ``name``, a ``best`` flag, a direction and a
+``__call__(model, batch, key) -> (sum, count)`` over the batch's real records. Writing one::
+
+    @dataclasses.dataclass(frozen=True)
+    class TopFiveAccuracy:
+        name: str = "top5"
+        best: bool = False
+        higher_is_better: bool = True
+
+        def __call__(self, model, batch, key):
+            tokens = batch["tokens"].astype(jnp.int32)
+            logits = model(tokens[:, :-1])
+            top5 = jax.lax.top_k(logits, 5)[1]
+            hit = (top5 == tokens[:, 1:, None]).any(-1)
+            return masked_sum(hit, batch["mask"])
+
+    recipe.train(objective, dataset, name="lm", metrics=[TopFiveAccuracy(best=True)])
+
+Image objectives get none beyond their loss: flow matching's held-out loss is the metric a user
+compares, and a sample-quality metric (FID) is not cheap enough to run at every evaluation.
+masked_diffusion's bits per token, and next_token's, are already reported by the objectives
+(``eval/bits_per_token``, the loss over ln 2: the best by one is the best by the other).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dew.objectives.base import Batch, Metric
+
+
+def masked_sum(per_position_BxL: jax.Array, mask_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The sum of a per-position value over the real records of a batch, and their position
+    count."""
+    per_position = per_position_BxL.astype(jnp.float32).reshape(per_position_BxL.shape[0], -1)
+    mask = mask_B.astype(jnp.float32)
+    return (per_position.sum(axis=1) * mask).sum(), mask.sum() * per_position.shape[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class NextTokenAccuracy:
+    """The fraction of held-out tokens whose most likely next token (argmax of the logits) is the
+    true one: ``tokens[:, 1:]`` given ``tokens[:, :-1]``, as next_token trains."""
+
+    name: str = "accuracy"
+    best: bool = False
+    higher_is_better: bool = True
+
+    def __call__(self, model: nnx.Module, batch: Batch, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        del key
+        tokens = batch["tokens"].astype(jnp.int32)
+        logits_BxLxV = model(tokens[:, :-1])
+        hit_BxL = jnp.argmax(logits_BxLxV, axis=-1) == tokens[:, 1:]
+        return masked_sum(hit_BxL, batch["mask"])
+
+
+BUILTIN: Mapping[str, tuple[Metric, ...]] = {
+    "next_token": (NextTokenAccuracy(),),
+}
+"""Objective name -> the metrics dew-train evaluates it with."""
+
+
+def builtin_metrics(objective: Any) -> tuple[Metric, ...]:
+    """The built-in metrics of ``objective`` (by the name in its summary); none for the rest."""
+    return BUILTIN.get(str(objective.summary().get("objective")), ())

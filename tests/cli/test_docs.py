@@ -1,0 +1,118 @@
+"""The documentation runs: every ``dew-train`` command in a code block of README.md and docs/*.md is
+executed by the real CLI (trained for one step of a tiny model, or composed and converted: see
+``TRAINED``), and the defaults the docs state are the program's."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from dew.recipe import Recipe
+from tests.conftest import REPO, dew, tree
+from tests.training.conftest import dew_train, fast_env
+
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(file, command) for every ``dew-train ...`` line in a fenced code block, comment dropped."""
+    found: dict[str, str] = {}
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in FENCE.findall(doc.read_text()):
+            for line in block.splitlines():
+                match = re.search(r"(?:^|[\s/])(dew-train(?:\s.*)?)$", line)
+                if match:
+                    command = re.split(r"\s#\s", match.group(1))[0].strip()
+                    found.setdefault(command, doc.name)
+    return sorted((doc, command) for command, doc in found.items())
+
+
+COMMANDS = documented_commands()
+
+TRAINED = {
+    "dew-train experiment=digits model.config='{\"depth\": 2, \"hidden_size\": 64, \"num_heads\": 4}'",
+    "dew-train optim/schedule=power optim.schedule.decay_fraction=0.1",
+    "dew-train -m experiment=digits optim.learning_rate=1e-3,3e-3",
+    "dew-train experiment=digits trainer.quantization='{act_qtype: null}' lora='{rank: 4, targets: [\"blocks/.*\"]}'",
+    "dew-train data=token_windows data.path='shards/train_*.bin' data.val_path=shards/val.bin data.seq_len=1024 "
+    "data.vocab_size=50257",
+}
+"""The commands trained for one step (each a different path through the build: a JSON model record,
+a schedule, a sweep, both adapters, token files). Every other command runs as ``dew-train --cfg job
+--resolve <command>``, and the config it prints is converted as dew-train converts it: the real
+parser and the real conversion, without a minute of JAX per command (the experiment=digits runs
+are trained by tests/cli/test_pulse.py)."""
+
+# One optimizer step of a tiny model, nothing evaluated or checkpointed mid-run, minimal samples.
+RUN_TAIL = ["trainer.steps=1", "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.log_every=1",
+            "trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1",
+            "masked_diffusion.samples=1", "masked_diffusion.sample_steps=1", "model.dtype=float32"]
+
+
+def _tail(args: list[str]) -> list[str]:
+    """What makes ``args`` a one-step run of a tiny model."""
+    tail = list(RUN_TAIL)
+    tail.append("trainer.batch_size=2" if "data=token_windows" in args else "trainer.batch_size=8")
+    if any(a.startswith("model.config=") for a in args):
+        pass  # the whole JSON record, as written
+    elif any(a.startswith("experiment=") for a in args):  # an option set model.config: change its keys
+        tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+    else:
+        tail.append("model.config={depth: 1, hidden_size: 32, num_heads: 2}")
+    if "experiment=digits" in args or any(a.startswith("optim/schedule=") for a in args):
+        tail.append("optim.schedule.warmup_steps=0")
+    return tail
+
+
+def _make_shards(work: Path) -> None:
+    """The files docs/data.md's token_windows command names: raw uint16 ids below its vocabulary."""
+    rng = np.random.default_rng(0)
+    (work / "shards").mkdir()
+    for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
+        rng.integers(0, 50257, n).astype("<u2").tofile(work / "shards" / name)
+
+
+def test_the_docs_have_commands():
+    commands = [c for _, c in COMMANDS]
+    assert TRAINED <= set(commands), TRAINED - set(commands)
+    assert len(commands) >= 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc, command", COMMANDS, ids=[c for _, c in COMMANDS])
+def test_a_documented_command_runs(tmp_path, doc, command):
+    args = shlex.split(command)[1:]
+    work = tmp_path / "work"
+    work.mkdir()
+    if command in TRAINED:
+        if "data=token_windows" in args:
+            _make_shards(work)
+        result = dew_train(*args, *_tail(args), "trainer.checkpoint_dir=ck", cwd=work, timeout=600, env=fast_env())
+        assert result is not None and result.returncode == 0, f"{doc}: {command}\n{result.stdout[-3000:]}"
+        assert [p for p in tree(work) if p.endswith("run.json")], f"{doc}: {command} wrote no run"
+        return
+    if any(a.startswith("--") for a in args):  # --help, --cfg: as written
+        result = dew(*args, cwd=work)
+        assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
+        return
+    result = dew("--cfg", "job", "--resolve", *args, cwd=work)
+    assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
+    Recipe.from_dict(yaml.safe_load(result.stdout))  # raises as dew-train would, naming the field
+    assert tree(work) == []
+
+
+def test_data_md_states_both_defaults():
+    """The command line's default dataset (conf/config.yaml) and the Python dataclass's."""
+    from dew.config import RunConfig
+
+    text = (REPO / "docs" / "data.md").read_text()
+    cli_default = re.search(r"^\s*- data: (\w+)", (REPO / "conf" / "config.yaml").read_text(), re.MULTILINE).group(1)
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", text, re.MULTILINE)}
+    assert "dew-train's default" in rows[cli_default]
+    assert "default of the Python dataclass" in rows[RunConfig().data.name]
+    assert sum("default" in row for row in rows.values()) == 2

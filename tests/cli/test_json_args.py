@@ -1,0 +1,45 @@
+"""JSON values on the command line: an override of a JSON field whose value is a JSON object or list
+reaches Hydra as one string that parses back to the same text; everything else is untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from dew.cli.json_args import json_fields, quote_json_overrides
+from dew.recipe import Recipe
+
+FIELDS = json_fields(Recipe)
+
+
+def test_the_json_fields_of_a_run():
+    assert FIELDS == {"model.config", "optim.optimizer_opts", "optim.param_groups"}
+
+
+@pytest.mark.parametrize("arg", [
+    'model.config={"depth": 4}',
+    'optim.optimizer_opts={"ns_steps": 3, "adam_patterns": ["embed", "head$"]}',
+    'optim.param_groups=[{"pattern": "bias", "weight_decay": 0.0}]',
+    '++model.config={"depth": 4}',
+    """model.config={"note": "it's a \\\\ and a \\" inside"}""",
+])
+def test_a_json_value_reaches_hydra_as_its_own_text(arg):
+    [quoted] = quote_json_overrides([arg], FIELDS)
+    [parsed] = OverridesParser.create().parse_overrides([quoted])
+    key, _, value = arg.lstrip("+").partition("=")
+    assert parsed.key_or_group == key and parsed.value() == value
+    assert json.loads(parsed.value()) == json.loads(value)
+
+
+@pytest.mark.parametrize("arg", [
+    "model.config={depth: 4}",  # Hydra's own dict syntax
+    "model.config.depth=4",
+    'trainer.wandb={project: p}',
+    "trainer.layout.batch_axes=[data]",
+    'lora={"rank": 4}',  # not a JSON field: Hydra reads it (and refuses the quoted key)
+    "-m",
+])
+def test_everything_else_is_left_alone(arg):
+    assert quote_json_overrides([arg], FIELDS) == [arg]
