@@ -112,6 +112,21 @@ def run_name(recipe: Recipe) -> str:
     return f"run-{_STAMP}"
 
 
+def refuse_a_busy_run_dir(cfg: DictConfig) -> None:
+    """Refuse a run directory another process holds, from the composed config, before the typed
+    conversion (which imports JAX, seconds on a busy machine): a second writer fails at once. Reads
+    only; the run's own lock is taken later, once the config is known to be valid."""
+    from dew.training.rundir import refuse_if_held
+
+    checkpoint_dir, name = OmegaConf.select(cfg, "trainer.checkpoint_dir"), OmegaConf.select(cfg, "trainer.name")
+    if not isinstance(checkpoint_dir, str):
+        return
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        refuse_if_held(HydraConfig.get().runtime.output_dir)
+    elif isinstance(name, str) and name:
+        refuse_if_held(os.path.join(checkpoint_dir, name))
+
+
 def debugging() -> bool:
     """Whether a developer asked for tracebacks (Hydra's switch, or dew's own)."""
     return any(os.environ.get(k, "") not in ("", "0") for k in ("HYDRA_FULL_ERROR", "DEW_DEBUG"))
@@ -150,6 +165,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
 
     try:
+        refuse_a_busy_run_dir(cfg)
         recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
         name = run_name(recipe)
         path = run_dir(recipe, name)
