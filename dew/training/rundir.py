@@ -108,7 +108,7 @@ def refuse_if_held(path: str | os.PathLike) -> None:
         return
     who = holder(path)
     if who is not None:
-        raise RunLockedError(f"{os.fspath(path)} is in use by {describe(who)}; a run directory takes one writer "
+        raise RunLockedError(f"{key} is in use by {describe(who)}; a run directory takes one writer "
                              "at a time. Wait for it to finish or stop it, or name another run with "
                              "trainer.name=...")
 
