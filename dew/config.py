@@ -341,6 +341,13 @@ def default_compilation_cache_dir() -> str:
 
 Cadence = int | Literal["epoch"] | None
 
+STEP_LIMIT = 2**31 - 1
+"""The most steps (and the largest batch, cadence or epoch count) a run can take: the step counter,
+the schedules and the batch indices are 32-bit integers on the device."""
+
+SEED_LIMIT = 2**62
+"""The largest ``trainer.seed`` magnitude: JAX keys take 64-bit seeds and the run derives seed + 2."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
@@ -409,6 +416,14 @@ class TrainerConfig:
         for name in ("keep", "batch_size", "log_every", "accumulation"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"trainer.{name}={getattr(self, name)} must be positive")
+        for name in ("steps", "epochs", "batch_size", "log_every", "accumulation", "eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value > STEP_LIMIT:
+                raise ValueError(f"trainer.{name}={value} exceeds {STEP_LIMIT}, the most a run can take "
+                                 "(steps, batches and cadences are 32-bit integers on the device)")
+        if not -SEED_LIMIT <= self.seed <= SEED_LIMIT:
+            raise ValueError(f"trainer.seed={self.seed} must lie in [-{SEED_LIMIT}, {SEED_LIMIT}] "
+                             "(JAX keys take 64-bit seeds, and the run draws from seed + 2)")
         for name in ("eval_every", "checkpoint_every"):
             value = getattr(self, name)
             if isinstance(value, int) and value <= 0:
@@ -574,7 +589,8 @@ class RunConfig:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / RUN_RECORD
         tmp = folder / f".{RUN_RECORD}.tmp"
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        # allow_nan=False: the record is strict JSON (the typed conversion already refuses NaN).
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n")
         tmp.rename(path)
         return os.fspath(path)
 
@@ -588,7 +604,7 @@ class RunConfig:
             raise FileNotFoundError(f"{os.fspath(path)}: no run record; is {directory!r} a dew run directory?")
         try:
             values = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise ConfigError(f"{os.fspath(path)}: not a JSON run record ({err})") from None
         try:
             return cls.from_dict(values)

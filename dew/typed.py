@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -57,6 +58,8 @@ def _type_name(tp: object) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if tp is type(None):
         return "null"
+    if tp is float:
+        return "a finite float"
     if isinstance(tp, type):
         return tp.__name__
     return str(tp)
@@ -71,12 +74,21 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 # What each scalar type accepts; bool is an int subclass, so it is neither an int nor a float here.
+# A float field is finite: every float dew reads is a rate, a scale, a ratio or a size, where NaN or
+# infinity cannot work (NaN also never equals itself, so a record holding one could never be resumed).
 _SCALARS: dict[Any, Any] = {
     type(None): lambda v: v is None,
     bool: lambda v: isinstance(v, bool),
     int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v),
     str: lambda v: isinstance(v, str),
 }
 

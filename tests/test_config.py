@@ -186,10 +186,37 @@ def _record(**changes: Any) -> dict[str, Any]:
     ({"model__config": {"depth": "deep"}}, r"model\.config\.depth: expected int, found str 'deep'"),
     ({"trainer__wandb": {"project": "p", "entity": None}}, r"trainer\.wandb\.offline: missing field"),
     ({"trainer__batch_ramp": {"start": 10, "increment": 8, "records": 100}}, r"trainer: trainer\.batch_ramp"),
+    # Every float is finite (NaN never equals itself: a record holding one could never be resumed).
+    ({"optim__learning_rate": float("nan")}, r"optim\.learning_rate: expected a finite float, found float nan"),
+    ({"optim__clip_grads": float("inf")}, r"optim\.clip_grads: expected a finite float, found float inf"),
+    ({"optim__weight_decay": float("nan")}, r"optim\.weight_decay: expected a finite float, found float nan"),
+    ({"optim__schedule": {"name": "cosine", "warmup_steps": 1, "floor_ratio": float("nan")}},
+     r"optim\.schedule\.floor_ratio: expected a finite float"),
+    ({"optim__param_groups": [{"pattern": "b", "lr_multiplier": float("inf"), "weight_decay": None}]},
+     r"optim\.param_groups\[0\]\.lr_multiplier: expected a finite float"),
+    ({"lora": {"rank": 2, "alpha": float("-inf"), "targets": [".*"]}}, r"lora\.alpha: expected a finite float"),
+    ({"model__config": {"mlp_ratio": float("nan")}}, r"model\.config\.mlp_ratio: expected a finite float"),
+    ({"optim__learning_rate": 10**400}, r"optim\.learning_rate: expected a finite float, found int"),
+    # Integers that cannot work past a bound say the bound.
+    ({"trainer__steps": 2**31}, r"trainer\.steps=2147483648 exceeds 2147483647"),
+    ({"trainer__batch_size": 10**20}, r"trainer\.batch_size=100000000000000000000 exceeds 2147483647"),
+    ({"trainer__steps": None, "trainer__epochs": 2**40}, r"trainer\.epochs=1099511627776 exceeds 2147483647"),
+    ({"trainer__checkpoint_every": 2**33}, r"trainer\.checkpoint_every=8589934592 exceeds 2147483647"),
+    ({"trainer__seed": 2**63}, r"trainer\.seed=9223372036854775808 must lie in"),
 ])
 def test_from_dict_names_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_dict(_record(**changes))
+
+
+def test_a_run_record_is_strict_json(tmp_path):
+    RunConfig(trainer=TrainerConfig(steps=3)).save(str(tmp_path))
+    json.loads((tmp_path / "run.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in run.json"))
+    bad = OptimConfig()
+    object.__setattr__(bad, "learning_rate", float("nan"))  # past the conversion, as a notebook could
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        dataclasses.replace(RunConfig(), optim=bad).save(str(tmp_path / "nan"))
+    assert not (tmp_path / "nan" / "run.json").exists()
 
 
 def test_json_dict_accepts_a_json_string():
@@ -237,6 +264,9 @@ def test_load_errors_name_the_file(tmp_path):
         RunConfig.load(str(tmp_path))
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(ConfigError, match="run.json: not a JSON run record"):
+        RunConfig.load(str(tmp_path))
+    (tmp_path / "run.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match=f"{tmp_path / 'run.json'}: not a JSON run record .*utf-8"):
         RunConfig.load(str(tmp_path))
     (tmp_path / "run.json").write_text(json.dumps({**RunConfig().to_dict(), "extra": 1}))
     with pytest.raises(ConfigError, match=r"run.json: extra: unknown field"):

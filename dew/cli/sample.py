@@ -11,7 +11,9 @@ optimizer state, and the objective's sampler draws from them. Images become a PN
 class, and on request an ``.npz`` of the images (float32 NHWC in the data's [-1, 1]) and their
 labels; text is decoded with the tokenizer the dataset recorded, printed and written to a file.
 Samples drawn with the same seed are identical. A bad run directory ends with one message and exit
-status 2.
+status 2. A damaged checkpoint (files lost, cut short or altered) is reported with its step and what
+is wrong, and the newest intact step is sampled instead; ``--step N`` on a damaged step is an error.
+dew-sample only reads: it takes no lock and moves nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class Restored:
     """Whether ``model`` carries the EMA of the parameters."""
     params: Any
     """The restored parameters the model was merged with (an ``nnx.State``)."""
+    damaged: tuple[tuple[int, str], ...] = ()
+    """Damaged steps passed over on the way to ``step``: (step, what is wrong)."""
 
 
 # ------------------------------------------------------------------------------ the run directory
@@ -99,6 +103,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
+        all_steps = checkpoints.all_steps()
     finally:
         checkpoints.close()
 
@@ -118,27 +123,53 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
                                                   quantization=t.quantization, lora=recipe.lora, seed=t.seed))
     graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
-    state_dir = os.path.join(os.path.abspath(run_dir), str(chosen), "state")
-    checkpointer = ocp.PyTreeCheckpointer()
-    saved = checkpointer.metadata(state_dir).item_metadata.tree
-    kept_ema = saved.get("ema") is not None
-    if ema and not kept_ema:
-        raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
-                          f"{objective.ema_decay}); sample without --ema")
-    use_ema = kept_ema if ema is None else ema
-    key = "ema" if use_ema else "params"
-    target = {key: abstract_params}
-    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    restored = checkpointer.restore(state_dir, args=ocp.args.PyTreeRestore(
-        item=target, restore_args=restore_args, partial_restore=True))
-    params = restored[key]
+    from dew.training.checkpoint import describe_damage
+
+    def read(step_: int) -> tuple[bool, Any]:
+        """(EMA used, parameters) of a step; raises what orbax raises on a damaged one."""
+        step_dir = os.path.join(os.path.abspath(run_dir), str(step_))
+        ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(os.path.join(step_dir, "meta"))  # the record too
+        checkpointer = ocp.PyTreeCheckpointer()
+        saved = checkpointer.metadata(os.path.join(step_dir, "state")).item_metadata.tree
+        kept_ema = saved.get("ema") is not None
+        if ema and not kept_ema:
+            raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
+                              f"{objective.ema_decay}); sample without --ema")
+        key = "ema" if (kept_ema if ema is None else ema) else "params"
+        target = {key: abstract_params}
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        restored = checkpointer.restore(os.path.join(step_dir, "state"), args=ocp.args.PyTreeRestore(
+            item=target, restore_args=restore_args, partial_restore=True))
+        return key == "ema", restored[key]
+
+    # The chosen step, or, when it is damaged (and was not asked for by number), the newest intact one.
+    damaged: list[tuple[int, str]] = []
+    candidates = [chosen] + ([] if step is not None else sorted((s for s in all_steps if s < chosen), reverse=True))
+    for candidate in candidates:
+        try:
+            use_ema, params = read(candidate)
+        except SampleError:
+            raise
+        except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
+            damaged.append((candidate, describe_damage(err)))
+            if step is not None:
+                raise SampleError(f"--step {step}: checkpoint step {step} in {os.path.join(run_dir, str(step))} is "
+                                  f"damaged: {damaged[-1][1]}") from None
+            print(f"dew-sample: checkpoint step {candidate} is damaged ({damaged[-1][1]}); trying an earlier step",
+                  file=sys.stderr, flush=True)
+            continue
+        chosen = candidate
+        break
+    else:
+        raise SampleError(f"no checkpoint in {run_dir!r} can be read: "
+                          + "; ".join(f"step {s}: {problem}" for s, problem in damaged))
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):
         # Non-parameter state (none in dew's models today) is rebuilt concretely from the seed.
         concrete = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
                                quantization=t.quantization, lora=recipe.lora, seed=t.seed)
         _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
     model = nnx.merge(graphdef, params, rest)
-    return Restored(recipe, objective, dataset, model, chosen, use_ema, params)
+    return Restored(recipe, objective, dataset, model, chosen, use_ema, params, tuple(damaged))
 
 
 # ------------------------------------------------------------------------------------- sampling
@@ -220,6 +251,8 @@ def run(args: argparse.Namespace) -> str:
     r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
     stem = os.path.join(args.run_dir, f"samples-step{r.step}-seed{args.seed}")
     source = f"step {r.step}, {'EMA' if r.ema else 'trained parameters'}, seed {args.seed}"
+    if r.damaged:
+        source += f"; damaged step{'s' if len(r.damaged) > 1 else ''} {', '.join(str(s) for s, _ in r.damaged)} passed over"
     if hasattr(r.objective, "sample_grid"):
         for name in ("temperature", "top_k", "prompt"):
             if getattr(args, name) is not None:

@@ -3,11 +3,15 @@
 Hydra composes the config from conf/ and the command line; it is converted once into the typed
 ``Recipe``; the dataset and the objective it names are built; ``RunConfig.train`` runs it. A bad
 input ends with one message naming the field and what is allowed, a non-zero exit status, and
-nothing written (Hydra itself writes nothing: see conf/config.yaml).
+nothing written (Hydra itself writes nothing: see conf/config.yaml). A run that stops on its own
+terms (a refused resume, a busy run directory, a divergence, no intact checkpoint) ends with
+``dew-train: error: ...`` and its own exit status (``EXIT_STATUS``), no traceback;
+``HYDRA_FULL_ERROR=1`` or ``DEW_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -34,6 +38,15 @@ from dew.typed import ConfigError
 log = logging.getLogger("dew")
 
 EXIT_BAD_INPUT = 2
+"""The config or the command line is wrong; nothing was written."""
+EXIT_REFUSED = 3
+"""The run directory holds a run with a different config (or an unreadable record); nothing changed."""
+EXIT_BUSY = 4
+"""Another process holds the run directory (its host and PID are named); nothing changed."""
+EXIT_NONFINITE = 5
+"""The loss or the gradients became non-finite; the last good checkpoint is named and kept."""
+EXIT_NO_INTACT_CHECKPOINT = 6
+"""No saved step of the run restores; nothing was moved or deleted."""
 
 
 def conf_dir() -> str:
@@ -144,45 +157,112 @@ def run_name(recipe: Recipe) -> str:
     return f"run-{_STAMP}"
 
 
-def fail(message: str) -> None:
+def refuse_a_busy_run_dir(cfg: DictConfig) -> None:
+    """Refuse a run directory another process holds, from the composed config, before the typed
+    conversion (which imports JAX, seconds on a busy machine): a second writer fails at once. Reads
+    only; the run's own lock is taken later, once the config is known to be valid."""
+    from dew.training.rundir import refuse_if_held
+
+    checkpoint_dir, name = OmegaConf.select(cfg, "trainer.checkpoint_dir"), OmegaConf.select(cfg, "trainer.name")
+    if not isinstance(checkpoint_dir, str):
+        return
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        refuse_if_held(HydraConfig.get().runtime.output_dir)
+    elif isinstance(name, str) and name:
+        refuse_if_held(os.path.join(checkpoint_dir, name))
+
+
+def debugging() -> bool:
+    """Whether a developer asked for tracebacks (Hydra's switch, or dew's own)."""
+    return any(os.environ.get(k, "") not in ("", "0") for k in ("HYDRA_FULL_ERROR", "DEW_DEBUG"))
+
+
+def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
+    """End with one line on stderr and ``status``; while debugging, re-raise the error at hand."""
+    if debugging() and sys.exc_info()[1] is not None:
+        raise  # noqa: PLE0704 - called from an except block: the developer sees the traceback
     print(f"dew-train: error: {message}", file=sys.stderr)
-    sys.exit(EXIT_BAD_INPUT)
+    sys.exit(status)
+
+
+def stop_status(err: BaseException) -> int | None:
+    """The exit status of a run that stopped on its own terms, None for any other error."""
+    from dew.training.checkpoint import CheckpointDamagedError
+    from dew.training.lock import RunLockedError
+    from dew.training.rundir import RunDirError
+    from dew.training.trainer import NonFiniteError
+
+    statuses = {RunLockedError: EXIT_BUSY, RunDirError: EXIT_REFUSED, NonFiniteError: EXIT_NONFINITE,
+                CheckpointDamagedError: EXIT_NO_INTACT_CHECKPOINT}
+    return next((code for cls, code in statuses.items() if isinstance(err, cls)), None)
 
 
 def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
-    from dew.training.rundir import RunDirError, prepare_run_dir, trained_objective, write_hydra_record
+    from dew.training.lock import RunLockedError
+    from dew.training.rundir import (
+        hold, prepare_run_dir, refuse_if_held, run_dir, trained_objective, write_hydra_record,
+    )
 
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     job_dir = Path(HydraConfig.get().runtime.output_dir)
+
+    def leave_no_trace() -> None:
+        if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
+            job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
+
     try:
+        refuse_a_busy_run_dir(cfg)
         recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
         name = run_name(recipe)
+        path = run_dir(recipe, name)
+        refuse_if_held(path)  # a busy run directory is refused at once, before anything slow
         from dew.build import build_run
+        from dew.training.preflight import check_checkpoint_dir, check_xla_flags
         from dew.training.process import prepare_process
 
+        check_xla_flags(recipe.trainer)  # XLA aborts the process on a flag it does not know
         prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
 
         from dew.training.trainer import check
 
         recipe, objective, dataset = build_run(recipe)
         check(recipe, objective, dataset)
-        run_dir = prepare_run_dir(recipe, name, trains=trained_objective(recipe, objective))
-    except (ConfigError, ValueError, OSError, RunDirError) as err:  # OSError: missing files, no network
-        if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
-            job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
+        check_checkpoint_dir(recipe.trainer, path)
+    except RunLockedError as err:
+        leave_no_trace()
+        fail(str(err), EXIT_BUSY)
+    except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, no network
+        leave_no_trace()
         fail(str(err))
-    write_hydra_record(run_dir, cfg)
+    import jax
+
+    is_main = jax.process_index() == 0
+    trains = trained_objective(recipe, objective)
     from dew.objectives.metrics import builtin_metrics
 
-    state = recipe.train(objective, dataset, name=name, metrics=builtin_metrics(objective), summary=objective.summary())
+    try:
+        if is_main:
+            prepare_run_dir(recipe, name, write=False, trains=trains)  # a refused resume changes nothing, the lock included
+        with hold(path) if is_main else contextlib.nullcontext():
+            run_path = prepare_run_dir(recipe, name, write=is_main, trains=trains)
+            if is_main:
+                write_hydra_record(run_path, cfg)
+            state = recipe.train(objective, dataset, name=name, metrics=builtin_metrics(objective),
+                                 summary=objective.summary())
+    except Exception as err:  # noqa: BLE001 - a run that stops on its own terms ends with a sentence
+        status = stop_status(err)
+        if status is None:
+            raise  # anything else is a bug: its traceback is the report
+        leave_no_trace()
+        fail(str(err), status)
     if hasattr(objective, "sample_grid") or hasattr(objective, "sample_text"):
         from dew.sampling import write_sample_grid, write_text_samples
 
         write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
-        samples = write(objective, state.model(ema=state.ema is not None), run_dir, seed=recipe.trainer.seed)
+        samples = write(objective, state.model(ema=state.ema is not None), run_path, seed=recipe.trainer.seed)
         print(f"dew-train: samples in {samples}", flush=True)
-    print(f"dew-train: run {name!r} is in {run_dir}", flush=True)
+    print(f"dew-train: run {name!r} is in {run_path}", flush=True)
     return state
 
 
@@ -190,6 +270,16 @@ def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     register_configs()
+    from hydra._internal.utils import get_args_parser  # Hydra's own command line, to read the overrides
+
+    from dew.cli.overrides import check_overrides
+
+    try:
+        overrides = get_args_parser().parse_known_args()[0].overrides
+    except SystemExit:
+        overrides = []  # Hydra reports its own usage errors
+    if problem := check_overrides(overrides, Recipe):
+        fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 
 

@@ -8,13 +8,26 @@ complete, so a save killed mid-write never corrupts an earlier checkpoint; saves
 Retention: orbax's ``max_to_keep`` together with ``best_fn`` keeps the N *best* and deletes newer,
 worse checkpoints (a resumed run could go back in time), so the policy here is "N latest OR the
 best" (docs/architecture.md, "Decisions"). ``best_fn`` is still given: without it, orbax writes no metrics.
+
+Damage: a step directory whose files were lost, cut short or altered after the save (a full disk, a
+copy gone wrong, bit rot) fails to restore. ``restore_intact`` then says which step and what is
+wrong and falls back to the newest step that restores. The damaged step is never deleted: it is
+renamed to ``<step>.damaged-<time>`` beside the others, for two reasons. Orbax skips (silently) every
+save at or below its latest step, so a damaged latest step left in place would keep the resumed run
+from saving until it passed it; and the run saves that step number again. Orbax lists only names
+that are step numbers (and cleans only its own ``.orbax-checkpoint-tmp`` names), so it ignores the
+renamed one. Orbax checks the structure it reads (its B-tree nodes and manifests carry checksums);
+it does not checksum the array bytes themselves, so a flipped bit inside an array's data restores as
+a different value and is not caught (measured on orbax-checkpoint 0.12.8: docs/training.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
+import time
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -24,6 +37,34 @@ from orbax.checkpoint import checkpoint_managers as policies
 log = logging.getLogger("dew")
 
 BEST_METRIC = "eval/loss"
+
+
+DAMAGED = "damaged"
+"""The infix of a damaged step's new name: ``<step>.damaged-<YYYYmmdd-HHMMSS>``."""
+
+
+class CheckpointDamagedError(RuntimeError):
+    """No saved step of the run restores."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """A damaged step passed over on the way to an intact one."""
+
+    damaged_step: int
+    problem: str
+    moved_to: str | None
+    """Where the damaged step now lies, None when it was left in place (a reader, not process 0)."""
+
+
+def describe_damage(err: BaseException) -> str:
+    """What is wrong with a step, in one line, from the error reading it raised."""
+    text = " ".join(str(err).split())
+    if isinstance(err, FileNotFoundError) and not text:
+        text = f"{err.filename} is missing"
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _metric(key: str, metrics: Any) -> float:
@@ -74,6 +115,44 @@ class Checkpoints:
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta
+
+    def restore_intact(self, abstract_state: Any, *, move_damaged: bool
+                       ) -> tuple[int, Any, dict[str, Any], list[Fallback]]:
+        """Restore the newest step that restores: ``(step, state, record, damaged steps passed over)``.
+
+        Each damaged step is logged; with ``move_damaged`` (process 0 of a resuming run) it is renamed
+        aside, but only once an intact step was found: when no step restores, the error is more likely
+        the code's than the files' (a model that changed shape), so nothing moves and this raises with
+        every step's problem.
+        """
+        damaged: list[tuple[int, str]] = []
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                state, meta = self.restore(step, abstract_state)
+            except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
+                damaged.append((step, describe_damage(err)))
+                log.error("checkpoint step %d in %s is damaged: %s", step, self.step_path(step), damaged[-1][1])
+                continue
+            fallbacks = [Fallback(bad, problem, self._move_aside(bad) if move_damaged else None)
+                         for bad, problem in damaged]
+            for f in fallbacks:
+                log.warning("falling back from damaged step %d to step %d%s", f.damaged_step, step,
+                            f"; the damaged step is kept as {f.moved_to}" if f.moved_to else "")
+            if fallbacks and move_damaged:
+                self.manager.reload()  # forget the moved steps: the run saves those numbers again
+            return step, state, meta, fallbacks
+        raise CheckpointDamagedError(
+            f"no checkpoint in {self.directory} restores; nothing was moved or deleted. "
+            + "; ".join(f"step {bad}: {problem}" for bad, problem in damaged))
+
+    def _move_aside(self, step: int) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target, n = self.directory / f"{step}.{DAMAGED}-{stamp}", 1
+        while target.exists():
+            n += 1
+            target = self.directory / f"{step}.{DAMAGED}-{stamp}-{n}"
+        (self.directory / str(step)).rename(target)
+        return os.fspath(target)
 
     def restore_meta(self, step: int) -> dict[str, Any]:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta

@@ -90,8 +90,9 @@ def _options(config: OptimConfig) -> dict[str, Any]:
         if key in ("b1", "b2", "adam_b1", "adam_b2", "momentum") and not (
                 isinstance(value, (int, float)) and 0.0 <= value < 1.0):
             raise ValueError(f"{where} must lie in [0, 1)")
-        if key in ("eps", "adam_eps", "tau", "rms_ratio") and not (isinstance(value, (int, float)) and value > 0):
-            raise ValueError(f"{where} must be positive")
+        if key in ("eps", "adam_eps", "tau", "rms_ratio") and not (
+                isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ValueError(f"{where} must be positive and finite")
         if key == "ns_steps" and not (isinstance(value, int) and value >= 1):
             raise ValueError(f"{where} must be an integer >= 1")
         if key == "update_scale" and value not in ("moonlight", "keller"):

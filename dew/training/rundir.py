@@ -5,19 +5,26 @@ It holds ``run.json`` (the resolved config), the orbax step directories, Hydra's
 the same, or differs only in settings that cannot change the training (``RESUME_FREE``, the knobs of
 objectives the run does not train, sampling knobs), and is refused, with the fields that differ,
 when it is not: nothing is overwritten.
+
+One process writes a run directory at a time: process 0 of the run holds its lock
+(``dew.training.lock``) from before it writes anything there until the run ends, and a second
+writer is refused at once with the holder's host and PID.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import posixpath
+from collections.abc import Iterator
 from typing import Any
 
 from etils import epath
 
 from dew.config import RUN_RECORD, RunConfig
+from dew.training.lock import RunLock, RunLockedError, describe, holder
 
 
 class RunDirError(ValueError):
@@ -118,7 +125,7 @@ def read_record(path: epath.Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(record.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RunDirError(f"{record}: unreadable run record ({err}); refusing to touch the run") from None
 
 
@@ -141,6 +148,46 @@ def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True, trains:
     if write:
         config.save(os.fspath(path))
     return path
+
+
+_held: dict[str, int] = {}
+"""Run directories this process holds the lock of, and how many ``hold`` blocks hold each: dew-train
+takes the lock before it writes the record and ``RunConfig.train`` takes it again, and a second
+``flock`` from the same process would be refused by the first."""
+
+
+@contextlib.contextmanager
+def hold(path: str | os.PathLike) -> Iterator[None]:
+    """Hold ``path``'s run-directory lock for the block (once per process however deeply nested);
+    raises ``RunLockedError`` naming the holder when another process has it."""
+    key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
+    if key in _held:
+        _held[key] += 1
+        try:
+            yield
+        finally:
+            _held[key] -= 1
+        return
+    lock = RunLock(path).acquire()
+    _held[key] = 1
+    try:
+        yield
+    finally:
+        del _held[key]
+        lock.release()
+
+
+def refuse_if_held(path: str | os.PathLike) -> None:
+    """Raise ``RunLockedError`` if another live process holds ``path`` (reads only: it takes and
+    writes nothing, so it can run before a config is fully checked)."""
+    key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
+    if key in _held:
+        return
+    who = holder(path)
+    if who is not None:
+        raise RunLockedError(f"{key} is in use by {describe(who)}; a run directory takes one writer "
+                             "at a time. Wait for it to finish or stop it, or name another run with "
+                             "trainer.name=...")
 
 
 def write_hydra_record(path: epath.Path, cfg: Any) -> None:

@@ -2,9 +2,14 @@
 
 Library code talks to a ``Tracker``; only this module imports wandb. The journal is JSON lines in a
 tracking directory separate from the run directory: one record per logged step (its metrics) and
-one per event (start, resume, eval, checkpoint, end). On resume the journal drops what the killed
-process logged after the checkpoint it resumes from, so a resumed run's journal of losses equals an
-uninterrupted run's.
+one per event (start, resume, eval, checkpoint, checkpoint_fallback, stop, end).
+
+The file is only ever appended to, never truncated or rewritten: a resumed run (or a run started
+again from scratch) adds a new segment after the old one, which begins with its ``resume`` (or
+``start``) event. ``read_journal`` reads it as the run's history: a segment replaces what earlier
+segments logged after the step it starts from (what a killed process logged past its last
+checkpoint, which the resumed run logs again), so a resumed run's journal of losses equals an
+uninterrupted run's; ``read_journal(path, raw=True)`` gives every line as written.
 """
 
 from __future__ import annotations
@@ -53,38 +58,62 @@ def artifact_name(name: str) -> str:
 
 
 def _jsonable(value: Any) -> Any:
+    """Strict JSON: a non-finite float becomes its name ("nan", "inf"), at any depth."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
     return value
 
 
 class Journal:
     """Append-only JSON lines of the run's metrics and events."""
 
-    def __init__(self, path: epath.Path, *, resume_step: int | None) -> None:
+    def __init__(self, path: epath.Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is None:
-            if path.exists():
-                path.unlink()  # a fresh start of a run that never checkpointed
-        elif path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line and json.loads(line).get("step", 0) <= resume_step]
-            path.write_text("".join(line + "\n" for line in kept))
+        self.history = read_journal(path) if path.exists() else []
+        """The run's history so far, as ``read_journal`` reads it."""
         # epath: a journal on any filesystem it reaches (gs://), not only a local one.
         self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if self._file.tell() and not path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # a line cut short by a killed process stays a line of its own
+
+    def ended_at(self, step: int) -> bool:
+        """Whether the run's history already ends (an ``end`` event) at ``step``."""
+        return any(r.get("event") == "end" and r.get("step") == step for r in self.history)
 
     def write(self, record: Mapping[str, Any]) -> None:
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        # allow_nan=False: every line is strict JSON (non-finite values are written as strings).
+        self._file.write(json.dumps(_jsonable(dict(record)), allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
         self._file.close()
 
 
-def read_journal(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a journal, in order."""
-    return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line]
+def read_journal(path: str | os.PathLike, *, raw: bool = False) -> list[dict[str, Any]]:
+    """The run's history: the records of a journal in order, each step as its latest segment logged
+    it. A ``resume`` event at step s drops what came before it at steps past s (and an earlier
+    ``end``); a ``start`` event drops everything before it. ``raw`` keeps every line as written.
+    A line a killed process left unfinished is skipped."""
+    records = []
+    for line in epath.Path(path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if not raw and record.get("event") == "start":
+            records = []
+        elif not raw and record.get("event") == "resume":
+            s = record.get("step", 0)
+            records = [r for r in records if r.get("step", 0) <= s and r.get("event") != "end"]
+        records.append(record)
+    return records
 
 
 class Tracker:
@@ -95,7 +124,10 @@ class Tracker:
                  wandb_id: str | None, is_main: bool, changed: Sequence[str] = ()) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
-        self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl", resume_step=resume_step) if is_main else None
+        self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl") if is_main else None
+        # A run started again after it completed adds nothing: its history already ends there.
+        self.complete = (self.journal is not None and resume_step is not None
+                         and self.journal.ended_at(resume_step))
         self.wandb_run = None
         self.wandb_id = wandb_id
         if is_main and trainer.wandb is not None:
@@ -117,7 +149,7 @@ class Tracker:
                    **({"changed": list(changed)} if changed else {}))
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
-        if self.journal is not None:
+        if self.journal is not None and not self.complete:
             self.journal.write({"event": kind, "step": step, "time": time.time(), **fields})
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:

@@ -12,6 +12,7 @@ step late) and to evaluate or checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,17 +27,17 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dew.config import RunConfig
+from dew.config import STEP_LIMIT, RunConfig
 from dew.data.base import Dataset
 from dew.models.qk import LAYER as QK_LAYER
 from dew.models.qk import qk_clip_layers
 from dew.objectives.base import Loss, Metric, Objective
-from dew.training import adapt, sharding
+from dew.training import adapt, preflight, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.process import compilation_cache_stats, prepare_process
 from dew.training.rundir import (
-    is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
+    hold, is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
 )
 from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.tracking import Throughput, Tracker, peak_flops
@@ -230,6 +231,10 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
                          f"{t.batch_size}: the run would train at a batch it does not report; load it at "
                          "trainer.batch_size")
     total_steps = t.total_steps(dataset)
+    if total_steps > STEP_LIMIT:
+        raise ValueError(f"trainer.epochs={t.epochs} is {total_steps} steps at trainer.batch_size={t.batch_size}, "
+                         f"more than the {STEP_LIMIT} a run can take")
+    preflight.check_attention(run)
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t)
@@ -258,15 +263,26 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
           metrics: Sequence[Metric] = (), summary: Mapping[str, object] | None = None) -> TrainState:
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
     evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint."""
+    with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
+        return _train(run, objective, dataset, name=name, metrics=metrics, summary=summary, held=held)
+
+
+def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str, metrics: Sequence[Metric],
+           summary: Mapping[str, object] | None, held: contextlib.ExitStack) -> TrainState:
     t = run.trainer
 
     # (1) Check everything that can be checked before the run directory is touched. ---------------
+    preflight.check_xla_flags(t)  # XLA would abort the process on a flag it does not know
     prepare_process(t)  # before anything opens a JAX backend
     total_steps, eval_every, ckpt_every = check(run, objective, dataset)
     best_metric, higher_is_better = best_criterion(metrics)
     is_main = jax.process_index() == 0
     trains = trained_objective(run, objective)
     recorded = read_record(run_dir(run, name))
+    if is_main:
+        preflight.check_checkpoint_dir(t, run_dir(run, name))
+        prepare_run_dir(run, name, write=False, trains=trains)  # a refused resume changes nothing, the lock included
+        held.enter_context(hold(run_dir(run, name)))  # one writer: held until the run ends
     path = prepare_run_dir(run, name, write=is_main, trains=trains)
     changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     _log_to_file(path)
@@ -338,9 +354,9 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     # (4) Resume from the latest checkpoint. -----------------------------------------------------
     iterator = dataset.iterator(jax.process_index(), jax.process_count())
     latest = checkpoints.latest_step()
-    records, wandb_id = 0, None
+    records, wandb_id, fallbacks = 0, None, []
     if latest is not None:
-        state, meta = checkpoints.restore(latest, state)
+        latest, state, meta, fallbacks = checkpoints.restore_intact(state, move_damaged=is_main)
         state = state.replace(graphdef=graphdef, rest=rest)
         records, wandb_id = meta["records"], meta.get("wandb_id")
         if meta.get("data") is not None:
@@ -349,6 +365,9 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     step = int(jax.device_get(state.step))
     tracker = Tracker(t, name, record=run.to_dict(), summary=summary or {}, total_steps=total_steps,
                       resume_step=latest, wandb_id=wandb_id, is_main=is_main, changed=changed)
+    for f in fallbacks:
+        tracker.event("checkpoint_fallback", step=latest, damaged_step=f.damaged_step, problem=f.problem,
+                      **({"moved_to": f.moved_to} if f.moved_to else {}))
 
     def meta() -> dict[str, Any]:
         data_state = iterator.get_state() if dataset.resumable else None
@@ -426,6 +445,12 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         if t.compilation_cache_dir:
             log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
         tracker.event("end", step=step, best_step=checkpoints.best_step(), compile_cache=cache)
+    except NonFiniteError as err:
+        tracker.event("stop", step=step, reason="nonfinite", message=str(err))
+        raise
+    except Exception as err:
+        tracker.event("stop", step=step, reason="error", message=f"{type(err).__name__}: {err}")
+        raise
     finally:
         if profiling:
             jax.profiler.stop_trace()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import dew, tree
+from dew.cli.train import EXIT_BAD_INPUT, EXIT_REFUSED
+from tests.conftest import cli_env, dew, tree
 
 CASES = [
     # (overrides, what the message must say)
-    (["trainer.nope=1"], "trainer.nope"),
+    (["trainer.nope=1"], "trainer.nope: unknown field of trainer (TrainerConfig); its fields are name, checkpoint_dir, keep"),
     (["trainer.batch_size=many"], "trainer.batch_size"),
     (["model=resnet"], "model/resnet"),
     (["optim.optimizer=sgd"], "optim.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'"),
@@ -29,6 +30,21 @@ CASES = [
 ]
 
 
+# Each must be refused by dew itself, with EXIT_BAD_INPUT, before a run directory exists.
+DEW_CASES = [
+    (["optim.learning_rate=nan", "trainer.steps=2"], "optim.learning_rate: expected a finite float, found float nan"),
+    (["optim.learning_rate=inf", "trainer.steps=2"], "optim.learning_rate: expected a finite float, found float inf"),
+    (["optim.clip_grads=nan", "trainer.steps=2"], "optim.clip_grads: expected a finite float, found float nan"),
+    (["optim.weight_decay=-inf", "trainer.steps=2"], "optim.weight_decay: expected a finite float, found float -inf"),
+    (["trainer.steps=99999999999999999999"], "trainer.steps=99999999999999999999 exceeds 2147483647"),
+    (["trainer.steps=2", "model.attention_impl=cudnn"], "model.attention_impl='cudnn' cannot run: the backend is 'cpu'"),
+    (["trainer.steps=2", "trainer.xla_flags=--bogus"], "trainer.xla_flags='--bogus': XLA does not know the flag --bogus"),
+    (["model.config={depth: "], "model.config: cannot parse the value '{depth: '"),
+    (["trainer.mesh.nope=1"], "trainer.mesh.nope: unknown field of trainer.mesh (MeshSpec); its fields are data, fsdp, tensor"),
+]
+CASES += DEW_CASES
+
+
 @pytest.mark.parametrize("overrides, message", CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_input_fails_cleanly(workdir, overrides, message):
     result = dew(*overrides, "trainer.checkpoint_dir=ck", cwd=workdir, timeout=300)
@@ -36,6 +52,35 @@ def test_bad_input_fails_cleanly(workdir, overrides, message):
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
     assert tree(workdir) == [], "a bad input left files behind"
+    if (overrides, message) in DEW_CASES:
+        assert result.returncode == EXIT_BAD_INPUT and result.stderr.startswith("dew-train: error: "), result.stderr
+
+
+def test_an_unwritable_checkpoint_dir_is_named(workdir):
+    result = dew("trainer.steps=2", "trainer.checkpoint_dir=/proc/x", cwd=workdir, timeout=300)
+    assert result.returncode == EXIT_BAD_INPUT
+    assert "trainer.checkpoint_dir='/proc/x': the run directory /proc/x/" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and tree(workdir) == []
+
+
+def test_debug_switches_show_the_traceback(workdir):
+    for switch in ("HYDRA_FULL_ERROR", "DEW_DEBUG"):
+        result = dew("optim.learning_rate=nan", "trainer.checkpoint_dir=ck", cwd=workdir, env=cli_env(**{switch: "1"}))
+        assert result.returncode != 0 and "Traceback" in result.stderr, result.stderr
+        assert "optim.learning_rate: expected a finite float" in result.stderr and tree(workdir) == []
+
+
+def test_a_run_record_that_is_not_utf8_is_named(workdir):
+    run = workdir / "ck" / "digits"
+    run.mkdir(parents=True)
+    (run / "run.json").write_bytes(b"\xff\xfe{\x00}")
+    before = tree(workdir)
+    result = dew("trainer.steps=2", "trainer.name=digits", "trainer.checkpoint_dir=ck", cwd=workdir, timeout=300)
+    assert result.returncode == EXIT_REFUSED, result.stderr
+    assert f"{run / 'run.json'}: unreadable run record" in result.stderr and "Traceback" not in result.stderr
+    sample = dew(str(run), cwd=workdir, script="dew.cli.sample")
+    assert sample.returncode == 2 and f"{run / 'run.json'}: not a JSON run record" in sample.stderr, sample.stderr
+    assert tree(workdir) == before
 
 
 def test_a_changed_config_is_refused_and_nothing_changes(workdir):
@@ -49,6 +94,7 @@ def test_a_changed_config_is_refused_and_nothing_changes(workdir):
                  "flow_matching.sample_steps=2", "model.config.depth=1", "optim.learning_rate=0.5", cwd=workdir)
     assert second.returncode != 0
     assert "optim.learning_rate: 0.001 -> 0.5" in second.stderr and "Traceback" not in second.stderr
+    assert second.returncode == EXIT_REFUSED
     after = {p: (workdir / p).stat().st_mtime_ns for p in tree(workdir) if (workdir / p).is_file()}
     assert after == before
 

@@ -59,13 +59,19 @@ def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
     first = steps_on_disk(run)
     assert first and max(first) < STEPS, first
     leftovers = [p.name for p in run.iterdir() if "orbax-checkpoint-tmp" in p.name]
+    raw = killed / "tracking" / "r" / "journal.jsonl"
+    written = [raw.read_text()]
     # 2. Start it again and SIGKILL it between checkpoints, well after it resumed.
     assert dew_train(*ARGS, cache, cwd=killed, kill_when=_logged_past(max(first) + 5)) is None
     second = steps_on_disk(run)
     assert max(second) > max(first), (first, second)
+    written.append(raw.read_text())
     # 3. Start it again: it finishes.
     done = dew_train(*ARGS, cache, cwd=killed)
     assert done is not None and done.returncode == 0, done.stdout
+    written.append(raw.read_text())
+    # The journal file is only ever appended to: each start kept every line the one before wrote.
+    assert all(later.startswith(earlier) for earlier, later in zip(written, written[1:])), written
     log = (run / "train.log").read_text()
     assert f"resuming r from step {max(second)}" in log
     # The compilation cache: a second start loads the step instead of compiling it.
