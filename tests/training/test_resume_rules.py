@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,9 +68,12 @@ def test_an_unknown_objective_keeps_every_knob_blocking(tmp_path):
 
 
 def test_the_resume_event_lists_what_changed(tmp_path):
-    _, run, _ = train_tiny(tmp_path, "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=2")
+    _, run, _ = train_tiny(tmp_path, "trainer.steps=4", "trainer.eval_every=null", "trainer.checkpoint_every=2")
     assert json.loads((run / "run.json").read_text())["trainer"]["log_every"] == 1
-    _, _, journal = train_tiny(tmp_path, "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=2",
+    # A completed run started again adds nothing to its journal; one whose last checkpoint is gone
+    # resumes from the one before (as a run killed after step 2 would).
+    shutil.rmtree(run / "4")
+    _, _, journal = train_tiny(tmp_path, "trainer.steps=4", "trainer.eval_every=null", "trainer.checkpoint_every=2",
                                "trainer.log_every=5", "next_token.top_k=40")
     resume = [r for r in journal if r.get("event") == "resume"]
     assert len(resume) == 1 and resume[0]["step"] == 2
