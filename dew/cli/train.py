@@ -250,20 +250,25 @@ def train_from_hydra(cfg: DictConfig) -> Any:
                 write_hydra_record(run_path, cfg)
             state = recipe.train(objective, dataset, name=name, metrics=builtin_metrics(objective),
                                  summary=objective.summary())
+            write_samples(objective, state, run_path, seed=recipe.trainer.seed)
     except Exception as err:  # noqa: BLE001 - a run that stops on its own terms ends with a sentence
         status = stop_status(err)
         if status is None:
             raise  # anything else is a bug: its traceback is the report
         leave_no_trace()
         fail(str(err), status)
+    print(f"dew-train: run {name!r} is in {run_path}", flush=True)
+    return state
+
+
+def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
+    """Samples of the trained model in the run directory, for objectives that draw them."""
     if hasattr(objective, "sample_grid") or hasattr(objective, "sample_text"):
         from dew.sampling import write_sample_grid, write_text_samples
 
         write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
-        samples = write(objective, state.model(ema=state.ema is not None), run_path, seed=recipe.trainer.seed)
+        samples = write(objective, state.model(ema=state.ema is not None), run_path, seed=seed)
         print(f"dew-train: samples in {samples}", flush=True)
-    print(f"dew-train: run {name!r} is in {run_path}", flush=True)
-    return state
 
 
 def main() -> None:

@@ -63,3 +63,23 @@ def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(workdir: Pa
 
 def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
+
+
+def test_run_config_train_refuses_a_held_run_directory(tmp_path: Path):
+    """A library user's RunConfig.train takes the lock too: a held directory is refused, naming the
+    holder, with no record written."""
+    from dew.training.lock import RunLockedError
+    from tests.training.conftest import train_tiny
+
+    run = tmp_path / "ck" / "run"
+    holding = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.training.lock import RunLock; "
+                                f"RunLock({str(run)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockedError, match=f"{run} is in use by process {holding.pid} on"):
+            train_tiny(tmp_path, "trainer.steps=2")
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]
+    finally:
+        os.kill(holding.pid, signal.SIGKILL)
+        holding.wait()

@@ -13,7 +13,7 @@ import pytest
 from dew.training.checkpoint import Checkpoints
 from dew.training.trainer import NonFiniteError
 from tests.training import wrappers
-from tests.training.conftest import compose, load_params, losses, steps_on_disk, train_tiny
+from tests.training.conftest import compose, journal, load_params, losses, steps_on_disk, train_tiny
 
 
 def _leaves(state) -> list[np.ndarray]:
@@ -27,6 +27,8 @@ def test_keep_latest_plus_best_across_a_restart(tmp_path: Path):
         train_tiny(tmp_path, *run_args, objective=negated, data=lambda d: wrappers.Data(d, crash_at=7))
     run = tmp_path / "ck" / "run"
     assert steps_on_disk(run) == [2, 4, 6]  # the 2 latest, and 2 is the best
+    stop = journal(tmp_path)[-1]  # the crash is recorded before it propagates
+    assert (stop["event"], stop["step"], stop["reason"]) == ("stop", 6, "error") and "Crash" in stop["message"]
     state, _, records = train_tiny(tmp_path, *run_args, objective=negated)
     assert "resuming run from step 6" in (run / "train.log").read_text()  # the latest, never the best
     assert steps_on_disk(run) == [2, 6, 8]  # 4 went; 2 stays as the best
@@ -88,6 +90,8 @@ def test_a_non_finite_loss_stops_naming_the_step_and_the_last_good_checkpoint(tm
     run = tmp_path / "ck" / "run"
     assert "non-finite at step 5" in str(err.value) and f"step 4 in {run / '4'}" in str(err.value)
     assert steps_on_disk(run) == [2, 4]
+    stop = journal(tmp_path)[-1]
+    assert (stop["event"], stop["reason"], stop["message"]) == ("stop", "nonfinite", str(err.value))
     params = load_params(run, 4)
     assert all(np.isfinite(p).all() for p in params.values())
 
