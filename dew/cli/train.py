@@ -5,7 +5,8 @@ Hydra composes the config from conf/ and the command line; it is converted once 
 input ends with one message naming the field and what is allowed, a non-zero exit status, and
 nothing written (Hydra itself writes nothing: see conf/config.yaml). A run that stops on its own
 terms (a refused resume, a busy run directory, a divergence, no intact checkpoint) ends with
-``dew-train: error: ...`` and its own exit status (``EXIT_STATUS``), no traceback;
+``dew-train: error: ...`` and its own exit status (the ``EXIT_*`` constants; docs/training.md,
+"When things go wrong"), no traceback;
 ``HYDRA_FULL_ERROR=1`` or ``DEW_DEBUG=1`` shows the traceback instead.
 """
 
