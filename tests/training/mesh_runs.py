@@ -153,7 +153,8 @@ def main(out: Path) -> None:
                 checkpoints.close()
                 r.state = restored.replace(graphdef=r.state.graphdef, rest=r.state.rest)
                 r.iterator.set_state(meta["data"])
-                result["resumed"] = {"losses": r.train(1), "specs": r.specs()}
+                result["resumed"] = {"losses": r.train(1), "specs": r.specs(),
+                                     "mesh": dict(jax.tree.leaves(r.state.params)[0].sharding.mesh.shape)}
     (out / "result.json").write_text(json.dumps(result))
 
 
