@@ -57,10 +57,12 @@ class Arch:
         import jax.numpy as jnp
         from flax import nnx
 
-        from dew.training import trainer
+        from dew.training import adapt, trainer
 
         t = run.trainer
-        self.graphdef, self.params, self.rest = nnx.split(objective.build(nnx.Rngs(params=t.seed)), nnx.Param, ...)
+        model = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
+                            quantization=t.quantization, lora=run.lora, seed=t.seed)
+        self.graphdef, self.params, self.rest = nnx.split(model, adapt.trainable(run.lora), ...)
         optimizer = trainer._optimizer(run, dataset, self.params, t.steps)
         self.state = trainer.TrainState(  # trainer.train's init_state
             step=jnp.zeros((), jnp.int32), params=self.params, opt_state=optimizer.tx.init(self.params),
