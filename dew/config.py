@@ -217,8 +217,8 @@ class MeshSpec:
     fsdp: int = 1
     """Fully-sharded data parallel: parameters and optimizer state sharded, batch split too."""
     tensor: int = 1
-    """Tensor parallel: matrices split along their hidden dimension, where the model declares it (no
-    registered architecture declares it yet, so a size above 1 is refused)."""
+    """Tensor parallel (Megatron): attention heads, MLP hidden width and vocabulary split, as
+    ``trainer.layout.rules`` maps them."""
 
     def __post_init__(self) -> None:
         sizes = dataclasses.asdict(self)
@@ -242,26 +242,57 @@ class MeshSpec:
         return sizes
 
 
+def default_rules() -> dict[str, tuple[str, ...]]:
+    """Data parallel over ``data``, FSDP over ``fsdp`` along ``embed``, Megatron tensor parallel over
+    ``tensor`` (heads, MLP hidden, vocabulary), and their products. The order matters for
+    activations: ``batch`` comes first, so the residual stream ``(batch, length, embed)`` splits its
+    batch over data and fsdp and keeps ``embed`` whole."""
+    return {"batch": ("data", "fsdp"), "embed": ("fsdp",), "mlp": ("tensor",), "heads": ("tensor",),
+            "kv_heads": ("tensor",), "vocab": ("tensor",), "modulation": ("tensor",), "kv": (),
+            "length": (), "layers": (), "classes": (), "features": ()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """How parameters and activations map onto the mesh."""
+    """How parameters and activations map onto the mesh: one table from the logical axis names the
+    models declare (``dew.models.axes.LOGICAL_AXES``) to mesh axes (``dew.training.sharding``)."""
 
-    batch_axes: tuple[str, ...] = ("data", "fsdp")
-    """Mesh axes the batch dimension is split over."""
-    shard_params: bool = True
-    """Shard each large parameter (and its optimizer state) over the fsdp axis, along its largest
-    dimension that divides; False replicates them."""
+    rules: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=default_rules)
+    """Logical axis name -> the mesh axes (data, fsdp, tensor) its dimension splits over, in order of
+    precedence: a dimension takes its rule's axes unless an earlier rule took one of them for another
+    dimension of the same array. An empty list or a name without a rule replicates. The batch
+    dimension of every input splits over ``rules.batch``. One entry changes from the command line
+    (``trainer.layout.rules.embed=[fsdp,tensor]``)."""
     min_shard_size: int = 1024
-    """Parameters with fewer elements stay replicated."""
+    """Parameters (and their optimizer state) with fewer elements stay replicated, whatever their
+    axes say: splitting them saves nothing and costs a collective."""
 
     def __post_init__(self) -> None:
-        allowed = tuple(f.name for f in dataclasses.fields(MeshSpec))
-        for axis in self.batch_axes:
-            if axis not in allowed:
-                raise ValueError(f"trainer.layout.batch_axes: unknown mesh axis {axis!r}; "
-                                 f"axes are {', '.join(allowed)}")
+        from dew.models.axes import LOGICAL_AXES
+
+        mesh_axes = tuple(f.name for f in dataclasses.fields(MeshSpec))
+        for name, axes in self.rules.items():
+            if name not in LOGICAL_AXES:
+                raise ValueError(f"trainer.layout.rules: unknown logical axis {name!r}; the models "
+                                 f"name {', '.join(LOGICAL_AXES)}")
+            for axis in axes:
+                if axis not in mesh_axes:
+                    raise ValueError(f"trainer.layout.rules.{name}: unknown mesh axis {axis!r}; "
+                                     f"axes are {', '.join(mesh_axes)}")
+            if len(set(axes)) != len(axes):
+                raise ValueError(f"trainer.layout.rules.{name}={list(axes)} names a mesh axis twice")
         if self.min_shard_size < 0:
             raise ValueError(f"trainer.layout.min_shard_size={self.min_shard_size} must be >= 0")
+
+    @property
+    def table(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The rules as flax's ``(name, mesh axes)`` pairs, in order."""
+        return tuple((name, tuple(axes)) for name, axes in self.rules.items())
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes the batch dimension splits over."""
+        return tuple(self.rules.get("batch", ()))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx import spmd
 
 from dew.config import LoRA, Quantization
 from dew.models import stack
+
+_LAYERS = {nnx.PARTITION_NAME: "layers"}
+"""The logical name of a stack's leading axis (``dew.models.stack``)."""
 
 LORA_STREAM = 0x10AA
 """Folded into the run's seed for the draw of LoRA's ``A`` factors, apart from the base init."""
@@ -83,7 +87,10 @@ def _stacks_walked_in_python() -> Iterator[None]:
         depth = jax.tree.leaves(state)[0].shape[0]
         layers, ys = [], []
         for i in range(depth):
-            layer = nnx.merge(graphdef, rng_state, jax.tree.map(lambda x: x[i], state))
+            # Each layer's variables lose the stack's leading axis, in their logical names too, so
+            # that the factors qwix creates take names from the layer's own weight (``_LAYERS``).
+            layer_state = spmd.remove_axis(jax.tree.map(lambda x: x[i], state), 0, _LAYERS)
+            layer = nnx.merge(graphdef, rng_state, layer_state)
             carry, y = body(layer, carry)
             rng_state = nnx.state(layer, nnx.RngState)
             layers.append(layer)
@@ -91,7 +98,7 @@ def _stacks_walked_in_python() -> Iterator[None]:
         nnx.update(blocks, rng_state)
         before = {path for path, _ in nnx.to_flat_state(nnx.state(blocks))}
         states = [nnx.state(layer, nnx.Not(nnx.RngState)) for layer in layers]
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+        stacked = spmd.add_axis(jax.tree.map(lambda *xs: jnp.stack(xs), *states), 0, _LAYERS)
         for path, variable in nnx.to_flat_state(stacked):
             if path not in before:
                 parent = blocks

@@ -1,39 +1,56 @@
-"""The device mesh and how the train state and the batch are laid out on it (``jax.sharding``).
+"""The device mesh, and how the train state and the batch are laid out on it (``jax.sharding``).
 
-``trainer.mesh`` names the axis sizes (data, fsdp, tensor) over every visible device; the batch is
-split over ``layout.batch_axes``; with ``layout.shard_params`` each parameter (and its optimizer
-state and EMA, which share its shape) of at least ``min_shard_size`` elements is split over the
-fsdp axis along its largest dimension that divides, the rest replicated. XLA inserts the
-collectives (all-gather of parameters, reduce-scatter of gradients).
+``trainer.mesh`` names the axis sizes (data, fsdp, tensor) over every visible device. Every
+parameter carries the logical names of its dimensions (``dew.models.axes``); ``trainer.layout.rules``
+maps names to mesh axes, and ``param_specs`` turns each parameter's names into its
+``PartitionSpec`` (flax's ``logical_to_mesh_axes``), checking that each split dimension divides over
+its devices. Everything else follows the parameters: a leaf of the optimizer state or the EMA that
+sits at a parameter's path with the parameter's shape (optax's states mirror the parameter tree:
+Adam's ``mu``/``nu``, Muon's momentum, the bf16 moments) takes its spec; counters, keys and scalars are
+replicated. XLA inserts the collectives: all-gathers of fsdp-split parameters, reduce-scatters of
+their gradients, and the all-reduce after a row-parallel matmul.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from flax import nnx
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dew.config import Layout, TrainerConfig
+from dew.models.axes import mesh_axes, rules
+from dew.training.muon import path_str
 
 
 def make_mesh(trainer: TrainerConfig) -> Mesh:
     shape = trainer.mesh.shape(jax.device_count())
-    if shape["tensor"] > 1:
-        raise ValueError(f"trainer.mesh.tensor={shape['tensor']}: no registered architecture declares "
-                         "tensor-parallel dimensions yet; use the data and fsdp axes")
     devices = np.asarray(jax.devices()).reshape(tuple(shape.values()))
     return Mesh(devices, tuple(shape))
 
 
-def batch_axes(mesh: Mesh, layout: Layout) -> tuple[str, ...]:
+def abstract_mesh(trainer: TrainerConfig, device_count: int) -> AbstractMesh:
+    """The mesh ``trainer.mesh`` names over ``device_count`` devices, without needing them."""
+    shape = trainer.mesh.shape(device_count)
+    return AbstractMesh(tuple(shape.values()), tuple(shape))
+
+
+def batch_axes(mesh: Mesh | AbstractMesh, layout: Layout) -> tuple[str, ...]:
     return tuple(a for a in layout.batch_axes if a in mesh.shape)
 
 
-def check_batch(batch: int, mesh: Mesh, layout: Layout, *, field: str) -> None:
+def batch_sharding(mesh: Mesh, layout: Layout) -> NamedSharding:
+    """Every input's leading (batch) dimension split over the batch axes, the rest replicated."""
+    return NamedSharding(mesh, P(batch_axes(mesh, layout)))
+
+
+def check_batch(batch: int, mesh: Mesh | AbstractMesh, layout: Layout, *, field: str) -> None:
     """A (micro-)batch must split evenly over the batch axes' devices."""
     devices = math.prod(mesh.shape[a] for a in batch_axes(mesh, layout))
     if batch % devices:
@@ -41,24 +58,82 @@ def check_batch(batch: int, mesh: Mesh, layout: Layout, *, field: str) -> None:
                          f"{devices} devices of the batch axes {batch_axes(mesh, layout)}")
 
 
-def param_spec(shape: tuple[int, ...], mesh: Mesh, layout: Layout) -> P:
-    fsdp = mesh.shape.get("fsdp", 1)
-    if not layout.shard_params or fsdp == 1 or math.prod(shape) < layout.min_shard_size:
-        return P()
-    for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-        if shape[dim] % fsdp == 0:
-            spec = [None] * len(shape)
-            spec[dim] = "fsdp"
-            return P(*spec)
-    return P()
+def logical_names(params: Any) -> dict[str, tuple[str | None, ...] | None]:
+    """Each parameter's path (``blocks/attn/q/kernel``) -> the logical names of its dimensions."""
+    names = {}
+    for path, variable in nnx.to_flat_state(params):
+        key = "/".join(map(str, path))
+        sharding = variable.get_metadata().get("out_sharding") if isinstance(variable, nnx.Variable) else None
+        names[key] = tuple(sharding) if sharding else None
+    return names
 
 
-def state_sharding(state: Any, mesh: Mesh, layout: Layout) -> Any:
-    """A sharding for every leaf of the train state: parameter-shaped leaves by ``param_spec``,
-    scalars (step, key, counters) replicated."""
+def param_specs(params: Any, mesh: Mesh | AbstractMesh, layout: Layout) -> dict[str, P]:
+    """Each parameter's path -> its ``PartitionSpec`` under ``layout.rules`` on ``mesh``.
 
-    def leaf(x: Any) -> NamedSharding:
+    A parameter below ``layout.min_shard_size`` elements, or one that declares no names, is
+    replicated. Raises naming the parameter, its shape and the mesh when a split dimension does
+    not divide over its devices, or when the names do not match the parameter's rank.
+    """
+    names = logical_names(params)
+    specs = {}
+    for path, variable in nnx.to_flat_state(params):
+        key = "/".join(map(str, path))
+        shape = tuple(variable.shape)
+        dims = names[key]
+        if dims is None or math.prod(shape) < layout.min_shard_size:
+            specs[key] = P()
+            continue
+        if len(dims) != len(shape):
+            raise ValueError(f"parameter {key} of shape {shape} declares {len(dims)} logical axes "
+                             f"{dims}: one name per dimension")
+        spec = mesh_axes(dims, layout.table, mesh.shape)
+        for dim, (size, axes) in enumerate(zip(shape, spec)):
+            axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+            devices = math.prod(mesh.shape[a] for a in axes)
+            if size % devices:
+                raise ValueError(
+                    f"parameter {key} of shape {shape} (logical axes {dims}) does not divide over the "
+                    f"mesh {dict(mesh.shape)}: dimension {dim} ({dims[dim]}={size}) splits over "
+                    f"{'x'.join(axes)} = {devices} devices. Change trainer.mesh or "
+                    f"trainer.layout.rules.{dims[dim]}")
+        specs[key] = spec
+    return specs
+
+
+def follow_params(tree: Any, specs: Mapping[str, P], shapes: Mapping[str, tuple[int, ...]]) -> Any:
+    """A ``PartitionSpec`` for every leaf of ``tree`` (a train state, an optimizer state): the spec
+    of the parameter whose path ends the leaf's path and whose shape it has; ``P()`` otherwise."""
+    by_last: dict[str, list[str]] = {}
+    for key in specs:
+        by_last.setdefault(key.rsplit("/", 1)[-1], []).append(key)
+
+    def leaf(path: Any, x: Any) -> P:
+        where = path_str(path)
         shape = tuple(getattr(x, "shape", ()))
-        return NamedSharding(mesh, param_spec(shape, mesh, layout))
+        for key in by_last.get(where.rsplit("/", 1)[-1], ()):
+            if (where == key or where.endswith("/" + key)) and shapes[key] == shape:
+                return specs[key]
+        return P()
 
-    return jax.tree.map(leaf, state)
+    return jax.tree_util.tree_map_with_path(leaf, tree)
+
+
+def state_sharding(state: Any, params: Any, mesh: Mesh, layout: Layout) -> Any:
+    """A ``NamedSharding`` for every leaf of the train state ``state`` (abstract or concrete), from
+    the logical names of ``params`` (the split module's ``nnx.State``)."""
+    specs = param_specs(params, mesh, layout)
+    shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), follow_params(state, specs, shapes),
+                        is_leaf=lambda x: isinstance(x, P))
+
+
+def under_rules(mesh: Mesh, layout: Layout, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` traced with the rules active, so ``dew.models.axes.constrain`` pins activations."""
+
+    @functools.wraps(fn)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        with rules(mesh, layout.table):
+            return fn(*args, **kwargs)
+
+    return traced

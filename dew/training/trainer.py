@@ -25,7 +25,6 @@ import optax
 from etils import epath
 from flax import nnx, struct
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from dew.config import STEP_LIMIT, RunConfig
 from dew.data.base import Dataset
@@ -243,6 +242,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
     abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
                                                   quantization=t.quantization, lora=run.lora, seed=t.seed))
+    sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides
     optimizer = _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
     _qk_layers(run, optimizer.qk_clip_tau)
     return total_steps, eval_every, ckpt_every
@@ -304,21 +304,24 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             loss_scale=jnp.asarray(2.0**15 if t.dynamic_scale else 1.0, jnp.float32),
             good_steps=jnp.zeros((), jnp.int32), nonfinite_step=jnp.full((), -1, jnp.int32))
 
-    # One compiled program lays the whole state out on the mesh (not one eager op per leaf).
-    state_sharding = sharding.state_sharding(jax.eval_shape(init_state, params), mesh, t.layout)
+    # One compiled program lays the whole state out on the mesh (not one eager op per leaf), each
+    # leaf as the logical axes of its parameter and trainer.layout.rules say.
+    state_sharding = sharding.state_sharding(jax.eval_shape(init_state, params), params, mesh, t.layout)
     state = jax.jit(init_state, out_shardings=state_sharding)(params).replace(graphdef=graphdef, rest=rest)
     state_sharding = state_sharding.replace(graphdef=graphdef, rest=rest)
-    batch_sharding = NamedSharding(mesh, P(sharding.batch_axes(mesh, t.layout)))
+    batch_sharding = sharding.batch_sharding(mesh, t.layout)
 
     # (3) The compiled step and evaluation. ----------------------------------------------------
+    # Traced under the rules, so the models' activation constraints (dew.models.axes) apply.
     train_step = jax.jit(
-        make_train_step(objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
-                        accumulation=t.accumulation, dynamic_scale=t.dynamic_scale,
-                        qk_clip_tau=optimizer.qk_clip_tau, qk_layers=_qk_layers(run, optimizer.qk_clip_tau)),
+        sharding.under_rules(mesh, t.layout, make_train_step(
+            objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
+            accumulation=t.accumulation, dynamic_scale=t.dynamic_scale,
+            qk_clip_tau=optimizer.qk_clip_tau, qk_layers=_qk_layers(run, optimizer.qk_clip_tau))),
         in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
         donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(objective, graphdef, rest, metrics),
+    eval_step = jax.jit(sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
                         in_shardings=(state_sharding.params, batch_sharding, None),
                         compiler_options=COMPILER_OPTIONS or None)
     eval_key = jax.random.PRNGKey(t.seed + 2)

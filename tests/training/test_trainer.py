@@ -131,7 +131,7 @@ def test_muonclip_refuses_qk_norm():
 
 @pytest.mark.parametrize("overrides, message", [
     (["trainer.steps=2", "trainer.mesh={data: 2}"], "needs 2 devices, 1 are visible"),
-    (["trainer.steps=2", "trainer.mesh={tensor: 1, data: 1, fsdp: 1}", "trainer.layout={batch_axes: [data]}",
+    (["trainer.steps=2", "trainer.mesh={tensor: 1, data: 1, fsdp: 1}", "trainer.layout.rules.batch=[data]",
       "optim.optimizer=muonclip", "model.architecture=simple_dit", "trainer.epochs=null"], None),
 ])
 def test_errors_before_the_run_starts(tmp_path: Path, overrides, message):

@@ -1,6 +1,6 @@
 """Sharding on one host: 8 simulated CPU devices (a subprocess, since the device count is fixed when
-the backend starts) with mesh data=4, fsdp=2 give the same losses as this process's one device, each
-parameter laid out as the layout says, and a batch that does not split over the data axes is refused
+the backend starts) with mesh data=4, fsdp=2 give the same losses as this process's one device through
+the whole trainer (run directory, evaluation, checkpoint), each parameter laid out as the rules say, and a batch that does not split over the data axes is refused
 naming both numbers."""
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ state, _, journal = train_tiny(out, *args, "trainer.mesh={data: 4, fsdp: 2}")
 mesh = sharding.make_mesh(compose(*args, "trainer.mesh={data: 4, fsdp: 2}").trainer)
 layout = compose(*args).trainer.layout
 specs = {}
+wanted = sharding.param_specs(state.params, mesh, layout)
+from dew.training.muon import path_str
 for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
-    want = sharding.param_spec(leaf.shape, mesh, layout)
+    want = wanted[path_str(path)]
     specs[jax.tree_util.keystr(path)] = [str(leaf.sharding.spec), str(want), leaf.sharding.mesh.shape == mesh.shape]
 try:
     from dew.build import build_run

@@ -1,0 +1,42 @@
+"""``dew-plan``: where a run's parameters land on its mesh and what each device holds, before launch.
+
+It takes the config groups and overrides ``dew-train`` takes (``dew-plan model=dit_xl2
+trainer.mesh.fsdp=4 trainer.mesh.tensor=2``) and prints ``dew.training.plan.plan``'s table: each
+parameter's shape, logical axes, mesh sharding and bytes per device, then the totals (parameters,
+optimizer state, EMA, an activation estimate for the configured batch). It plans for the device
+count the mesh names without those devices, reads no data and writes nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs
+from dew.recipe import Recipe
+from dew.typed import ConfigError
+
+
+def plan_from_hydra(cfg: DictConfig) -> Any:
+    try:
+        recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
+        from dew.training.plan import plan
+
+        result = plan(recipe)
+    except (ConfigError, ValueError) as err:
+        print(f"dew-plan: error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    print(result.table(), flush=True)
+    return result
+
+
+def main() -> None:
+    register_configs()
+    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(plan_from_hydra)()
+
+
+if __name__ == "__main__":
+    main()
