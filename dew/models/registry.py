@@ -48,7 +48,7 @@ class SimpleDiTFields:
     """Double the output channels to predict a variance as well (DiT's learned-sigma variant)."""
     scan_layers: bool = True
     """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
-    remat: RematPolicy = "none"
+    remat: RematPolicy = "minimal_with_context"
     """What each block's backward pass keeps of its forward pass, the rest recomputed: none, full,
     dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
     dtype: DtypeName = "float32"
@@ -124,7 +124,7 @@ class TransformerFields:
     """Standard deviation of the normal initialisation of every matrix."""
     scan_layers: bool = True
     """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
-    remat: RematPolicy = "none"
+    remat: RematPolicy = "minimal_with_context"
     """What each block's backward pass keeps of its forward pass, the rest recomputed: none, full,
     dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
     dtype: DtypeName = "float32"
