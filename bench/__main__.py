@@ -4,9 +4,9 @@ A benchmark is a ``bench/<name>.py`` with a ``__main__`` guard whose last printe
 record (``{"bench": name, ...}``); they are found by listing the directory, so a new one joins the
 suite by existing. Each runs in its own process with ``JAX_PLATFORMS=cpu`` and its defaults (the
 commands docs/performance.md quotes), one at a time, so none measures another's load. The table
-shows each one's ratios and their per-round spread (every field named ``ratio``, ``*_vs_*``,
-``*_share`` or ``*_over_*``, with its ``*s``/``*_range`` companion when the benchmark records one),
-then every JSON record follows, one per line.
+shows each one's ratios and their per-round spread (every field named ``ratio``, ``*_ratio``,
+``*_vs_*``, ``*_share`` or ``*_over_*``, with its ``*s``/``*_range`` companion when the benchmark
+records one), then every JSON record follows, one per line.
 
     python -m bench                       # the whole suite (tens of minutes on a 2-core machine)
     python -m bench --only data_pipeline  # a subset, comma-separated
@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 NOT_CPU = {"gpu": "the GPU check (its CPU smoke run is tests/bench/test_gpu_smoke.py)",
            "maxtext_parity": "needs MaxText installed in its own environment"}
 """Benchmarks the CPU suite leaves out, and why."""
-RATIO = re.compile(r"(^ratio$|_vs_|_share$|_over_)")
+RATIO = re.compile(r"(^ratio$|_ratio$|_vs_|_share$|_over_)")
 
 
 def discover() -> list[str]:
