@@ -74,6 +74,7 @@ def main() -> None:
                 rates[name].append(args.batches * B * L / seconds)
             ratios.append(times["raw"] / times["pipeline"])
         result = {"bench": "data_pipeline", "ratio": round(statistics.median(ratios), 3),
+                  "ratios": [round(x, 3) for x in ratios],
                   "pipeline_tokens_per_s": round(statistics.median(rates["pipeline"])),
                   "raw_tokens_per_s": round(statistics.median(rates["raw"])),
                   "seq_len": L, "batch": B, "file_tokens": args.tokens, "rounds": args.rounds}

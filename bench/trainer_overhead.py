@@ -4,12 +4,13 @@ checkpoint's blocking time against the save's own duration.
 Both loops train the same model (the digits experiment's DiT), on the same data (the digits
 iterator), with the same optimizer (``build_optimizer`` of the run's OptimConfig), in one process,
 interleaved round by round. The hand-written side is a jitted, donated value_and_grad + optax step
-fed from the dataset's iterator, blocked on once at the end. The trainer side is
-``RunConfig.train`` with no evaluation and no checkpoints but the final one, logging at the end of
-the warm-up and at the last step; its loop time is the wall time between the tracker receiving
-those two steps' metrics (a fetch waits for its step), taken by the benchmark, so set-up,
-compilation and the final save are left out of both sides. The EMA is
-off (``flow_matching.ema_decay=0``): it is the objective's work, not the loop's.
+fed from the dataset's iterator, blocked on once at the end; its per-step key is folded from a step
+counter inside ``jit``, as the trainer's is, so neither side pays a dispatch the other does not. The
+trainer side is ``RunConfig.train`` with no evaluation and no checkpoints but the final one, logging
+at the end of the warm-up and at the last step; its loop time is the wall time between the tracker
+receiving those two steps' metrics (a fetch waits for its step), taken by the benchmark, so set-up,
+compilation and the final save are left out of both sides. The EMA is off
+(``flow_matching.ema_decay=0``): it is the objective's work, not the loop's.
 
     JAX_PLATFORMS=cpu python bench/trainer_overhead.py [--steps 300 --rounds 5 --batch 64 --hidden 64 --depth 2]
 
@@ -47,8 +48,9 @@ def compose(*overrides: str):
     return Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
-def hand_loop(recipe, steps: int, warmup: int) -> float:
-    """Seconds for ``steps`` steps of the hand-written loop after ``warmup`` (compilation) steps."""
+def hand_loop(recipe, steps: int, warmup: int) -> tuple[float, float]:
+    """Wall and process-CPU seconds for ``steps`` steps of the hand-written loop after ``warmup``
+    (compilation) steps."""
     from dew.build import build_run
     from dew.training.optim import build_optimizer
 
@@ -57,29 +59,31 @@ def hand_loop(recipe, steps: int, warmup: int) -> float:
     tx = build_optimizer(recipe.optim, params, total_steps=warmup + steps).tx
     opt_state = tx.init(params)
 
-    def step(params, opt_state, key, batch):
+    def step(params, opt_state, n, batch):
+        key = jax.random.fold_in(jax.random.PRNGKey(1), n)  # the per-step key inside jit, as the trainer
+
         def loss_fn(p):
             out = objective.loss(nnx.merge(graphdef, p, rest), batch, key)
             return out.total / out.count
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, n + 1, loss
 
-    step = jax.jit(step, donate_argnums=(0, 1))
-    it, key = dataset.iterator(), jax.random.PRNGKey(1)
-    for i in range(warmup):
-        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(key, i), it.next())
+    step = jax.jit(step, donate_argnums=(0, 1, 2))
+    it, n = dataset.iterator(), jax.numpy.zeros((), jax.numpy.int32)
+    for _ in range(warmup):
+        params, opt_state, n, loss = step(params, opt_state, n, it.next())
     jax.block_until_ready(loss)
-    start = time.perf_counter()
-    for i in range(warmup, warmup + steps):
-        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(key, i), it.next())
+    start, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        params, opt_state, n, loss = step(params, opt_state, n, it.next())
     jax.block_until_ready((params, loss))
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def trainer_loop(recipe, steps: int, warmup: int, work: Path, name: str) -> float:
-    """Seconds the trainer's loop took for steps ``warmup``..``warmup + steps``: the wall time between
+def trainer_loop(recipe, steps: int, warmup: int, work: Path, name: str) -> tuple[float, float]:
+    """Wall and process-CPU seconds the trainer's loop took for steps ``warmup``..``warmup + steps``: the wall time between
     the tracker receiving step ``warmup``'s metrics and the last step's (each fetch waits for its
     step), taken here, outside the trainer."""
     import dataclasses
@@ -87,12 +91,12 @@ def trainer_loop(recipe, steps: int, warmup: int, work: Path, name: str) -> floa
     from dew.build import build_run
     from dew.training import tracking
 
-    seen: dict[int, float] = {}
+    seen: dict[int, tuple[float, float]] = {}
     original = tracking.Tracker.metrics
 
     def metrics(self, step, values):
         if "train/loss" in values:
-            seen[step] = time.perf_counter()
+            seen[step] = (time.perf_counter(), time.process_time())
         return original(self, step, values)
 
     run = dataclasses.replace(recipe, trainer=dataclasses.replace(
@@ -103,7 +107,8 @@ def trainer_loop(recipe, steps: int, warmup: int, work: Path, name: str) -> floa
         run.train(objective, dataset, name=name)
     finally:
         tracking.Tracker.metrics = original
-    return seen[warmup + steps] - seen[warmup]
+    (wall0, cpu0), (wall1, cpu1) = seen[warmup], seen[warmup + steps]
+    return wall1 - wall0, cpu1 - cpu0
 
 
 def checkpoint_blocking(work: Path, recipe, saves: int) -> tuple[list[float], list[float], int]:
@@ -146,23 +151,32 @@ def main() -> None:
                          f"model.config.hidden_size={args.hidden}", "trainer.eval_every=null",
                          "trainer.checkpoint_every=null", "trainer.log_every=100", "flow_matching.ema_decay=0",
                          f"trainer.compilation_cache_dir={work / 'xla'}", "optim.schedule.warmup_steps=1")
-        hand, ours = [], []
+        hand, ours, hand_cpu, ours_cpu = [], [], [], []
         for r in range(args.rounds):
             sides = ["hand", "trainer"] if r % 2 == 0 else ["trainer", "hand"]
             for side in sides:
                 if side == "hand":
-                    hand.append(args.steps * args.batch / hand_loop(recipe, args.steps, args.warmup))
+                    wall, cpu = hand_loop(recipe, args.steps, args.warmup)
+                    hand.append(args.steps * args.batch / wall)
+                    hand_cpu.append(cpu)
                 else:
-                    ours.append(args.steps * args.batch / trainer_loop(recipe, args.steps, args.warmup, work, f"r{r}"))
+                    wall, cpu = trainer_loop(recipe, args.steps, args.warmup, work, f"r{r}")
+                    ours.append(args.steps * args.batch / wall)
+                    ours_cpu.append(cpu)
             print(f"round {r}: hand {hand[-1]:.0f} ex/s, trainer {ours[-1]:.0f} ex/s, "
-                  f"ratio {ours[-1] / hand[-1]:.3f}", flush=True)
+                  f"ratio {ours[-1] / hand[-1]:.3f}; CPU seconds hand/trainer "
+                  f"{hand_cpu[-1] / ours_cpu[-1]:.3f}", flush=True)
         ratios = [o / h for o, h in zip(ours, hand, strict=True)]
+        # The same ratio in process CPU time: what each loop cost, whatever share of the cores it got.
+        cpu_ratios = [h / o for h, o in zip(hand_cpu, ours_cpu, strict=True)]
         blocking, total, size = checkpoint_blocking(work, recipe, args.saves)
     step_ms = 1000 * args.batch / statistics.median(hand)
     print(f"checkpoint of {size / 2**20:.1f} MiB: save blocks {1000 * statistics.median(blocking):.1f} ms, "
           f"lands in {1000 * statistics.median(total):.1f} ms (median of {args.saves})")
     print(json.dumps({"bench": "trainer_overhead", "ratio": round(statistics.median(ratios), 4),
-                      "ratios": [round(x, 4) for x in ratios], "hand_examples_per_sec": round(statistics.median(hand)),
+                      "ratios": [round(x, 4) for x in ratios],
+                      "cpu_ratio": round(statistics.median(cpu_ratios), 4),
+                      "cpu_ratios": [round(x, 4) for x in cpu_ratios], "hand_examples_per_sec": round(statistics.median(hand)),
                       "trainer_examples_per_sec": round(statistics.median(ours)), "step_ms": round(step_ms, 1),
                       "batch": args.batch, "steps": args.steps, "device": jax.devices()[0].device_kind,
                       "checkpoint_mib": round(size / 2**20, 2),

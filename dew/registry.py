@@ -18,6 +18,13 @@ AttentionImpl = Literal["auto", "xla", "cudnn"]
 """Attention kernel: ``auto`` is cudnn on a GPU for the shapes cudnn supports and xla otherwise."""
 
 
+RematPolicy = Literal["none", "full", "dots", "minimal", "minimal_with_context"]
+"""What a block's backward pass keeps from its forward pass (``dew.models.stack``): everything
+(``none``), only the block's input (``full``), every matmul's output (``dots``), the weight matmuls'
+outputs but not attention's (``minimal``, MaxText's name), or those and attention's output
+(``minimal_with_context``)."""
+
+
 def unknown_name(kind: str, name: object, known: object) -> ValueError:
     """The error for a name a registry does not hold, listing the ones it does."""
     return ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")  # type: ignore[arg-type]

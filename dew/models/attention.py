@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from dew.models.axes import constrain, param
 from dew.models.precision import LAX_PRECISION, Precision
@@ -114,10 +115,11 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, *, 
     """
     implementation = choose_implementation(impl, q_BxTxNxH.dtype, q_BxTxNxH.shape[-1])
     with jax.default_matmul_precision(matmul_precision):
-        return jax.nn.dot_product_attention(
+        # "context" is what remat="minimal_with_context" keeps for the backward pass (dew.models.stack).
+        return checkpoint_name(jax.nn.dot_product_attention(
             q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, scale=scale, is_causal=causal,
             key_value_seq_lengths=None if kv_lengths is None else kv_lengths.astype(jnp.int32),
-            implementation=implementation)
+            implementation=implementation), "context")
 
 
 def rope_tables(positions_T: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:

@@ -240,7 +240,8 @@ class SimpleDiT(nnx.Module):
             c_BxD = c_BxD + self.y_embedder(y_B)
 
         h_BxTxD, max_logits_LxN = stack.run(
-            self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers)
+            self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers,
+            remat=f.remat)
         out = constrain(self.final_layer(h_BxTxD, c_BxD), "batch", "length", "vocab" if self.tokens else "features")
         if not self.tokens:
             out = unpatchify(out, f.patch_size, self.out_channels)

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dew.registry import AttentionImpl, DtypeName, MatmulPrecision, unknown_name
+from dew.registry import AttentionImpl, DtypeName, MatmulPrecision, RematPolicy, unknown_name
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -48,6 +48,9 @@ class SimpleDiTFields:
     """Double the output channels to predict a variance as well (DiT's learned-sigma variant)."""
     scan_layers: bool = True
     """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
+    remat: RematPolicy = "minimal_with_context"
+    """What each block's backward pass keeps of its forward pass, the rest recomputed: none, full,
+    dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
     dtype: DtypeName = "float32"
     """Compute dtype of every layer."""
     param_dtype: DtypeName = "float32"
@@ -121,6 +124,9 @@ class TransformerFields:
     """Standard deviation of the normal initialisation of every matrix."""
     scan_layers: bool = True
     """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
+    remat: RematPolicy = "minimal_with_context"
+    """What each block's backward pass keeps of its forward pass, the rest recomputed: none, full,
+    dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
     dtype: DtypeName = "float32"
     """Compute dtype of every layer."""
     param_dtype: DtypeName = "float32"

@@ -5,6 +5,20 @@ A stack holds every block's parameters with a leading ``depth`` axis (``blocks/a
 parameters, checkpoints and optimizer state does not depend on ``scan_layers``. Scanning compiles one
 block whatever the depth (docs/architecture.md: 16 layers compiled in 2.7 s scanned against 18.4 s unrolled);
 unrolling (``jax.lax.scan(unroll=True)``) lets XLA schedule across blocks, and gives the same outputs.
+
+**Rematerialisation.** ``remat`` wraps each block in ``jax.checkpoint`` with a policy that says which
+of its forward values the backward pass keeps; the rest it recomputes from the block's input. The
+same wrap applies scanned or unrolled, and changes memory and time, never the values
+(tests/models/test_remat.py). The names follow MaxText's ``remat_policy`` where one matches:
+
+- ``none``: no wrap; every intermediate is kept, attention probabilities included.
+- ``full``: only the block's input is kept (``nothing_saveable``); the forward runs twice.
+- ``dots``: every matmul output is kept (``dots_saveable``), attention's ``QKᵀ`` and ``PV`` too.
+- ``minimal``: the weight matmuls' outputs (``dots_with_no_batch_dims_saveable``), not attention's.
+- ``minimal_with_context``: ``minimal`` and attention's output (named ``context`` by
+  ``dew.models.attention.attend``), so the backward pass does not redo the attention kernel.
+
+docs/performance.md has the time and memory each one measured and why the default is what it is.
 """
 
 from __future__ import annotations
@@ -14,6 +28,8 @@ from typing import Any, TypeVar
 
 import jax
 from flax import nnx
+
+from dew.registry import RematPolicy
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -29,16 +45,39 @@ def stack(make_block: Callable[[nnx.Rngs], M], depth: int, rngs: nnx.Rngs) -> M:
     return make(rngs)
 
 
+def checkpoint_policy(remat: RematPolicy) -> Callable[..., bool] | None:
+    """The ``jax.checkpoint`` policy of ``remat``; None for ``none``, which does not wrap the block."""
+    policies = jax.checkpoint_policies
+    minimal = policies.dots_with_no_batch_dims_saveable
+    table: dict[str, Callable[..., bool] | None] = {
+        "none": None,
+        "full": policies.nothing_saveable,
+        "dots": policies.dots_saveable,
+        "minimal": minimal,
+        "minimal_with_context": policies.save_from_both_policies(
+            minimal, policies.save_only_these_names("context")),
+    }
+    if remat not in table:
+        raise ValueError(f"remat={remat!r}; known: {', '.join(table)}")
+    return table[remat]
+
+
 def run(blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, *,
-        scan: bool) -> tuple[Any, Any]:
+        scan: bool, remat: RematPolicy = "none") -> tuple[Any, Any]:
     """Thread ``carry`` through the stacked ``blocks`` in order: ``body(block, carry) -> (carry, y)``.
 
     Returns the last carry and every block's ``y`` stacked on a leading ``depth`` axis. ``scan=False``
-    unrolls the loop at trace time; the result is the same.
+    unrolls the loop at trace time; the result is the same. ``remat`` is the block's
+    rematerialisation policy (module docstring).
     """
     graphdef, state = nnx.split(blocks)
 
     def step(carry: Any, block_state: Any) -> tuple[Any, Any]:
         return body(nnx.merge(graphdef, block_state), carry)
 
+    policy = checkpoint_policy(remat)
+    if remat != "none":
+        # Unrolled, the blocks are straight-line code in which XLA's CSE would merge the backward
+        # pass's recomputation with the forward pass and undo the remat; a scan's body cannot be.
+        step = jax.checkpoint(step, policy=policy, prevent_cse=not scan)
     return jax.lax.scan(step, carry, state, unroll=not scan)

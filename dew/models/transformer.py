@@ -122,7 +122,7 @@ class Transformer(nnx.Module):
 
         x_BxTxD, max_logits_LxN = stack.run(
             self.blocks, lambda block, x: block(x, rope, return_max_logits), x_BxTxD,
-            scan=f.scan_layers)
+            scan=f.scan_layers, remat=f.remat)
 
         x_BxTxD = self.final_norm(x_BxTxD)
         if self.lm_head is None:

@@ -197,12 +197,22 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 
 
 def peak_flops(device_kind: str, dtype: str, devices: int) -> float | None:
-    """Peak matmul FLOP/s of ``devices`` devices of ``device_kind`` computing in ``dtype``; None for
-    a kind the table does not know (every CPU), where MFU is not logged."""
+    """Peak matmul FLOP/s of ``devices`` devices of ``device_kind`` computing in ``dtype``: the data
+    sheet's for a kind the table knows; for any other kind of this process's devices (every CPU), the
+    matmul ceiling measured once on this machine (``dew.training.peak``); None otherwise."""
     for prefix in sorted(PEAK_FLOPS, key=len, reverse=True):
         if device_kind.startswith(prefix):
             return PEAK_FLOPS[prefix]["float32" if dtype == "float32" else "16bit"] * devices
-    return None
+    import jax
+
+    from dew.training.peak import measured_peak_flops
+
+    device = jax.devices()[0]
+    if device.device_kind != device_kind:
+        return None
+    # A process's CPU devices (xla_force_host_platform_device_count) share its cores, and one
+    # device's matmul already runs on all of them: the ceiling is per process there.
+    return measured_peak_flops(dtype) * (jax.process_count() if device.platform == "cpu" else devices)
 
 
 class Throughput:
