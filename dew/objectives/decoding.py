@@ -1,9 +1,11 @@
 """Autoregressive decoding of a causal language model: a prompt, then one token drawn at a time.
 
-**With the key/value cache** (the default): the prompt runs through the model in one call
-(``model.extend``, prefill), then each step runs the single newest token against the cache
-(``dew.models.kv_cache``): a step costs one token's forward plus reading the cache, not a forward of
-the whole prefix. **Without** (``cached=False``), each step runs the model over the sequence so far
+**With the key/value cache** (the default): the prompt but its last token runs through the model in
+one call (``model.extend``, prefill), then each step runs the single newest token against the cache
+(``dew.models.kv_cache``), starting with the prompt's last: a step costs one token's forward plus
+reading the cache, not a forward of the whole prefix. (Feeding the prompt's last token as a step
+means a one-token prompt, the default start id, compiles no prefill at all: compiling dominates a
+short sample.) **Without** (``cached=False``), each step runs the model over the sequence so far
 (the window below, padded to a fixed length so the loop compiles once); it is the reference the
 cache is tested and benchmarked against.
 
@@ -73,8 +75,8 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, ke
 
     if cached:
         cache = model.init_cache(B, span)
-        logits, cache = model.extend(ids[:, :P], cache, last_only=True)
-        ids = ids.at[:, P].set(draw(logits[:, 0], P))
+        if P > 1:  # prefill all but the prompt's last token in one call; the loop feeds that one
+            cache = model.extend(ids[:, :P - 1], cache, last_only=True)[1]
         keep = keep_of(window)
 
         def refill(i: jax.Array, ids: jax.Array) -> Any:
@@ -88,7 +90,7 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, ke
             logits, cache = model.extend(jax.lax.dynamic_slice_in_dim(ids, i, 1, axis=1), cache)
             return ids.at[:, i + 1].set(draw(logits[:, 0], i + 1)), cache
 
-        ids, _ = jax.lax.fori_loop(P, total - 1, step, (ids, cache))
+        ids, _ = jax.lax.fori_loop(P - 1, total - 1, step, (ids, cache))
     else:
 
         def step(i: jax.Array, ids: jax.Array) -> jax.Array:
