@@ -3,6 +3,7 @@
     dew-sample checkpoints/digits                       # best checkpoint, EMA, a PNG grid
     dew-sample checkpoints/digits --count 16 --guidance-scale 2 --npz digits.npz
     dew-sample checkpoints/tiny --latest --temperature 0.8 --top-k 40 --count 4
+    dew-sample checkpoints/tiny_lm --prompt "The " --max-new-tokens 500
 
 The run's ``run.json`` is read back with ``Recipe.load``; the dataset, the resolved model fields and
 the objective are rebuilt through ``dew.build`` (the path ``dew-train`` built them through), the
@@ -190,12 +191,17 @@ def sample_images(r: Restored, *, count: int | None, seed: int, guidance_scale: 
 
 
 def sample_text(r: Restored, *, count: int | None, seed: int, steps: int | None, temperature: float | None,
-                top_k: int | None, prompt: str | None) -> tuple[Any, list[str]]:
+                top_k: int | None, prompt: str | None, max_new_tokens: int | None = None) -> tuple[Any, list[str]]:
     """Token ids and their text."""
     import jax
 
     o = r.objective
     options: dict[str, Any] = {"temperature": temperature, "top_k": top_k}
+    if max_new_tokens is not None:
+        if not hasattr(o, "start_ids"):
+            raise SampleError(f"--max-new-tokens: masked diffusion samples whole sequences of seq_len="
+                              f"{o.seq_len} tokens; it takes no length")
+        options["max_new_tokens"] = max_new_tokens
     if hasattr(o.knobs, "sample_steps"):
         options["steps"] = steps
     elif steps is not None:
@@ -208,7 +214,10 @@ def sample_text(r: Restored, *, count: int | None, seed: int, steps: int | None,
         from dew.data.tokenizer import from_record
 
         options["prompt"] = [int(i) for i in from_record(o.tokenizer).encode(prompt)]
-    return o.sample_text(r.model, jax.random.PRNGKey(seed), count, **options)
+    try:
+        return o.sample_text(r.model, jax.random.PRNGKey(seed), count, **options)
+    except ValueError as err:  # the prompt's length (the options' ranges are checked on parsing)
+        raise SampleError(f"--prompt: {err}") from None
 
 
 # ------------------------------------------------------------------------------------- the command
@@ -232,13 +241,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, help="logit temperature (text)")
     p.add_argument("--top-k", type=int, help="draw among the k most likely tokens; 0 keeps all (text)")
     p.add_argument("--prompt", help="text the sequences continue (next-token runs)")
+    p.add_argument("--max-new-tokens", type=int, help="tokens drawn after the prompt (next-token runs; default: up "
+                   "to the model's seq_len; beyond it the context is a window that moves on by half its length)")
     p.add_argument("--out", help="the PNG grid or the text file (default: samples-step<N>-seed<S>.png "
                    "or .txt in the run directory)")
     p.add_argument("--npz", help="also write the images and their labels to this .npz (images)")
     args = p.parse_args(argv)
-    for name in ("count", "steps"):
+    for name in ("count", "steps", "max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
-            p.error(f"--{name} must be positive")
+            p.error(f"--{name.replace('_', '-')} must be positive")
     if args.temperature is not None and args.temperature <= 0:
         p.error("--temperature must be > 0")
     if args.top_k is not None and args.top_k < 0:
@@ -254,7 +265,7 @@ def run(args: argparse.Namespace) -> str:
     if r.damaged:
         source += f"; damaged step{'s' if len(r.damaged) > 1 else ''} {', '.join(str(s) for s, _ in r.damaged)} passed over"
     if hasattr(r.objective, "sample_grid"):
-        for name in ("temperature", "top_k", "prompt"):
+        for name in ("temperature", "top_k", "prompt", "max_new_tokens"):
             if getattr(args, name) is not None:
                 raise SampleError(f"--{name.replace('_', '-')}: the run samples images; it is a text option")
         images, labels = sample_images(r, count=args.count, seed=args.seed, guidance_scale=args.guidance_scale,
@@ -274,7 +285,8 @@ def run(args: argparse.Namespace) -> str:
         if getattr(args, name) is not None:
             raise SampleError(f"--{name.replace('_', '-')}: the run samples text; it is an image option")
     ids, texts = sample_text(r, count=args.count, seed=args.seed, steps=args.steps,
-                             temperature=args.temperature, top_k=args.top_k, prompt=args.prompt)
+                             temperature=args.temperature, top_k=args.top_k, prompt=args.prompt,
+                             max_new_tokens=args.max_new_tokens)
     out = args.out or stem + ".txt"
     body = "".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts))
     with open(out, "w", encoding="utf-8") as f:

@@ -37,6 +37,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from dew.models.axes import constrain, param
+from dew.models.kv_cache import attend_cached, write
 from dew.models.precision import LAX_PRECISION, Precision
 
 logger = logging.getLogger(__name__)
@@ -198,3 +199,19 @@ class Attention(nnx.Module):
             return out_BxTxD
         return out_BxTxD, max_logits(q_BxTxNxH, k_BxTxKxH, scale=self.scale, causal=causal,
                                      kv_lengths=kv_lengths, matmul_precision=self.matmul_precision)
+
+    def extend(self, x_BxTxD: jax.Array, kv: tuple[jax.Array, jax.Array], *, start: jax.Array,
+               rope: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """Causal attention of ``T`` new tokens at positions ``[start, start + T)`` over a key/value
+        cache (``dew.models.kv_cache``): their keys and values are written into ``kv`` (each
+        ``(B, size, num_kv_heads, head_dim)``) and every query attends to the positions up to its own.
+        ``rope`` holds the tables of those ``T`` positions. Returns the output and the updated cache."""
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = self.q(x_BxTxD), self.k(x_BxTxD), self.v(x_BxTxD)
+        if self.q_norm is not None:
+            q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
+        if rope is not None:
+            q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)
+        k_BxSxKxH, v_BxSxKxH = write(kv[0], k_BxTxKxH, start), write(kv[1], v_BxTxKxH, start)
+        out_BxTxNxH = attend_cached(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, start=start, scale=self.scale,
+                                    matmul_precision=self.matmul_precision)
+        return self.o(out_BxTxNxH), (k_BxSxKxH, v_BxSxKxH)

@@ -81,3 +81,16 @@ def run(blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: 
         # pass's recomputation with the forward pass and undo the remat; a scan's body cannot be.
         step = jax.checkpoint(step, policy=policy, prevent_cse=not scan)
     return jax.lax.scan(step, carry, state, unroll=not scan)
+
+
+def run_with(blocks: nnx.Module, body: Callable[[Any, Any, Any], tuple[Any, Any]], carry: Any, xs: Any, *,
+             scan: bool) -> tuple[Any, Any]:
+    """``run`` with a per-block input: ``body(block, carry, x) -> (carry, y)``, ``x`` the block's slice
+    of ``xs`` (leaves stacked on a leading ``depth`` axis, like a key/value cache)."""
+    graphdef, state = nnx.split(blocks)
+
+    def step(carry: Any, block_state_and_x: Any) -> tuple[Any, Any]:
+        block_state, x = block_state_and_x
+        return body(nnx.merge(graphdef, block_state), carry, x)
+
+    return jax.lax.scan(step, carry, (state, xs), unroll=not scan)

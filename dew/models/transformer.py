@@ -41,6 +41,7 @@ from flax import nnx
 from dew.models import stack
 from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
+from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
 from dew.models.registry import TransformerFields
 
@@ -94,6 +95,16 @@ class DecoderBlock(nnx.Module):
         mlp_BxTxD = self.mlp_down(hidden_BxTxH)
         return constrain(x_BxTxD + r * mlp_BxTxD, "batch", "length", "embed"), max_logits_N
 
+    def extend(self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array], kv: tuple[jax.Array, jax.Array],
+               start: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """The block over ``T`` new positions from ``start`` with this block's key/value cache ``kv``."""
+        r = self.residual_multiplier
+        attn_BxTxD, kv = self.attn.extend(self.attn_norm(x_BxTxD), kv, start=start, rope=rope)
+        x_BxTxD = x_BxTxD + r * attn_BxTxD
+        h_BxTxD = self.mlp_norm(x_BxTxD)
+        mlp_BxTxD = self.mlp_down(jax.nn.silu(self.mlp_gate(h_BxTxD)) * self.mlp_up(h_BxTxD))
+        return x_BxTxD + r * mlp_BxTxD, kv
+
 
 class Transformer(nnx.Module):
     """Token embedding, a stack of decoder blocks, final RMSNorm and the output head."""
@@ -134,6 +145,50 @@ class Transformer(nnx.Module):
         if f.mup:
             logits_BxTxV = logits_BxTxV / jnp.asarray(width_multiplier(f), p.dtype)
         return (logits_BxTxV, max_logits_LxN) if return_max_logits else logits_BxTxV
+
+    # ------------------------------------------------------------------------- cached decoding
+
+    def init_cache(self, batch: int, size: int | None = None) -> KVCache:
+        """An empty key/value cache of ``size`` positions (default and at most ``seq_len``: the
+        positions the model was trained at) for ``batch`` sequences."""
+        f = self.fields
+        size = f.seq_len if size is None else size
+        if not 0 < size <= f.seq_len:
+            raise ValueError(f"a key/value cache of {size} positions: it holds 1 to seq_len={f.seq_len}")
+        return KVCache.zeros(f.depth, batch, size, f.num_kv_heads or f.num_heads, head_dim(f),
+                             self.precision.dtype)
+
+    def extend(self, tokens_BxT: jax.Array, cache: KVCache, *, last_only: bool = False) -> tuple[jax.Array, KVCache]:
+        """Run ``T`` new tokens at positions ``[cache.length, cache.length + T)`` against ``cache``:
+        the whole prompt in one call (prefill), then one token per call. Returns their logits
+        (only the last position's with ``last_only``, ``(B, 1, V)``) and the cache holding them.
+
+        The logits equal ``model(all tokens so far)``'s at the same positions. The caller keeps
+        ``cache.length + T <= cache.size`` (the length is traced, so it cannot be checked here).
+        """
+        f, p = self.fields, self.precision
+        if tokens_BxT.ndim != 2 or tokens_BxT.shape[1] > cache.size:
+            raise ValueError(f"transformer.extend takes (batch, length <= cache size {cache.size}) token "
+                             f"ids, got shape {tokens_BxT.shape}")
+        start = cache.length
+        x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
+        rope = rope_tables(start + jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta)
+
+        x_BxTxD, (k, v) = stack.run_with(
+            self.blocks, lambda block, x, kv: block.extend(x, rope, kv, start), x_BxTxD, (cache.k, cache.v),
+            scan=f.scan_layers)
+
+        if last_only:
+            x_BxTxD = x_BxTxD[:, -1:]
+        x_BxTxD = self.final_norm(x_BxTxD)
+        if self.lm_head is None:
+            table_VxD = self.embed.embedding[...].astype(p.dtype)
+            logits_BxTxV = jnp.einsum("btd,vd->btv", x_BxTxD, table_VxD, precision=p.lax)
+        else:
+            logits_BxTxV = self.lm_head(x_BxTxD)
+        if f.mup:
+            logits_BxTxV = logits_BxTxV / jnp.asarray(width_multiplier(f), p.dtype)
+        return logits_BxTxV, KVCache(k, v, start + tokens_BxT.shape[1])
 
 
 def build(fields: TransformerFields, rngs: nnx.Rngs) -> Transformer:

@@ -3,7 +3,8 @@
 A window of ``seq_len + 1`` tokens gives the inputs ``tokens[:, :-1]`` and the targets
 ``tokens[:, 1:]``; the loss is the cross-entropy summed over every target (nats), so ``loss`` is
 nats per token, ``bits_per_token`` is loss / ln 2 and the perplexity is exp(loss). Evaluation
-draws nothing, so it is deterministic. Sampling is autoregressive with temperature and top-k.
+draws nothing, so it is deterministic. Sampling is autoregressive with temperature and top-k, over a key/value cache
+(``dew.objectives.decoding``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.objectives.base import Batch, Loss
+from dew.objectives.decoding import generate
 from dew.objectives.knobs import NextTokenKnobs
-from dew.objectives.tokens import decode, shape_logits
+from dew.objectives.tokens import decode
 
 
 @dataclasses.dataclass
@@ -79,32 +81,25 @@ class NextToken:
         return [int(eos)] if eos is not None else [0]
 
     def sample(self, model: nnx.Module, count: int, key: jax.Array, *, prompt: Sequence[int] | None = None,
-               temperature: float | None = None, top_k: int | None = None) -> jax.Array:
-        """``count`` sequences of ``seq_len`` ids: the prompt, then tokens drawn one at a time."""
+               temperature: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
+               cache: bool = True) -> jax.Array:
+        """``count`` sequences: the prompt, then ``max_new_tokens`` tokens drawn one at a time (by
+        default up to ``seq_len`` in all). Beyond ``seq_len`` tokens the context is a window that
+        moves on by half its length (``dew.objectives.decoding``). ``cache`` False recomputes the
+        whole context for each token (the reference the key/value cache is checked against)."""
         prompt = list(prompt) if prompt else self.start_ids()
         if not 0 < len(prompt) < self.seq_len:
             raise ValueError(f"the prompt holds {len(prompt)} tokens; it must hold 1 to seq_len - 1 = "
                              f"{self.seq_len - 1}")
+        new = self.seq_len - len(prompt) if max_new_tokens is None else max_new_tokens
+        if new < 1:
+            raise ValueError(f"max_new_tokens={new} must be >= 1")
         temperature = self.knobs.temperature if temperature is None else temperature
         top_k = self.knobs.top_k if top_k is None else top_k
         graphdef, state = nnx.split(model)
-        start = len(prompt)
-
-        @jax.jit
-        def run(state: Any, key: jax.Array) -> jax.Array:
-            m = nnx.merge(graphdef, state)
-            ids = jnp.zeros((count, self.seq_len), jnp.int32).at[:, :start].set(jnp.asarray(prompt, jnp.int32))
-
-            def body(i: jax.Array, ids: jax.Array) -> jax.Array:
-                # Causal: the logits at i - 1 see only ids[:, :i], whatever follows in the buffer.
-                logits_BxV = jax.lax.dynamic_index_in_dim(m(ids), i - 1, axis=1, keepdims=False)
-                drawn = jax.random.categorical(jax.random.fold_in(key, i),
-                                               shape_logits(logits_BxV, temperature, top_k))
-                return ids.at[:, i].set(drawn)
-
-            return jax.lax.fori_loop(start, self.seq_len, body, ids)
-
-        return run(state, key)
+        prompt_BxP = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (count, len(prompt)))
+        return generate(graphdef, state, prompt_BxP, key, jnp.asarray(temperature, jnp.float32), new=new,
+                        window=self.seq_len, top_k=top_k, cached=cache)
 
     def sample_text(self, model: nnx.Module, key: jax.Array, count: int | None = None,
                     **options: Any) -> tuple[np.ndarray, list[str]]:

@@ -93,6 +93,37 @@ def test_text_run_samples_decoded_text(tmp_path):
     again = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(tmp_path / "t.txt"),
                 cwd=tmp_path, script="dew.cli.sample")
     assert again.returncode == 0 and (tmp_path / "t.txt").read_text() == text  # same seed, same text
+    refused = dew(str(tmp_path / "ck" / "md"), "--max-new-tokens", "5", cwd=tmp_path, script="dew.cli.sample")
+    assert refused.returncode == 2 and "--max-new-tokens: masked diffusion samples whole sequences of seq_len=16" \
+        in refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
+def test_next_token_run_samples_past_seq_len_as_the_objective_does(tmp_path):
+    (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
+    prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
+    recipe = Recipe(model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16),
+                    trainer=TrainerConfig(name="lm", checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=2,
+                                          eval_every=None, checkpoint_every=2, compilation_cache_dir=None))
+    run, objective, dataset = build_run(recipe)
+    run.train(objective, dataset, name="lm")
+    run_dir = tmp_path / "ck" / "lm"
+    out = tmp_path / "s.txt"
+    result = dew(str(run_dir), "--count", "2", "--prompt", "the ", "--max-new-tokens", "40", "--out", str(out),
+                 cwd=tmp_path, script="dew.cli.sample")
+    assert result.returncode == 0, result.stderr
+    # 4 prompt tokens + 40 drawn, 2.75 windows of 16: what the objective draws from the same checkpoint.
+    ids, texts = objective.sample_text(restore(str(run_dir)).model, jax.random.PRNGKey(0), 2,
+                                       prompt=list(b"the "), max_new_tokens=40)
+    assert ids.shape == (2, 44)
+    assert out.read_text() == "".join(f"--- sample {i} ---\n{t}\n" for i, t in enumerate(texts))
+    for args, message in [(["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+                          (["--prompt", "x" * 16], "--prompt: the prompt holds 16 tokens; it must hold 1 to "
+                                                   "seq_len - 1 = 15")]:
+        refused = dew(str(run_dir), *args, cwd=tmp_path, script="dew.cli.sample")
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, \
+            refused.stderr
 
 
 def _no_run_json(run_dir: Path, d: Path) -> Path:
