@@ -9,6 +9,7 @@ nothing written (Hydra itself writes nothing: see conf/config.yaml).
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import os
 import re
@@ -42,6 +43,17 @@ def conf_dir() -> str:
     raise FileNotFoundError(f"dew's conf/ directory is missing beside {here}")
 
 
+def launch_dir() -> str:
+    """launch/ (the launcher profiles) at the repository root, or the copy inside an installed
+    wheel; conf/config.yaml puts it on Hydra's search path, so ``hydra/launcher=slurm`` needs no
+    flag and nothing is copied per user."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "launch", here.parent / "launch"):
+        if (candidate / "hydra" / "launcher").is_dir():
+            return str(candidate)
+    raise FileNotFoundError(f"dew's launch/ directory is missing beside {here}")
+
+
 def register_configs() -> None:
     """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
@@ -54,6 +66,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
     OmegaConf.register_new_resolver("dew_sweep", _sweep_name, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
+    OmegaConf.register_new_resolver("dew_launch_dir", lambda: Path(launch_dir()).as_uri(), replace=True)
 
 
 def _group_listing() -> str:
@@ -72,15 +85,15 @@ _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
 def _sweep_name(name: str | None, checkpoint_dir: str) -> str:
-    """A sweep's directory under checkpoint_dir: the run name, else one per sweep start that no
-    earlier sweep holds (resolved once per process: every job of the sweep gets the same)."""
+    """A sweep's directory under checkpoint_dir: the run name, else one named by the sweep's command
+    line, so that the same command launched again finds the same directory, resumes its unfinished
+    jobs and leaves its finished ones as they are (a time stamp would start the sweep over)."""
+    del checkpoint_dir  # the name no longer depends on what the directory holds
     if name:
         return name
-    candidate, n = f"sweep-{_STAMP}", 1
-    while os.path.exists(os.path.join(checkpoint_dir, candidate)):
-        n += 1
-        candidate = f"sweep-{_STAMP}-{n}"
-    return candidate
+    overrides = sorted(str(o) for o in HydraConfig.get().overrides.task)
+    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    return f"sweep-{digest}"
 
 
 def _job_dirname(num: Any, overrides: str) -> str:
@@ -110,33 +123,73 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     job_dir = Path(HydraConfig.get().runtime.output_dir)
+    error, agreed = None, False
     try:
-        recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
-        name = run_name(recipe)
+        container = OmegaConf.to_container(cfg, resolve=True)
+        recipe = Recipe.from_dict(container)
         from dew.build import build_run
-        from dew.training.process import prepare_process
+        from dew.training.process import from_process_zero, prepare_process
 
         prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
+        # One run however many processes: each resolved its own config and name (a time stamp
+        # can differ by a second), so all take process 0's.
+        container, name = from_process_zero("run", [container, run_name(recipe)])
+        agreed = True
+        recipe = Recipe.from_dict(container)
+
+        import jax
 
         from dew.training.trainer import check
 
         recipe, objective, dataset = build_run(recipe)
         check(recipe, objective, dataset)
-        run_dir = prepare_run_dir(recipe, name)
+        run_dir = prepare_run_dir(recipe, name, write=jax.process_index() == 0)
     except (ConfigError, ValueError, OSError, RunDirError) as err:  # OSError: missing files, no network
+        error = str(err)
+    if agreed:  # in a pool, a process that is fine stops with process 0's error
+        error = error or from_process_zero("verdict", error)
+    if error:
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
-        fail(str(err))
-    write_hydra_record(run_dir, cfg)
-    state = recipe.train(objective, dataset, name=name, summary=objective.summary())
+        fail(error)
+    is_main = jax.process_index() == 0
+    if is_main:
+        write_hydra_record(run_dir, cfg)
+    from dew.training.preemption import Preempted
+
+    try:
+        state = recipe.train(objective, dataset, name=name, summary=objective.summary())
+    except Preempted as stopped:
+        print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
+        from dew.cli.launchers import exit_after_stop
+
+        exit_after_stop(stopped.signum)
     if hasattr(objective, "sample_grid") or hasattr(objective, "sample_text"):
         from dew.sampling import write_sample_grid, write_text_samples
 
-        write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
-        samples = write(objective, state.model(ema=state.ema is not None), run_dir, seed=recipe.trainer.seed)
-        print(f"dew-train: samples in {samples}", flush=True)
-    print(f"dew-train: run {name!r} is in {run_dir}", flush=True)
+        model = state.model(ema=state.ema is not None)
+        if jax.process_count() > 1:
+            model = _gathered(model)  # every process takes part; process 0 samples alone
+        if is_main:
+            write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
+            samples = write(objective, model, run_dir, seed=recipe.trainer.seed)
+            print(f"dew-train: samples in {samples}", flush=True)
+    if is_main:
+        print(f"dew-train: run {name!r} is in {run_dir}", flush=True)
     return state
+
+
+def _gathered(model: Any) -> Any:
+    """``model`` with every array whole in this process (a collective: every process calls it), so
+    that one process can sample from it alone."""
+    import jax
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True)
+                         if isinstance(x, jax.Array) else x, state)
+    return nnx.merge(graphdef, state)
 
 
 def main() -> None:
