@@ -87,7 +87,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def events(journal: list[dict]) -> list[tuple[str, int]]:
-    return [(r["event"], r["step"]) for r in journal if "event" in r]
+    """The journal's stops, resumes and ends, with their steps."""
+    return [(r["event"], r["step"]) for r in journal if r.get("event") in ("start", "stop", "resume", "end")]
 
 
 def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
