@@ -97,6 +97,10 @@ def _pool_arguments() -> dict[str, object]:
 
         job = submitit.JobEnvironment()
         args.update(num_processes=job.num_tasks, process_id=job.global_rank)
+        # The local executor shows every task all the job's GPUs; one GPU per task, as under srun.
+        gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+        if len(gpus) == job.num_tasks:
+            args["local_device_ids"] = [job.local_rank]
     if timeout := os.environ.get(HEARTBEAT_ENV):
         try:
             args["heartbeat_timeout_seconds"] = int(timeout)
@@ -120,13 +124,15 @@ def _join_process_pool(multi_host: bool | None) -> None:
     log.info("joined the JAX process pool: process %d of %d", jax.process_index(), jax.process_count())
 
 
-def from_process_zero(key: str, value: Any, *, timeout_s: float = 600) -> Any:
+def from_process_zero(key: str, value: Any, *, timeout_s: float = 3600) -> Any:
     """Process 0's ``value`` (JSON), on every process; ``value`` itself when running alone.
 
     What a process resolves for itself (a time-stamped run name, a ``${now:}`` in the config) may
     differ between processes that started a second apart; the run must be one run, so process 0
     decides and the others take its answer from the coordination service's key-value store (no
-    device computation, no collective on the accelerators)."""
+    device computation, no collective on the accelerators). The wait is long (process 0 may be
+    downloading the data) but never a hang: a process 0 that dies stops the others through JAX's
+    heartbeat."""
     import jax
     from jax._src import distributed
 
