@@ -34,6 +34,14 @@ def jax_distributed_client() -> Any:
     return distributed.global_state.client
 
 
+def jax_preemption_sync_manager() -> Any:
+    """The preemption sync manager ``jax.distributed.initialize`` starts (it turns SIGTERM into an
+    agreed step: ``multihost_utils.reached_preemption_sync_point``), None outside a pool."""
+    from jax._src import distributed
+
+    return distributed.global_state.preemption_sync_manager
+
+
 # ------------------------------------------------------------------------------------------ qwix
 
 

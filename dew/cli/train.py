@@ -59,6 +59,17 @@ def conf_dir() -> str:
     raise FileNotFoundError(f"dew's conf/ directory is missing beside {here}")
 
 
+def launch_dir() -> str:
+    """launch/ (the launcher profiles) at the repository root, or the copy inside an installed
+    wheel; conf/config.yaml puts it on Hydra's search path, so ``hydra/launcher=slurm`` needs no
+    flag and nothing is copied per user."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "launch", here.parent / "launch"):
+        if (candidate / "hydra" / "launcher").is_dir():
+            return str(candidate)
+    raise FileNotFoundError(f"dew's launch/ directory is missing beside {here}")
+
+
 def register_configs() -> None:
     """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
@@ -71,6 +82,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
     OmegaConf.register_new_resolver("dew_sweep", _sweep_name, replace=True)
     OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
+    OmegaConf.register_new_resolver("dew_launch_dir", lambda: Path(launch_dir()).as_uri(), replace=True)
 
 
 def _group_listing() -> str:
@@ -100,9 +112,11 @@ JOB_NAME_MAX = 120
 
 
 def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> str:
-    """A sweep's directory under checkpoint_dir: ``<name>-sweep-<time>`` (``sweep-<time>`` for an
-    unnamed run), one that no earlier sweep holds and never a run directory, so a sweep over a
-    named experiment does not write into the run that name already holds.
+    """A sweep's directory under checkpoint_dir: ``<name>-sweep-<digest>`` (``sweep-<digest>`` for an
+    unnamed run), the digest that of the sweep's command line. The same command launched again finds
+    the same directory, resumes its unfinished jobs and leaves its finished ones as they are (a time
+    stamp would start the sweep over); a different command gets another. It is never a run
+    directory, so a sweep over a named experiment does not write into the run that name holds.
 
     Resolved first in the process that starts the sweep, where ``overrides`` are the command line's
     own (``optim.learning_rate=1e-3,3e-3``); that process records the name and the swept keys in
@@ -110,11 +124,9 @@ def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> s
     """
     if known := os.environ.get(SWEEP_ENV):
         return json.loads(known)["dir"]
-    base = f"{name}-sweep-{_STAMP}" if name else f"sweep-{_STAMP}"
-    candidate, n = base, 1
-    while os.path.exists(os.path.join(checkpoint_dir, candidate)):
-        n += 1
-        candidate = f"{base}-{n}"
+    command = sorted(str(o) for o in overrides)
+    digest = hashlib.sha1("\n".join(command).encode()).hexdigest()[:10]
+    candidate = f"{name}-sweep-{digest}" if name else f"sweep-{digest}"
     parts = Path(candidate).parts
     for depth in range(1, len(parts) + 1):  # a name like a/b puts the sweep inside run a
         inside = os.path.join(checkpoint_dir, *parts[:depth])
@@ -202,7 +214,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
     from dew.training.lock import RunLockedError
     from dew.training.rundir import (
-        hold, prepare_run_dir, refuse_if_held, run_dir, trained_objective, write_hydra_record,
+        RunDirError, hold, prepare_run_dir, refuse_if_held, run_dir, trained_objective, write_hydra_record,
     )
 
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
@@ -212,39 +224,67 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
 
+    error, status, agreed = None, EXIT_BAD_INPUT, False
     try:
         refuse_a_busy_run_dir(cfg)
-        recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
-        name = run_name(recipe)
-        path = run_dir(recipe, name)
-        refuse_if_held(path)  # a busy run directory is refused at once, before anything slow
+        container = OmegaConf.to_container(cfg, resolve=True)
+        recipe = Recipe.from_dict(container)
         from dew.build import build_run
         from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-        from dew.training.process import prepare_process
+        from dew.training.process import from_process_zero, prepare_process
 
         check_xla_flags(recipe.trainer)  # XLA aborts the process on a flag it does not know
         prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
+        # One run however many processes: each resolved its own config and name (a time stamp
+        # can differ by a second), so all take process 0's.
+        container, name = from_process_zero("run", [container, run_name(recipe)])
+        agreed = True
+        recipe = Recipe.from_dict(container)
+        path = run_dir(recipe, name)
+        refuse_if_held(path)  # a busy run directory is refused at once, before anything slow
+
+        import jax
 
         from dew.training.trainer import check
 
         recipe, objective, dataset = build_run(recipe)
         check(recipe, objective, dataset)
         check_checkpoint_dir(recipe.trainer, path)
+        trains = trained_objective(recipe, objective)
+        if jax.process_index() == 0:  # a refused resume changes nothing, the lock included
+            prepare_run_dir(recipe, name, write=False, trains=trains)
     except RunLockedError as err:
-        leave_no_trace()
-        fail(str(err), EXIT_BUSY)
+        error, status = str(err), EXIT_BUSY
+    except RunDirError as err:
+        error, status = str(err), EXIT_REFUSED
     except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, no network
+        error = str(err)
+    if agreed:  # in a pool, a process that is fine stops with process 0's error
+        verdict = from_process_zero("verdict", [error, status])  # every process asks: process 0 answers
+        error, status = (error, status) if error else verdict
+    if error:
         leave_no_trace()
-        fail(str(err))
-    import jax
+        fail(error, status)
 
+        check_xla_flags(recipe.trainer)  # XLA aborts the process on a flag it does not know
+        prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
+        # One run however many processes: each resolved its own config and name (a time stamp
+        # can differ by a second), so all take process 0's.
+        container, name = from_process_zero("run", [container, run_name(recipe)])
+        agreed = True
+        recipe = Recipe.from_dict(container)
+
+        import jax
+
+        from dew.training.trainer import check
+
+        recipe, objective, dataset = build_run(recipe)
+        check(recipe, objective, dataset)
     is_main = jax.process_index() == 0
-    trains = trained_objective(recipe, objective)
     from dew.objectives.metrics import builtin_metrics
+    from dew.training.preemption import Preempted
 
     try:
-        if is_main:
-            prepare_run_dir(recipe, name, write=False, trains=trains)  # a refused resume changes nothing, the lock included
         with hold(path) if is_main else contextlib.nullcontext():
             run_path = prepare_run_dir(recipe, name, write=is_main, trains=trains)
             if is_main:
@@ -252,24 +292,51 @@ def train_from_hydra(cfg: DictConfig) -> Any:
             state = recipe.train(objective, dataset, name=name, metrics=builtin_metrics(objective),
                                  summary=objective.summary())
             write_samples(objective, state, run_path, seed=recipe.trainer.seed)
+    except Preempted as stopped:
+        print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
+        from dew.cli.launchers import exit_after_stop
+
+        exit_after_stop(stopped.signum)
     except Exception as err:  # noqa: BLE001 - a run that stops on its own terms ends with a sentence
         status = stop_status(err)
         if status is None:
             raise  # anything else is a bug: its traceback is the report
         leave_no_trace()
         fail(str(err), status)
-    print(f"dew-train: run {name!r} is in {run_path}", flush=True)
+    if is_main:
+        print(f"dew-train: run {name!r} is in {run_path}", flush=True)
     return state
 
 
 def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
-    """Samples of the trained model in the run directory, for objectives that draw them."""
-    if hasattr(objective, "sample_grid") or hasattr(objective, "sample_text"):
-        from dew.sampling import write_sample_grid, write_text_samples
+    """Samples of the trained model in the run directory, for objectives that draw them. Every
+    process takes part in gathering a model split over processes; process 0 samples alone."""
+    if not (hasattr(objective, "sample_grid") or hasattr(objective, "sample_text")):
+        return
+    import jax
 
+    from dew.sampling import write_sample_grid, write_text_samples
+
+    model = state.model(ema=state.ema is not None)
+    if jax.process_count() > 1:
+        model = _gathered(model)
+    if jax.process_index() == 0:
         write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
-        samples = write(objective, state.model(ema=state.ema is not None), run_path, seed=seed)
+        samples = write(objective, model, run_path, seed=seed)
         print(f"dew-train: samples in {samples}", flush=True)
+
+
+def _gathered(model: Any) -> Any:
+    """``model`` with every array whole in this process (a collective: every process calls it), so
+    that one process can sample from it alone."""
+    import jax
+    from flax import nnx
+    from jax.experimental import multihost_utils
+
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True)
+                         if isinstance(x, jax.Array) else x, state)
+    return nnx.merge(graphdef, state)
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ from dew.objectives.base import Loss, Metric, Objective
 from dew.training import adapt, preflight, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
+from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats, prepare_process
 from dew.training.rundir import (
     hold, is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
@@ -366,6 +367,10 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             iterator.set_state(meta["data"])
         log.info("resuming %s from step %d (%d records consumed)", name, latest, records)
     step = int(jax.device_get(state.step))
+    if latest is not None and step >= total_steps:  # a finished run launched again: nothing to do
+        log.info("%s already completed its %d steps; nothing to train", name, total_steps)
+        checkpoints.close()
+        return state
     tracker = Tracker(t, name, record=run.to_dict(), summary=summary or {}, total_steps=total_steps,
                       resume_step=latest, wandb_id=wandb_id, is_main=is_main, changed=changed)
     for f in fallbacks:
@@ -391,7 +396,9 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     meter = Throughput(flops_per_example=_flops_per_example(run), peak_flops=peak_flops(
         jax.devices()[0].device_kind, run.model.dtype, jax.device_count()))
     last_eval: dict[str, float] = {}
+    last_saved = latest
     profiling = False
+    stop = StopSignals()  # SIGUSR2 / SIGTERM / SIGINT: save at the next step boundary, then stop
 
     def report() -> None:
         nonlocal pending
@@ -404,6 +411,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             tracker.metrics(logged_step, {**fetched, **derived(fetched), **meter.measure(logged_records)})
 
     try:
+        stop.install()
         while step < total_steps:
             if t.profile is not None and step == t.profile.warmup and not profiling:
                 jax.profiler.start_trace(os.path.expanduser(t.profile.directory))
@@ -433,8 +441,20 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             if ckpt_now:
                 checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
                 tracker.event("checkpoint", step=step)
+                last_saved = step
             if eval_now or ckpt_now:
                 meter.restart(records)  # evaluation and the save's copy are not step time
+            if not at_end and stop.stop_at(step):  # the same step on every process (preemption.py)
+                report()
+                check_finite(state)
+                if last_saved != step:
+                    checkpoints.save(step, state, meta(), metrics=None)
+                    tracker.event("checkpoint", step=step)
+                checkpoints.wait()
+                stopped = Preempted(stop.reason, step, stop.received, checkpoints.step_path(step))
+                tracker.event("stop", step=step, reason=stop.reason, message=str(stopped))
+                log.warning("%s", stopped)
+                raise stopped
         report()
         check_finite(state)
 
@@ -455,6 +475,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         tracker.event("stop", step=step, reason="error", message=f"{type(err).__name__}: {err}")
         raise
     finally:
+        stop.restore()
         if profiling:
             jax.profiler.stop_trace()
         checkpoints.close()
@@ -493,12 +514,14 @@ def _plain(value: Any) -> Any:
 
 
 def _log_to_file(path: epath.Path) -> None:
-    """Append this process's log to ``<run>/train.log`` (process index in the name past process 0)."""
-    index = jax.process_index()
+    """Append process 0's log to ``<run>/train.log``; the other processes log to their standard
+    streams only (under submitit, one log file per task in the sweep's .submitit/)."""
+    if jax.process_index() != 0:
+        return
     if not is_local(os.fspath(path)):  # a logging.FileHandler streams to a local file only
         log.info("the run directory %s is not local: no train.log (the journal and stderr have the log)", path)
         return
-    filename = os.fspath(path / ("train.log" if index == 0 else f"train.{index}.log"))
+    filename = os.fspath(path / "train.log")
     root = logging.getLogger()
     if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):
         return

@@ -53,13 +53,16 @@ def test_help_lists_groups_and_options(workdir: Path):
 def test_multirun_gives_each_job_its_own_run(workdir: Path):
     sweep = [a for a in TINY if not a.startswith("trainer.name")] + ["trainer.name=null", "trainer.steps=2",
                                                                      "trainer.eval_every=null"]
-    for _ in range(2):
+    journals = []
+    for _ in range(2):  # the same command again: the same sweep, whose finished jobs are left alone
         result = dew("-m", *sweep, "optim.learning_rate=0.001,0.003", cwd=workdir)
         assert result.returncode == 0, result.stderr
+        journals.append(sorted(p.read_text() for p in (workdir / "tracking").rglob("journal.jsonl")))
     runs = sorted(p.parent for p in (workdir / "ck").rglob("run.json"))
-    assert len(runs) == 4, runs  # two sweeps of two jobs, none overwriting another
+    assert len(runs) == 2, runs  # one sweep of two jobs, none overwriting another
     rates = sorted(Recipe.load(str(r)).optim.learning_rate for r in runs)
-    assert rates == [0.001, 0.001, 0.003, 0.003]
+    assert rates == [0.001, 0.003]
     for r in runs:
         assert (r / "2").is_dir() and json.loads((r / "run.json").read_text())["trainer"]["steps"] == 2
-    assert len({r.parent for r in runs}) == 2  # one directory per sweep
+    assert len({r.parent for r in runs}) == 1  # one directory per sweep
+    assert journals[0] == journals[1] and len(journals[0]) == 2  # nothing trained or logged again

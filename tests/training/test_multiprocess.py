@@ -1,0 +1,170 @@
+"""Several processes, one run: two processes of 4 simulated CPU devices against one of 8, a run
+moved from one process to two, a sweep of 2 jobs x 2 tasks under the local launcher preempted with
+SIGUSR2 and requeued by submitit, and a killed rank. Processes are found and killed by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dew.cli.launchers import free_ports
+from dew.training.tracking import read_journal
+from tests.training.conftest import TINY, fast_env, losses
+
+pytestmark = pytest.mark.slow
+
+STEPS = 24
+RUN = [*TINY, f"trainer.steps={STEPS}", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+       "trainer.checkpoint_dir=ck"]
+
+
+def start(args: list[str], cwd: Path, env: dict[str, str], log: str) -> subprocess.Popen:
+    out = open(cwd / log, "a")  # noqa: SIM115 - a file, not a pipe: a chatty process never blocks
+    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=cwd, env=env, stdout=out,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def pool(args: list[str], cwd: Path, tasks: int, devices: int, **extra: str) -> list[subprocess.Popen]:
+    """``tasks`` dew-train processes in one pool, told their places as submitit's local executor
+    tells its tasks."""
+    port, = free_ports(1).values()
+    return [start(args, cwd, fast_env(SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_JOB_ID=str(port),
+                                      SUBMITIT_LOCAL_NTASKS=str(tasks), SUBMITIT_LOCAL_GLOBALID=str(i),
+                                      SUBMITIT_LOCAL_LOCALID=str(i), SUBMITIT_LOCAL_NODEID="0",
+                                      SUBMITIT_LOCAL_JOB_NUM_NODES="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                      JAX_NUM_CPU_DEVICES=str(devices), **extra), f"rank{i}.out")
+            for i in range(tasks)]
+
+
+def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[int]:
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            assert time.monotonic() < deadline, f"processes still running after {timeout}s"
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+    return [p.returncode for p in procs]
+
+
+def logged(path: Path, step: int) -> bool:
+    return path.exists() and f'"step": {step},' in path.read_text()
+
+
+def until(condition, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def host_params(run: Path, step: int) -> dict[str, np.ndarray]:
+    """The parameters saved at ``step``, read as NumPy arrays whatever devices wrote them (this
+    process has one; ``load_params`` restores onto the devices the checkpoint names)."""
+    import jax
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    path = epath.Path(run / str(step) / "state")
+    tree = ocp.PyTreeCheckpointHandler().metadata(path).tree
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    restored = ocp.PyTreeCheckpointer().restore(path, args=ocp.args.PyTreeRestore(restore_args=args))
+    flat = jax.tree_util.tree_flatten_with_path(restored["params"])[0]
+    return {jax.tree_util.keystr(p): np.asarray(leaf) for p, leaf in flat}
+
+
+def events(journal: list[dict]) -> list[tuple[str, int]]:
+    """The journal's stops, resumes and ends, with their steps."""
+    return [(r["event"], r["step"]) for r in journal if r.get("event") in ("start", "stop", "resume", "end")]
+
+
+def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
+    # (1) One process of 8 devices, stopped by SIGUSR2: a checkpoint at the step, status 128 + 12.
+    ref_journal = workdir / "tracking" / "ref" / "journal.jsonl"
+    alone = start([*RUN, "trainer.name=ref"], workdir, fast_env(JAX_NUM_CPU_DEVICES="8"), "ref.out")
+    until(lambda: logged(ref_journal, 3) or alone.poll() is not None)
+    os.kill(alone.pid, signal.SIGUSR2)
+    assert wait([alone]) == [128 + signal.SIGUSR2], (workdir / "ref.out").read_text()
+    stop = [r for r in read_journal(ref_journal) if r.get("event") == "stop"]
+    assert len(stop) == 1 and stop[0]["reason"] == "preempted" and (workdir / "ck" / "ref" / str(stop[0]["step"])).is_dir()
+
+    # (2) The same run resumed by two processes of 4 devices: the process count may change.
+    assert wait(pool([*RUN, "trainer.name=ref"], workdir, tasks=2, devices=4)) == [0, 0], \
+        (workdir / "rank0.out").read_text() + (workdir / "rank1.out").read_text()
+    ref = read_journal(ref_journal)
+    assert events(ref)[-3:] == [("stop", stop[0]["step"]), ("resume", stop[0]["step"]), ("end", STEPS)]
+    run = workdir / "ck" / "ref"
+    assert sorted(p.name for p in run.iterdir()) == sorted([str(stop[0]["step"]), str(STEPS), ".hydra", "run.json",
+                                                            "samples.png", "train.log"])  # process 0 wrote alone
+
+    # (3) A sweep of 2 jobs x 2 tasks (4 devices each) under the local launcher; SIGUSR2 to every
+    # task mid-run: each job saves, submitit requeues it, it resumes and ends.
+    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", "hydra/launcher=local", *RUN,
+                              "trainer.name=sweep", "optim.learning_rate=0.001,0.002"], cwd=workdir,
+                             env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "sweep.out", "w"),
+                             stderr=subprocess.STDOUT, text=True)
+    journals = lambda: sorted((workdir / "tracking" / "sweep").glob("*/journal.jsonl"))  # noqa: E731
+    until(lambda: len(journals()) == 2 and all(logged(j, 3) for j in journals()) or sweep.poll() is not None)
+    tasks = [pid for pid in descendants(sweep.pid)
+             if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(tasks) == 4
+    for pid in tasks:
+        os.kill(pid, signal.SIGUSR2)
+    assert wait([sweep]) == [0], (workdir / "sweep.out").read_text()
+    runs = sorted(p.parent for p in (workdir / "ck" / "sweep").rglob("run.json"))
+    assert len(runs) == 2 and len(list((workdir / "ck" / "sweep").rglob(".hydra"))) == 2
+    for j in journals():
+        kinds = events(read_journal(j))
+        stopped = [s for kind, s in kinds if kind == "stop"]
+        assert len(stopped) == 1 and kinds[-2:] == [("resume", stopped[0]), ("end", STEPS)], kinds
+    job0 = read_journal(journals()[0])
+    # Job 0 is the ref run (learning rate 1e-3), trained by 2 x 4 devices with a requeue, against
+    # 1 x 8 then 2 x 4: the same losses and parameters up to the order of the gradient sums.
+    a, b = losses(ref), losses(job0)
+    assert a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]) for s in a), (a, b)
+    pa, pb = host_params(run, STEPS), host_params(runs[0], STEPS)
+    assert pa.keys() == pb.keys() and all(np.allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6) for k in pa)
+    print("bit for bit:", all(np.array_equal(pa[k], pb[k]) for k in pa))
+
+
+def test_a_killed_rank_stops_the_other(workdir: Path):
+    procs = pool([*RUN, "trainer.name=kill", "trainer.steps=100000", "trainer.checkpoint_every=2"], workdir,
+                 tasks=2, devices=1, DEW_HEARTBEAT_TIMEOUT_S="5")
+    until(lambda: (workdir / "ck" / "kill" / "2").is_dir() or procs[0].poll() is not None)  # one whole save
+    os.kill(procs[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code, = wait(procs[:1], timeout=120)
+    print(f"survivor exited {code} after {time.monotonic() - killed:.1f} s")
+    log = (workdir / "rank0.out").read_text()
+    assert code != 0 and "stopped sending heartbeats" in log, log[-3000:]
+    assert log.split("stopped sending heartbeats")[1].split(":", 1)[1].split()[0] == "1"  # names the dead task
+    steps = sorted(int(p.name) for p in (workdir / "ck" / "kill").iterdir() if p.name.isdigit())
+    assert steps and host_params(workdir / "ck" / "kill", steps[-1])  # the last complete checkpoint is whole
