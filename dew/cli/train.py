@@ -84,15 +84,14 @@ def _group_listing() -> str:
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _sweep_name(name: str | None, checkpoint_dir: str) -> str:
+def _sweep_name(name: str | None, overrides: Any) -> str:
     """A sweep's directory under checkpoint_dir: the run name, else one named by the sweep's command
-    line, so that the same command launched again finds the same directory, resumes its unfinished
-    jobs and leaves its finished ones as they are (a time stamp would start the sweep over)."""
-    del checkpoint_dir  # the name no longer depends on what the directory holds
+    line (``overrides``: hydra.overrides.task), so that the same command launched again finds the
+    same directory, resumes its unfinished jobs and leaves its finished ones as they are (a time
+    stamp would start the sweep over)."""
     if name:
         return name
-    overrides = sorted(str(o) for o in HydraConfig.get().overrides.task)
-    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    digest = hashlib.sha1("\n".join(sorted(str(o) for o in overrides)).encode()).hexdigest()[:10]
     return f"sweep-{digest}"
 
 
