@@ -84,15 +84,17 @@ def _group_listing() -> str:
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def _sweep_name(name: str | None, overrides: Any) -> str:
-    """A sweep's directory under checkpoint_dir: the run name, else one named by the sweep's command
-    line (``overrides``: hydra.overrides.task), so that the same command launched again finds the
-    same directory, resumes its unfinished jobs and leaves its finished ones as they are (a time
-    stamp would start the sweep over)."""
+def _sweep_name(name: str | None, checkpoint_dir: str) -> str:
+    """A sweep's directory under checkpoint_dir: the run name, else one named by the command line
+    that started the sweep, so that the same command launched again finds the same directory,
+    resumes its unfinished jobs and leaves its finished ones as they are (a time stamp would start
+    the sweep over). Resolved once, in the launching process: the resolver's cache hands the value
+    to every job, submitit's included (Hydra copies it into each job's config)."""
+    del checkpoint_dir  # kept in the signature: the cache key every job's config shares
     if name:
         return name
-    digest = hashlib.sha1("\n".join(sorted(str(o) for o in overrides)).encode()).hexdigest()[:10]
-    return f"sweep-{digest}"
+    words = sorted(a for a in sys.argv[1:] if a not in ("-m", "--multirun"))
+    return f"sweep-{hashlib.sha1(chr(10).join(words).encode()).hexdigest()[:10]}"
 
 
 def _job_dirname(num: Any, overrides: str) -> str:
