@@ -26,11 +26,13 @@ TINY = "model.config={hidden_size: 32, depth: 2, num_heads: 4}"
 
 
 def arch_overrides(name: str, tokens: Path) -> list[str]:
-    """The transformer trains with Muon, simple_dit (flow matching on digits) with bf16 moments."""
+    """The transformer trains with AdamW's bf16 moments, simple_dit (flow matching on digits) with Muon.
+    (The other way round compiles 1.5x longer: bf16 rounding is traced per leaf, and the DiT has twice
+    the transformer's leaves.)"""
     if name == "transformer":
         return ["data=token_windows", f"data.path={tokens}", "data.seq_len=16", "data.vocab_size=64",
-                "model=transformer", TINY, "optim=muon"]
-    return [TINY, "optim.state_dtype=bfloat16"]
+                "model=transformer", TINY, "optim.state_dtype=bfloat16"]
+    return [TINY, "optim=muon"]
 
 
 def compose(*overrides: str) -> Any:
@@ -101,7 +103,8 @@ class Run:
         return losses
 
     def specs(self) -> dict[str, list[str]]:
-        """Each parameter's (and its first moment's) sharding as the arrays carry it, and as the rules say."""
+        """Each parameter's sharding as its array carries it, as the rules say, then its optimizer
+        moments' (the leaves of the optimizer state at its path with its shape)."""
         from dew.training import sharding
         from dew.training.muon import path_str
 

@@ -112,11 +112,11 @@ def test_lora_factors_take_the_axes_of_the_weight_they_adapt():
 @pytest.mark.slow
 def test_four_meshes_of_eight_devices_train_as_one_device(tmp_path: Path):
     proc = subprocess.run([sys.executable, "-m", "tests.training.mesh_runs", str(tmp_path)], cwd=REPO,
-                          env=fast_env(), capture_output=True, text=True, timeout=900)
+                          env=fast_env(), capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["devices"] == 8
-    for arch in ("transformer", "simple_dit"):  # with Muon and with bf16 moments respectively
+    for arch in ("transformer", "simple_dit"):  # with bf16 moments and with Muon respectively
         one = result[f"{arch}/one"]["losses"]
         for mesh in ("data8", "fsdp8", "fsdp4_tensor2", "data2_fsdp2_tensor2"):
             run = result[f"{arch}/{mesh}"]
@@ -124,7 +124,7 @@ def test_four_meshes_of_eight_devices_train_as_one_device(tmp_path: Path):
             # On the arrays: each parameter and each of its optimizer moments as the rules say.
             for path, (got, want, *moments) in run["specs"].items():
                 assert got == want and all(m == want for m in moments), (arch, mesh, path, got, want, moments)
-            split = [want for _, want, *_ in run["specs"].values() if want != "P()"]
+            split = [want for _, want, *_ in run["specs"].values() if "'" in want]  # names a mesh axis
             assert (not split) == (mesh == "data8"), (arch, mesh, split)
         tp = result[f"{arch}/fsdp4_tensor2"]["specs"]
         assert tp["blocks/attn/q/kernel"][0] == "P(None, 'fsdp', 'tensor', None)"  # heads
