@@ -5,6 +5,9 @@
 ``model(tokens, return_max_logits=True) -> (logits, max_logits)``, ``max_logits`` float32
 ``(depth, num_heads)``: each block's largest pre-softmax attention logit per query head over the batch
 and the causal pairs, outside the gradient (``dew.models.attention``), for MuonClip's QK-clip.
+``model.extend(tokens, cache) -> (logits, cache)`` runs new tokens against a key/value cache from
+``model.init_cache(batch, size)`` (``dew.models.kv_cache``): the prompt in one call, then one token per
+call, with the logits ``model(all tokens so far)`` gives at the same positions.
 
 Each block is pre-norm: ``x + r · Attention(RMSNorm(x))`` then ``x + r · SwiGLU(RMSNorm(x))``, with
 rotary position embeddings on queries and keys, optional QK-norm (RMSNorm over each head's features,

@@ -21,8 +21,7 @@ V, L = 32, 8
 TINY = dict(vocab_size=V, seq_len=L, hidden_size=32, depth=2, num_heads=4, qk_norm=True, init_std=0.3,
             matmul_precision="highest")
 SHAPES = {"gqa-scan": dict(num_kv_heads=2, scan_layers=True),
-          "mha-unrolled": dict(num_kv_heads=None, scan_layers=False),
-          "mqa-tied-scan": dict(num_kv_heads=1, scan_layers=True, tie_embeddings=True, qk_norm=False)}
+          "mha-tied-unrolled": dict(num_kv_heads=None, scan_layers=False, tie_embeddings=True, qk_norm=False)}
 PROMPTS = jnp.asarray([[3, 3], [5, 1], [9, 2]], jnp.int32)
 
 
