@@ -81,8 +81,8 @@ def _stacks_walked_in_python() -> Iterator[None]:
     values of the scan, lost when it returns.)"""
     scanned = stack.run
 
-    def walk(blocks: nnx.Module, body: Any, carry: Any, *, scan: bool) -> tuple[Any, Any]:
-        del scan
+    def walk(blocks: nnx.Module, body: Any, carry: Any, *, scan: bool, remat: str = "none") -> tuple[Any, Any]:
+        del scan, remat  # an eager walk that creates variables: no backward pass to rematerialise
         graphdef, rng_state, state = nnx.split(blocks, nnx.RngState, ...)
         depth = jax.tree.leaves(state)[0].shape[0]
         layers, ys = [], []
