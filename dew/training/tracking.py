@@ -24,6 +24,11 @@ from dew.config import TrainerConfig
 
 log = logging.getLogger("dew")
 
+JOURNAL_VERSION = 1
+"""The journal's format (docs/journal.md), declared by every start and resume event. A reader
+accepts the versions it knows and says so when it meets a newer one; a change that old readers
+would misread raises it."""
+
 
 def tracking_dir(trainer: TrainerConfig) -> epath.Path:
     """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
@@ -75,7 +80,8 @@ class Tracker:
                  wandb_id: str | None, is_main: bool) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
-        self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl", resume_step=resume_step) if is_main else None
+        self.directory = tracking_dir(trainer) / name
+        self.journal = Journal(self.directory / "journal.jsonl", resume_step=resume_step) if is_main else None
         self.wandb_run = None
         self.wandb_id = wandb_id
         if is_main and trainer.wandb is not None:
@@ -90,7 +96,8 @@ class Tracker:
             )
             self.wandb_id = self.wandb_run.id
         self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
-        self.event("resume" if resume_step is not None else "start", step=resume_step or 0)
+        self.event("resume" if resume_step is not None else "start", step=resume_step or 0,
+                   journal=JOURNAL_VERSION, total_steps=total_steps)
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None:
@@ -99,10 +106,21 @@ class Tracker:
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
         if not self.is_main:
             return
-        self.journal.write({"step": step, **values})
+        self.journal.write({"step": step, "time": time.time(), **values})
         if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
             self.wandb_run.log(dict(values), step=step)
         self._progress.update(step, values)
+
+    def log_media(self, step: int, *, image: str | None = None, texts: list[str] | None = None) -> None:
+        """Log samples to W&B at ``step``: an image file, or text samples as a table."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        if image is not None:
+            self.wandb_run.log({"samples": wandb.Image(image, caption=f"step {step}")}, step=step)
+        if texts:
+            self.wandb_run.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=step)
 
     def publish_checkpoint(self, name: str, path: str, step: int) -> None:
         """Publish the checkpoint a run ends on as a W&B artifact (by reference: no copy)."""

@@ -35,6 +35,7 @@ from dew.training import adapt, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.process import compilation_cache_stats, prepare_process
+from dew.training.report import RunReport, log_samples
 from dew.training.rundir import prepare_run_dir
 from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.tracking import Throughput, Tracker, peak_flops
@@ -317,6 +318,8 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     step = int(jax.device_get(state.step))
     tracker = Tracker(t, name, record=run.to_dict(), summary=summary or {}, total_steps=total_steps,
                       resume_step=latest, wandb_id=wandb_id, is_main=is_main)
+    story = RunReport(run, name, path, total_steps=total_steps)
+    story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
 
     def meta() -> dict[str, Any]:
         data_state = iterator.get_state() if dataset.resumable else None
@@ -356,9 +359,12 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
                 profiling = True
             batch_size = stages[stage_at(stages, step)][0]
             batch = _global(iterator.next(batch_size), batch_sharding)
+            first = story.starting_step()
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, step_metrics = train_step(state, batch)
             step, records = step + 1, records + batch_size
+            if first:  # the first metrics come after the first step, whatever log_every is
+                story.first_step(step, jax.device_get(step_metrics), show=step % t.log_every != 0)
             if profiling and step >= t.profile.warmup + t.profile.steps:
                 jax.block_until_ready(state)
                 jax.profiler.stop_trace()
@@ -373,11 +379,16 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
                 report()
                 check_finite(state)  # a checkpoint holds only a state that never went non-finite
             if eval_now:
-                last_eval = evaluate(state)
+                with story.phase("eval"):
+                    last_eval = evaluate(state)
+                    if t.wandb is not None:  # every process: sampling may span all of them
+                        log_samples(tracker, objective, state, step, seed=t.seed)
+                story.evaluated(step, last_eval)
                 tracker.metrics(step, last_eval)
                 tracker.event("eval", step=step, **last_eval)
             if ckpt_now:
-                checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
+                with story.phase("checkpoint"):
+                    checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
                 tracker.event("checkpoint", step=step)
             if eval_now or ckpt_now:
                 meter.restart(records)  # evaluation and the save's copy are not step time
@@ -385,15 +396,17 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         check_finite(state)
 
         # (6) The end: wait for the saves, publish the last checkpoint. ----------------------------
-        checkpoints.wait()
-        if checkpoints.latest_step() is None or checkpoints.latest_step() < step:
-            checkpoints.save(step, state, meta(), metrics=last_eval or None)
+        with story.phase("checkpoint"):
             checkpoints.wait()
+            if checkpoints.latest_step() is None or checkpoints.latest_step() < step:
+                checkpoints.save(step, state, meta(), metrics=last_eval or None)
+                checkpoints.wait()
         tracker.publish_checkpoint(name, checkpoints.step_path(step), step)
         cache = compilation_cache_stats()
         if t.compilation_cache_dir:
             log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
         tracker.event("end", step=step, best_step=checkpoints.best_step(), compile_cache=cache)
+        story.end(step)
     finally:
         if profiling:
             jax.profiler.stop_trace()
