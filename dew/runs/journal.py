@@ -44,22 +44,29 @@ class JournalView:
     dew versioned them (the same format as version 1)."""
     partial_tail: bool = False
     """The last line was cut off mid-write (a process killed while writing it) and was skipped."""
+    _by_metric: dict[str, dict[int, float]] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def series(self, metric: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric, in step order, one value per step (the latest)."""
-        by_step: dict[int, float] = {}
-        for r in self.records:
-            if "event" not in r and metric in r:
-                by_step[int(r["step"])] = _number(r[metric])
+        by_step = self._metrics().get(metric, {})
         steps = sorted(by_step)
         return steps, [by_step[s] for s in steps]
 
     def metric_names(self) -> list[str]:
-        names: dict[str, None] = {}
-        for r in self.records:
-            if "event" not in r:
-                names.update((k, None) for k in r if k not in ("step", "time"))
-        return list(names)
+        return list(self._metrics())
+
+    def _metrics(self) -> dict[str, dict[int, float]]:
+        """Every metric's values by step, gathered in one pass over the records (and kept)."""
+        if self._by_metric is None:
+            self._by_metric = {}
+            for r in self.records:
+                if "event" in r:
+                    continue
+                step = r["step"]
+                for key, v in r.items():
+                    if key != "step" and key != "time":
+                        self._by_metric.setdefault(key, {})[step] = _number(v)
+        return self._by_metric
 
     def lifecycle(self) -> dict[str, Any] | None:
         """The last start, resume, stop or end event: what the run last said about itself."""
@@ -98,7 +105,12 @@ class JournalView:
 
 def _number(value: Any) -> float:
     """A metric value; the journal writes non-finite floats as the strings 'nan', 'inf', '-inf'."""
-    return float(value) if isinstance(value, (int, float, str)) else math.nan
+    if type(value) is float:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def parse(lines: list[str], where: str = "journal") -> JournalView:

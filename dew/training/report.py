@@ -27,7 +27,7 @@ from dew.training.process import compilation_cache_stats
 
 log = logging.getLogger("dew")
 
-EMULATED = {("cpu", "bfloat16"): 3.1, ("cpu", "float16"): None}
+EMULATED = {("cpu", "bfloat16"): 1.5, ("cpu", "float16"): None}
 """(backend, compute dtype) pairs without native matmuls, with the slowdown against float32 measured
 by bench/bf16_cpu.py (docs/performance.md); None where it was not measured."""
 
