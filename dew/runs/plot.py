@@ -143,6 +143,8 @@ def plot_data(runs: Sequence[Run], metrics: Sequence[str], *, smoothing: float =
                     units={m: unit(m, runs) for m in metrics})
 
 
+LEGEND_MAX = 12
+"""Runs a panel labels in its legend; past that the legend would crowd out the plot."""
 PANEL = (5.6, 4.0)
 """Inches of one panel; at DPI dots per inch a figure is 560 x 400 pixels per panel."""
 DPI = 100
@@ -179,8 +181,12 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
         if logy:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
-        if ax.has_data():
+        shown = [c for c in data.curves if c.metric == metric]
+        if 0 < len(shown) <= LEGEND_MAX:
             ax.legend(fontsize="small")
+        elif shown:
+            ax.text(0.98, 0.98, f"{len(shown)} runs: too many to label (pick some with --where)", ha="right",
+                    va="top", fontsize="small", transform=ax.transAxes)
         else:
             ax.text(0.5, 0.5, f"no run logged {metric}", ha="center", va="center", transform=ax.transAxes)
     for i, field in enumerate(data.fields, start=1):
@@ -190,7 +196,8 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
                             key=lambda p: (str(type(p.x)), p.x))
             numeric = all(isinstance(p.x, (int, float)) and not isinstance(p.x, bool) for p in points)
             xs = [p.x if numeric else number(p.x) for p in points]
-            ax.plot(xs, [p.y for p in points], color="0.5", linewidth=1)
+            if numeric and len(set(xs)) == len(xs):  # a one-field sweep: a line through its points
+                ax.plot(xs, [p.y for p in points], color="0.5", linewidth=1)
             for p, x in zip(points, xs):
                 ax.plot([x], [p.y], "o", color=colors.get(p.run, "C0"), markersize=7,
                         markerfacecolor=colors.get(p.run, "C0") if p.finished else "white")

@@ -64,8 +64,13 @@ class RunSummary:
     journal: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                for k, v in dataclasses.asdict(self).items()}
+        """A JSON-safe dict: a non-finite number (a diverged loss) becomes null."""
+        def safe(v: Any) -> Any:
+            if isinstance(v, float) and not math.isfinite(v):
+                return None
+            return {k: safe(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+        return safe(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> RunSummary:

@@ -61,6 +61,7 @@ def test_emulated_dtype_warning(tmp_path: Path, caplog):
 def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
     args = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
             "trainer.batch_size=32", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+            "optim.schedule.warmup_steps=1",
             "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1",
             f"trainer.compilation_cache_dir={tmp_path / 'cache'}", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
     first = dew_train(*args, "trainer.name=a", cwd=tmp_path, env=fast_env())
