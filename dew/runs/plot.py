@@ -203,10 +203,15 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
                         markerfacecolor=colors.get(p.run, "C0") if p.finished else "white")
             if numeric and points and min(xs) > 0 and max(xs) / min(xs) >= 10:
                 ax.set_xscale("log")
+            if numeric and 0 < len(set(xs)) <= 12:  # tick the swept values themselves, as they were given
+                from matplotlib.ticker import NullFormatter
+
+                ax.set_xticks(sorted(set(xs)), [number(x) for x in sorted(set(xs))])
+                ax.xaxis.set_minor_formatter(NullFormatter())
             if logy:
                 ax.set_yscale("log")
             ax.set_xlabel(field)
-            ax.set_ylabel(f"final {metric}")
+            ax.set_ylabel(f"final {metric} ({data.units[metric]})" if data.units[metric] else f"final {metric}")
             ax.set_title(f"final {metric} against {field}" + ("" if all(p.finished for p in points)
                                                                 else " (hollow: not finished)"), fontsize="medium")
             ax.grid(alpha=0.3)
