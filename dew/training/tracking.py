@@ -32,6 +32,11 @@ from dew.training.rundir import absolute, is_local
 
 log = logging.getLogger("dew")
 
+JOURNAL_VERSION = 1
+"""The journal's format (docs/journal.md), declared by every start and resume event. A reader
+accepts the versions it knows and says so when it meets a newer one; a change that old readers
+would misread raises it."""
+
 
 def tracking_dir(trainer: TrainerConfig) -> epath.Path:
     """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
@@ -124,7 +129,8 @@ class Tracker:
                  wandb_id: str | None, is_main: bool, changed: Sequence[str] = ()) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
-        self.journal = Journal(tracking_dir(trainer) / name / "journal.jsonl") if is_main else None
+        self.directory = tracking_dir(trainer) / name
+        self.journal = Journal(self.directory / "journal.jsonl") if is_main else None
         # A run started again after it completed adds nothing: its history already ends there.
         self.complete = (self.journal is not None and resume_step is not None
                          and self.journal.ended_at(resume_step))
@@ -146,6 +152,7 @@ class Tracker:
         self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
         # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
         self.event("resume" if resume_step is not None else "start", step=resume_step or 0,
+                   journal=JOURNAL_VERSION, total_steps=total_steps,
                    **({"changed": list(changed)} if changed else {}))
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
@@ -155,10 +162,21 @@ class Tracker:
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
         if not self.is_main:
             return
-        self.journal.write({"step": step, **values})
+        self.journal.write({"step": step, "time": time.time(), **values})
         if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
             self.wandb_run.log(dict(values), step=step)
         self._progress.update(step, values)
+
+    def log_media(self, step: int, *, image: str | None = None, texts: list[str] | None = None) -> None:
+        """Log samples to W&B at ``step``: an image file, or text samples as a table."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        if image is not None:
+            self.wandb_run.log({"samples": wandb.Image(image, caption=f"step {step}")}, step=step)
+        if texts:
+            self.wandb_run.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=step)
 
     def publish_checkpoint(self, name: str, path: str, step: int) -> None:
         """Publish the checkpoint a run ends on as a W&B artifact (by reference: no copy)."""

@@ -36,6 +36,7 @@ from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats, prepare_process
+from dew.training.report import RunReport, log_samples
 from dew.training.rundir import (
     hold, is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
 )
@@ -376,6 +377,8 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     for f in fallbacks:
         tracker.event("checkpoint_fallback", step=latest, damaged_step=f.damaged_step, problem=f.problem,
                       **({"moved_to": f.moved_to} if f.moved_to else {}))
+    story = RunReport(run, name, path, total_steps=total_steps)
+    story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
 
     def meta() -> dict[str, Any]:
         data_state = iterator.get_state() if dataset.resumable else None
@@ -418,9 +421,12 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
                 profiling = True
             batch_size = stages[stage_at(stages, step)][0]
             batch = _global(iterator.next(batch_size), batch_sharding)
+            first = story.starting_step()
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, step_metrics = train_step(state, batch)
             step, records = step + 1, records + batch_size
+            if first:  # the first metrics come after the first step, whatever log_every is
+                story.first_step(step, jax.device_get(step_metrics), show=step % t.log_every != 0)
             if profiling and step >= t.profile.warmup + t.profile.steps:
                 jax.block_until_ready(state)
                 jax.profiler.stop_trace()
@@ -435,11 +441,16 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
                 report()
                 check_finite(state)  # a checkpoint holds only a state that never went non-finite
             if eval_now:
-                last_eval = evaluate(state)
+                with story.phase("eval"):
+                    last_eval = evaluate(state)
+                    if t.wandb is not None:  # every process: sampling may span all of them
+                        log_samples(tracker, objective, state, step, seed=t.seed)
+                story.evaluated(step, last_eval)
                 tracker.metrics(step, last_eval)
                 tracker.event("eval", step=step, **last_eval)
             if ckpt_now:
-                checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
+                with story.phase("checkpoint"):
+                    checkpoints.save(step, state, meta(), metrics=last_eval if eval_now and last_eval else None)
                 tracker.event("checkpoint", step=step)
                 last_saved = step
             if eval_now or ckpt_now:
@@ -459,15 +470,19 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
         check_finite(state)
 
         # (6) The end: wait for the saves, publish the last checkpoint. ----------------------------
-        checkpoints.wait()
-        if checkpoints.latest_step() is None or checkpoints.latest_step() < step:
-            checkpoints.save(step, state, meta(), metrics=last_eval or None)
+        with story.phase("checkpoint"):
             checkpoints.wait()
+            if checkpoints.latest_step() is None or checkpoints.latest_step() < step:
+                checkpoints.save(step, state, meta(), metrics=last_eval or None)
+                checkpoints.wait()
         tracker.publish_checkpoint(name, checkpoints.step_path(step), step)
         cache = compilation_cache_stats()
         if t.compilation_cache_dir:
             log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
         tracker.event("end", step=step, best_step=checkpoints.best_step(), compile_cache=cache)
+        story.end(step)
+    except Preempted:
+        raise  # its stop event is written where the signal is honoured
     except NonFiniteError as err:
         tracker.event("stop", step=step, reason="nonfinite", message=str(err))
         raise

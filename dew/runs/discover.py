@@ -1,0 +1,94 @@
+"""Finding runs: the run directories under a checkpoint or sweep directory, and each run's journal.
+
+A run directory is one that holds ``run.json``. A directory without one that still looks like a run
+(orbax step directories, ``train.log``, a lock file) is reported as damaged rather than skipped: a
+user looking for a run should learn that its record is gone. Paths go through epath, so a ``gs://``
+sweep is read like a local one.
+"""
+
+from __future__ import annotations
+
+import os
+
+from etils import epath
+
+from dew.config import RUN_RECORD
+from dew.training.lock import LOCK_FILE
+
+SKIPPED = ("tracking", "wandb")
+"""Directory names never searched for runs (journals and W&B's files live there, not runs)."""
+
+JOURNAL = "journal.jsonl"
+
+
+class RunsError(ValueError):
+    """A directory (or option) dew-runs cannot read; the message says why."""
+
+
+def is_step_dir(path: epath.Path) -> bool:
+    """An orbax step directory (``<step>/``); a save still in flight (``<step>.orbax-checkpoint-tmp``)
+    is not one."""
+    return path.name.isdigit()
+
+
+def checkpoint_steps(run: epath.Path) -> list[int]:
+    """The complete checkpoints in a run directory, by step."""
+    try:
+        return sorted(int(p.name) for p in run.iterdir() if is_step_dir(p) and p.is_dir())
+    except OSError:
+        return []
+
+
+def _looks_like_run(names: set[str]) -> bool:
+    return bool(names & {"train.log", LOCK_FILE, ".hydra"}) or any(n.isdigit() for n in names)
+
+
+def find_runs(root: str | os.PathLike) -> list[epath.Path]:
+    """Every run directory at or under ``root`` (damaged ones included), sorted by path."""
+    top = epath.Path(root)
+    if not top.exists():
+        raise RunsError(f"{os.fspath(root)!r} does not exist")
+    if not top.is_dir():
+        raise RunsError(f"{os.fspath(root)!r} is not a directory (give a run, sweep or checkpoint directory)")
+    found: list[epath.Path] = []
+
+    def walk(path: epath.Path) -> None:
+        try:
+            children = list(path.iterdir())
+        except OSError:
+            return
+        names = {c.name for c in children}
+        if RUN_RECORD in names or _looks_like_run(names):
+            found.append(path)
+            return
+        for child in sorted(children, key=lambda c: c.name):
+            if child.name.startswith(".") or child.name in SKIPPED or is_step_dir(child) or not child.is_dir():
+                continue
+            walk(child)
+
+    walk(top)
+    return sorted(found, key=os.fspath)
+
+
+def find_journal(run: epath.Path, tracking: str | None = None) -> epath.Path | None:
+    """The journal of the run in ``run``, or None when there is none.
+
+    dew writes it to ``<tracking dir>/<name>/journal.jsonl``, where the run directory is
+    ``<checkpoint_dir>/<name>`` and the tracking directory is ``tracking`` (or $DEW_TRACKING_DIR) beside
+    ``checkpoint_dir``. The record does not say which ancestor of the run directory was
+    ``checkpoint_dir`` (a sweep job's name has a slash in it), so each ancestor is tried, nearest
+    first.
+    """
+    tracking = tracking or os.environ.get("DEW_TRACKING_DIR")
+    ancestor, parts = run, [run.name]
+    for _ in range(8):
+        parent = ancestor.parent
+        if parent == ancestor:
+            break
+        folder = epath.Path(tracking) if tracking else parent.parent / "tracking"
+        candidate = folder.joinpath(*parts) / JOURNAL
+        if candidate.exists():
+            return candidate
+        ancestor = parent
+        parts = [ancestor.name, *parts]
+    return None
