@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from dew.config import RunConfig
-from dew.models.registry import architecture, build, resolve_fields
+from dew.models.registry import build, resolve_fields
 from dew.training import sharding
 from dew.training.optim import build_optimizer
 
@@ -148,7 +148,6 @@ def _inputs(arch: str, fields: Any, batch: int) -> tuple[jax.ShapeDtypeStruct, .
 
 def _activation_bytes(arch: str, fields: Any, graphdef: Any, params: Any, rest: Any, batch: int) -> int:
     """Bytes of the residuals autodiff saves for ``batch`` examples (see the module docstring)."""
-    architecture(arch)
 
     def residuals(n: int) -> int:
         def saved(params: Any, *inputs: Any) -> Any:
