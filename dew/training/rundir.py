@@ -74,10 +74,14 @@ def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
 RESUME_FREE: tuple[str, ...] = (
     "trainer.log_every", "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep",
     "trainer.profile", "trainer.wandb", "trainer.compilation_cache_dir", "trainer.multi_host",
+    "trainer.mesh", "trainer.layout",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
 reports and how the process starts, never what a step computes. (The best checkpoint is chosen among
-the evaluations a run makes, so eval_every changes which step is best, not any parameter.)"""
+the evaluations a run makes, so eval_every changes which step is best, not any parameter.) The mesh
+and the layout decide where each shard of the same computation lives: the checkpoint restores into
+the new layout (tests/training/mesh_runs.py), and only the order of floating-point reductions
+changes."""
 
 SAMPLING_KNOBS: tuple[str, ...] = (
     "sampler", "sample_steps", "samples", "samples_per_class", "guidance_scale", "temperature", "top_k",

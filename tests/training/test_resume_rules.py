@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dew.config import TrainerConfig, Wandb
+from dew.config import MeshSpec, TrainerConfig, Wandb
 from dew.recipe import Recipe
 from dew.training.rundir import RunDirError, prepare_run_dir
 from tests.training.conftest import train_tiny
@@ -31,6 +31,7 @@ ACCEPTED = [
     ({"trainer": {"log_every": 7}}, "trainer.log_every: 100 -> 7"),
     ({"trainer": {"wandb": Wandb("p", entity="me", offline=True)}}, "trainer.wandb: None -> "),
     ({"trainer": {"compilation_cache_dir": "/elsewhere"}}, "trainer.compilation_cache_dir: None -> '/elsewhere'"),
+    ({"trainer": {"mesh": MeshSpec(data=2, fsdp=4)}}, "trainer.mesh.data: -1 -> 2"),  # the same model, laid out anew
 ]
 REFUSED = [
     ({"optim": {"learning_rate": 0.5}}, "optim.learning_rate: 0.00027 -> 0.5"),
