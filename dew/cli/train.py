@@ -190,10 +190,12 @@ def debugging() -> bool:
     return any(os.environ.get(k, "") not in ("", "0") for k in ("HYDRA_FULL_ERROR", "DEW_DEBUG"))
 
 
-def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
-    """End with one line on stderr and ``status``; while debugging, re-raise the error at hand."""
-    if debugging() and sys.exc_info()[1] is not None:
-        raise  # noqa: PLE0704 - called from an except block: the developer sees the traceback
+def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None = None) -> None:
+    """End with one line on stderr and ``status``; while debugging, re-raise ``error`` (or the error
+    being handled) so the developer sees the traceback."""
+    error = error or sys.exc_info()[1]
+    if debugging() and error is not None:
+        raise error
     print(f"dew-train: error: {message}", file=sys.stderr)
     sys.exit(status)
 
@@ -224,7 +226,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
 
-    error, status, agreed = None, EXIT_BAD_INPUT, False
+    error, status, agreed, caught = None, EXIT_BAD_INPUT, False, None
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
@@ -254,17 +256,17 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         if jax.process_index() == 0:  # a refused resume changes nothing, the lock included
             prepare_run_dir(recipe, name, write=False, trains=trains)
     except RunLockedError as err:
-        error, status = str(err), EXIT_BUSY
+        error, status, caught = str(err), EXIT_BUSY, err
     except RunDirError as err:
-        error, status = str(err), EXIT_REFUSED
+        error, status, caught = str(err), EXIT_REFUSED, err
     except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, no network
-        error = str(err)
+        error, caught = str(err), err
     if agreed:  # in a pool, a process that is fine stops with process 0's error
         verdict = from_process_zero("verdict", [error, status])  # every process asks: process 0 answers
         error, status = (error, status) if error else verdict
     if error:
         leave_no_trace()
-        fail(error, status)
+        fail(error, status, caught)
 
         check_xla_flags(recipe.trainer)  # XLA aborts the process on a flag it does not know
         prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens

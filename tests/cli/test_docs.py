@@ -4,6 +4,7 @@ executed by the real CLI (trained for one step of a tiny model, or composed and 
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -24,10 +25,11 @@ def documented_commands() -> list[tuple[str, str]]:
     found: dict[str, str] = {}
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for block in FENCE.findall(doc.read_text()):
-            for line in block.splitlines():
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():  # a command continued with \ is one line
                 match = re.search(r"(?:^|[\s/])(dew-train(?:\s.*)?)$", line)
                 if match:
-                    command = re.split(r"\s#\s", match.group(1))[0].strip()
+                    command = re.split(r"\s#\s", match.group(1))[0]
+                    command = re.split(r"\s(?:&&?|;|\|\|?)(?:\s|$)", command)[0].strip()  # the command, not the shell around it
                     found.setdefault(command, doc.name)
     return sorted((doc, command) for command, doc in found.items())
 
@@ -100,10 +102,28 @@ def test_a_documented_command_runs(tmp_path, doc, command):
         result = dew(*args, cwd=work)
         assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
         return
-    result = dew("--cfg", "job", "--resolve", *args, cwd=work)
-    assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
-    Recipe.from_dict(yaml.safe_load(result.stdout))  # raises as dew-train would, naming the field
+    for job in _jobs(args):  # a sweep: each of its jobs (Hydra takes --cfg or -m, not both)
+        result = dew("--cfg", "job", "--resolve", *job, cwd=work)
+        assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
+        Recipe.from_dict(yaml.safe_load(result.stdout))  # raises as dew-train would, naming the field
     assert tree(work) == []
+
+
+def _jobs(args: list[str]) -> list[list[str]]:
+    """The overrides of each job a command runs: itself, or for ``-m`` every combination of its swept
+    values, as Hydra's basic sweeper expands them."""
+    if "-m" not in args and "--multirun" not in args:
+        return [args]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in args if a not in ("-m", "--multirun")]
+    choices = []
+    for arg, parsed in zip(args, OverridesParser.create().parse_overrides(args)):
+        if parsed.is_sweep_override():
+            choices.append([f"{parsed.get_key_element()}={v}" for v in parsed.sweep_string_iterator()])
+        else:
+            choices.append([arg])
+    return [list(job) for job in itertools.product(*choices)]
 
 
 def test_data_md_states_both_defaults():
