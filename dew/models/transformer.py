@@ -138,6 +138,13 @@ class Transformer(nnx.Module):
             self.blocks, lambda block, x: block(x, rope, return_max_logits), x_BxTxD,
             scan=f.scan_layers, remat=f.remat)
 
+        logits_BxTxV = self.head(x_BxTxD)
+        return (logits_BxTxV, max_logits_LxN) if return_max_logits else logits_BxTxV
+
+    def head(self, x_BxTxD: jax.Array) -> jax.Array:
+        """The residual stream's logits: the final norm, the output projection (or the tied
+        embedding) and muP's logit multiplier."""
+        f, p = self.fields, self.precision
         x_BxTxD = self.final_norm(x_BxTxD)
         if self.lm_head is None:
             table_VxD = self.embed.embedding[...].astype(p.dtype)
@@ -147,7 +154,7 @@ class Transformer(nnx.Module):
         logits_BxTxV = constrain(logits_BxTxV, "batch", "length", "vocab")
         if f.mup:
             logits_BxTxV = logits_BxTxV / jnp.asarray(width_multiplier(f), p.dtype)
-        return (logits_BxTxV, max_logits_LxN) if return_max_logits else logits_BxTxV
+        return logits_BxTxV
 
     # ------------------------------------------------------------------------- cached decoding
 
@@ -183,15 +190,7 @@ class Transformer(nnx.Module):
 
         if last_only:
             x_BxTxD = x_BxTxD[:, -1:]
-        x_BxTxD = self.final_norm(x_BxTxD)
-        if self.lm_head is None:
-            table_VxD = self.embed.embedding[...].astype(p.dtype)
-            logits_BxTxV = jnp.einsum("btd,vd->btv", x_BxTxD, table_VxD, precision=p.lax)
-        else:
-            logits_BxTxV = self.lm_head(x_BxTxD)
-        if f.mup:
-            logits_BxTxV = logits_BxTxV / jnp.asarray(width_multiplier(f), p.dtype)
-        return logits_BxTxV, KVCache(k, v, start + tokens_BxT.shape[1])
+        return self.head(x_BxTxD), KVCache(k, v, start + tokens_BxT.shape[1])
 
 
 def build(fields: TransformerFields, rngs: nnx.Rngs) -> Transformer:

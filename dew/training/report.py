@@ -22,6 +22,7 @@ from typing import Any
 import jax
 
 from dew.config import RunConfig
+from dew.runs.show import human
 from dew.training.checkpoint import BEST_METRIC
 from dew.training.process import compilation_cache_stats
 
@@ -34,14 +35,6 @@ by bench/bf16_cpu.py (docs/performance.md); None where it was not measured."""
 
 def _bytes(tree: Any) -> int:
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _count(n: int) -> str:
@@ -85,8 +78,8 @@ class RunReport:
                  jax.default_backend(), jax.process_count(), "" if jax.process_count() == 1 else "es",
                  " ".join(f"{k}={v}" for k, v in mesh.shape.items()))
         n = sum(math.prod(x.shape) for x in jax.tree.leaves(params) if hasattr(x, "shape"))
-        log.info("model: %s trainable parameters (%s); optimizer state %s (%s)", _count(n), _size(_bytes(params)),
-                 _size(_bytes(opt_state)), self.run.optim.optimizer)
+        log.info("model: %s trainable parameters (%s); optimizer state %s (%s)", _count(n), human(_bytes(params)),
+                 human(_bytes(opt_state)), self.run.optim.optimizer)
         dtype = self.run.model.dtype
         if (jax.default_backend(), dtype) in EMULATED:
             slow = EMULATED[(jax.default_backend(), dtype)]
