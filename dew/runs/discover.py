@@ -39,8 +39,14 @@ def checkpoint_steps(run: epath.Path) -> list[int]:
         return []
 
 
-def _looks_like_run(names: set[str]) -> bool:
-    return bool(names & {"train.log", LOCK_FILE, ".hydra"}) or any(n.isdigit() for n in names)
+def _holds_steps(path: epath.Path, names: set[str]) -> bool:
+    """Whether a directory holds orbax step directories: a name of digits with orbax's record in it
+    (a sweep's job directories may be named by their number alone)."""
+    return any(n.isdigit() and (path / n / "_CHECKPOINT_METADATA").exists() for n in names)
+
+
+def _looks_like_run(path: epath.Path, names: set[str]) -> bool:
+    return bool(names & {"train.log", LOCK_FILE, ".hydra"}) or _holds_steps(path, names)
 
 
 def find_runs(root: str | os.PathLike) -> list[epath.Path]:
@@ -58,11 +64,11 @@ def find_runs(root: str | os.PathLike) -> list[epath.Path]:
         except OSError:
             return
         names = {c.name for c in children}
-        if RUN_RECORD in names or _looks_like_run(names):
+        if RUN_RECORD in names or _looks_like_run(path, names):
             found.append(path)
             return
         for child in sorted(children, key=lambda c: c.name):
-            if child.name.startswith(".") or child.name in SKIPPED or is_step_dir(child) or not child.is_dir():
+            if child.name.startswith(".") or child.name in SKIPPED or not child.is_dir():
                 continue
             walk(child)
 

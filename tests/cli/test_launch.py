@@ -102,9 +102,10 @@ def test_a_slurm_job_runs_as_submitit_runs_it(workdir: Path):
                  "trainer.multi_host=true", cwd=workdir, env=env)
     assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in workdir.rglob("sbatch.out"))
     run, = (p.parent for p in (workdir / "ck").rglob("run.json"))
-    assert run.parent == workdir / "ck" / "slurm" and (run / "2").is_dir() and (run / ".hydra").is_dir()
+    sweep, = (workdir / "ck").glob("slurm-sweep-*")  # <name>-sweep-<digest of the command>
+    assert run.parent == sweep and (run / "2").is_dir() and (run / ".hydra").is_dir()
     assert Recipe.load(str(run)).trainer.multi_host is True
-    log = (workdir / "ck" / "slurm" / ".submitit" / "sbatch.out").read_text()  # what the stand-ins ran
+    log = (sweep / ".submitit" / "sbatch.out").read_text()  # what the stand-ins ran
     assert "joined the JAX process pool: process 0 of 1" in log  # jax.distributed found the SLURM job
-    script = next((workdir / "ck" / "slurm" / ".submitit").rglob("*_submission.sh")).read_text()
+    script = next((sweep / ".submitit").rglob("*_submission.sh")).read_text()
     assert "#SBATCH --signal=USR2@300" in script and "#SBATCH --ntasks-per-node=1" in script

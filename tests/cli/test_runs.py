@@ -26,8 +26,14 @@ pytestmark = pytest.mark.slow
 
 SETTINGS = ["trainer.steps=40", "trainer.eval_every=10", "trainer.checkpoint_every=10", "trainer.name=sweep"]
 RATES = {"finished": 0.001, "sigterm": 0.002, "bad-data": 0.003, "running": 0.004}
-"""Each run's rate; a run's directory is sweep/<n>-<role> (the SIGTERM one is a real dew-train -m job,
-named by Hydra from its overrides: sweep/0-...)."""
+"""Each run's rate; a run's directory is <sweep>/<n>-<role>, in the sweep directory the SIGTERM run
+made (a real dew-train -m job: sweep-sweep-<digest>/0-...)."""
+
+
+def _sweep(tmp: Path) -> str:
+    """The sweep directory's name: ``<trainer.name>-sweep-<digest of the command>``."""
+    found = sorted((tmp / "ck").glob("sweep-sweep-*"))
+    return found[0].name if found else "sweep-sweep-missing"
 
 
 def runs_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -40,7 +46,7 @@ def _train_in_process(tmp: Path, name: str, data=None) -> BaseException | None:
     recipe = compose(f"trainer.checkpoint_dir={tmp / 'ck'}", *SETTINGS, f"optim.learning_rate={RATES[name.split('-', 1)[1]]}")
     recipe, objective, dataset = build_run(recipe)
     try:  # named as a Hydra sweep names its jobs: trainer.name is the sweep, the job a directory in it
-        recipe.train(objective, data(dataset) if data else dataset, name=f"sweep/{name}")
+        recipe.train(objective, data(dataset) if data else dataset, name=f"{_sweep(tmp)}/{name}")
     except Exception as err:  # noqa: BLE001 - the run's failure is the point; its kind is checked by the caller
         return err
     return None
@@ -56,7 +62,7 @@ def _sigterm_run(tmp: Path) -> int:
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            if any((tmp / "ck" / "sweep").glob("0-*/10")):  # its first checkpoint is complete on disk
+            if any((tmp / "ck").glob("sweep-sweep-*/0*/10")):  # its first checkpoint is complete on disk
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
                 break
@@ -77,29 +83,29 @@ def sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
-        assert _train_in_process(tmp, "1-finished") is None
-        returncode = _sigterm_run(tmp)
+        returncode = _sigterm_run(tmp)  # first: its sweep directory is where the others go
         assert returncode != 0, (tmp / "dew-train.out").read_text()[-3000:]
+        assert _train_in_process(tmp, "1-finished") is None
         bad = _train_in_process(tmp, "2-bad-data", lambda d: wrappers.Data(d, nan_at=25))
         assert bad is not None and "non-finite" in str(bad), bad
         crash = _train_in_process(tmp, "3-running", lambda d: wrappers.Data(d, crash_at=25))
         assert isinstance(crash, wrappers.Crash), crash
-    run_dir = tmp / "ck" / "sweep" / "3-running"
+    run_dir = tmp / "ck" / _sweep(tmp) / "3-running"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.training.lock import RunLock; "
                                "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(900)",
                                str(run_dir)], stdout=subprocess.PIPE, text=True, env=fast_env())
-    names = {"sigterm": next((tmp / "ck" / "sweep").glob("0-*")).name, "finished": "1-finished",
+    names = {"sigterm": next((tmp / "ck" / _sweep(tmp)).glob("0*")).name, "finished": "1-finished",
              "bad-data": "2-bad-data", "running": "3-running"}
     try:
         assert holder.stdout.readline().strip() == "locked"
-        yield tmp, tmp / "ck" / "sweep", holder, names
+        yield tmp, tmp / "ck" / _sweep(tmp), holder, names
     finally:
         holder.kill()
         holder.wait()
 
 
 def _journal(tmp: Path, name: str) -> list[dict]:
-    return read_journal(tmp / "tracking" / "sweep" / name / "journal.jsonl")
+    return read_journal(tmp / "tracking" / _sweep(tmp) / name / "journal.jsonl")
 
 
 def _expected_status(journal: list[dict]) -> str:

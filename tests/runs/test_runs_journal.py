@@ -59,6 +59,7 @@ def write_run(root: Path, name: str, records: list[dict] | None, *, record: bool
         (run / "run.json").write_text(json.dumps({"trainer": {"steps": 10}, "optim": {"learning_rate": 0.1}}))
     for step in steps:
         (run / str(step)).mkdir()
+        (run / str(step) / "_CHECKPOINT_METADATA").write_text("{}")  # what orbax writes in every step
     if records is not None:
         journal = root / "tracking" / name / "journal.jsonl"
         journal.parent.mkdir(parents=True)
@@ -114,8 +115,9 @@ def test_discovery_skips_steps_and_tracking_and_reports_runs_without_a_record(tm
     write_run(tmp_path, "sweep/a", [START], steps=(2, 4))
     write_run(tmp_path, "sweep/b", None, record=False, steps=(2,))
     (tmp_path / "ck" / "sweep" / "3.orbax-checkpoint-tmp-1").mkdir()
-    assert [p.name for p in find_runs(tmp_path / "ck")] == ["a", "b"]
-    assert read_run(find_runs(tmp_path / "ck")[1], "b").summary.status == "damaged"
+    write_run(tmp_path, "sweep/0", [START], steps=(2,))  # a job named by its number alone is a run, not a step
+    assert [p.name for p in find_runs(tmp_path / "ck")] == ["0", "a", "b"]
+    assert read_run(find_runs(tmp_path / "ck")[2], "b").summary.status == "damaged"
     with pytest.raises(RunsError, match="does not exist"):
         find_runs(tmp_path / "nope")
 

@@ -131,7 +131,7 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
                               "trainer.name=sweep", "optim.learning_rate=0.001,0.002"], cwd=workdir,
                              env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "sweep.out", "w"),
                              stderr=subprocess.STDOUT, text=True)
-    journals = lambda: sorted((workdir / "tracking" / "sweep").glob("*/journal.jsonl"))  # noqa: E731
+    journals = lambda: sorted((workdir / "tracking").glob("sweep-sweep-*/*/journal.jsonl"))  # noqa: E731
     until(lambda: len(journals()) == 2 and all(logged(j, 3) for j in journals()) or sweep.poll() is not None)
     tasks = [pid for pid in descendants(sweep.pid)
              if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -139,8 +139,9 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
     for pid in tasks:
         os.kill(pid, signal.SIGUSR2)
     assert wait([sweep]) == [0], (workdir / "sweep.out").read_text()
-    runs = sorted(p.parent for p in (workdir / "ck" / "sweep").rglob("run.json"))
-    assert len(runs) == 2 and len(list((workdir / "ck" / "sweep").rglob(".hydra"))) == 2
+    swept, = (workdir / "ck").glob("sweep-sweep-*")  # <name>-sweep-<digest of the command>
+    runs = sorted(p.parent for p in swept.rglob("run.json"))
+    assert len(runs) == 2 and len(list(swept.rglob(".hydra"))) == 2
     for j in journals():
         kinds = events(read_journal(j))
         stopped = [s for kind, s in kinds if kind == "stop"]
