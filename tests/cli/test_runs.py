@@ -110,7 +110,7 @@ def _journal(tmp: Path, name: str) -> list[dict]:
 
 def _expected_status(journal: list[dict]) -> str:
     """What dew can honestly say of a run that is not running: its last stop event if it wrote one
-    (issues 10 and 12 add them), else that its process ended without recording an end."""
+    (a signal, a divergence or an error writes one), else that its process ended without recording an end."""
     stops = [r for r in journal if r.get("event") == "stop"]
     if stops:
         reason = stops[-1]["reason"]
