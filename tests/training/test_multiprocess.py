@@ -122,8 +122,8 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
     ref = read_journal(ref_journal)
     assert events(ref)[-3:] == [("stop", stop[0]["step"]), ("resume", stop[0]["step"]), ("end", STEPS)]
     run = workdir / "ck" / "ref"
-    assert sorted(p.name for p in run.iterdir()) == sorted([str(stop[0]["step"]), str(STEPS), ".hydra", "run.json",
-                                                            "samples.png", "train.log"])  # process 0 wrote alone
+    assert sorted(p.name for p in run.iterdir()) == sorted([str(stop[0]["step"]), str(STEPS), ".hydra", ".lock",
+                                                            "run.json", "samples.png", "train.log"])  # process 0 wrote alone
 
     # (3) A sweep of 2 jobs x 2 tasks (4 devices each) under the local launcher; SIGUSR2 to every
     # task mid-run: each job saves, submitit requeues it, it resumes and ends.
