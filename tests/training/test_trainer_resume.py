@@ -5,6 +5,7 @@ a run that was never interrupted."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
     log = (run / "train.log").read_text()
     assert f"resuming r from step {max(second)}" in log
     # The compilation cache: a second start loads the step instead of compiling it.
-    hits = [int(line.split(": ")[-1].split(" hits")[0]) for line in log.splitlines() if "compilation cache" in line]
+    hits = [int(m.group(1)) for m in re.finditer(r"compilation cache \S+: (\d+) hits", log)]
     assert len(hits) == 1 and hits[0] >= 2, log  # the step and the evaluation, at least
 
     # The same parameters, bit for bit, read back from both runs' last checkpoints with orbax.
