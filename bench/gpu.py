@@ -110,6 +110,7 @@ class Synthetic:
     def __init__(self, arch: str, fields: dict[str, Any], batch_size: int) -> None:
         self.batch_size = batch_size
         rng = np.random.default_rng(0)
+        self.kind = "tokens" if arch == "transformer" else "image"  # dew.data.specs.DataSpec.kind
         if arch == "transformer":
             self.fields = {"vocab_size": fields["vocab_size"], "seq_len": fields["seq_len"]}
             self.batch = {"tokens": rng.integers(0, fields["vocab_size"], (batch_size, fields["seq_len"] + 1),
@@ -144,10 +145,11 @@ class Synthetic:
 
 def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int, warmup: int, work: Path):
     """The run both sides train, and its objective, resolved against the synthetic data."""
-    from dew.build import build_objective, data_fields, objective_name
+    from dew.build import build_objective, resolve
     from dew.config import ModelConfig, TrainerConfig
-    from dew.objectives.knobs import FlowMatchingKnobs, NextTokenKnobs
-    from dew.recipe import Recipe, with_data_fields
+    from dew.objectives.flow_matching import FlowMatchingKnobs
+    from dew.objectives.next_token import NextTokenKnobs
+    from dew.recipe import Recipe
 
     data = Synthetic(arch, fields, batch)
     model_fields = {k: v for k, v in fields.items() if k not in data.fields}
@@ -157,7 +159,7 @@ def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int,
                               log_every=warmup, eval_every=None, checkpoint_every=None,
                               compilation_cache_dir=None, multi_host=False),
         flow_matching=FlowMatchingKnobs(ema_decay=0.0), next_token=NextTokenKnobs(ema_decay=0.0))
-    run = with_data_fields(run, data_fields(objective_name(run, data), data))
+    run = resolve(run, data)
     return run, build_objective(run, data), data
 
 

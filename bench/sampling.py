@@ -86,8 +86,8 @@ def next_token(args: argparse.Namespace) -> list[dict]:
 
 def masked_diffusion(args: argparse.Namespace) -> dict:
     from dew.config import ModelConfig
-    from dew.objectives.knobs import MaskedDiffusionKnobs
-    from dew.objectives.masked_diffusion import MaskedDiffusion
+    from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
+    from dew.objectives.mdlm import MaskedDiffusion
 
     V, L, count = 257, 64, args.mdlm_count
     fields = dict(vocab_size=V + 1, input_size=L, num_classes=0, hidden_size=128, depth=4, num_heads=4)

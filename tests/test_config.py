@@ -73,7 +73,7 @@ def strategy(tp: Any) -> st.SearchStrategy:
 
 def model_config_strategy() -> st.SearchStrategy:
     def for_arch(name: str) -> st.SearchStrategy:
-        fields_cls = architectures[name].fields
+        fields_cls = architectures[name].Fields
         types_ = hints(fields_cls)
         keys = [f.name for f in dataclasses.fields(fields_cls)]
         config = st.dictionaries(st.sampled_from(keys), st.nothing(), max_size=0)  # placeholder

@@ -120,9 +120,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
                           "now):\n  " + "\n  ".join(diff))
 
     # The module exactly as the trainer built it, then only the parameters (and their EMA) read back.
-    t = recipe.trainer
-    abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
-                                                  quantization=t.quantization, lora=recipe.lora, seed=t.seed))
+    abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
     graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
     from dew.training.checkpoint import describe_damage
 
@@ -166,8 +164,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
                           + "; ".join(f"step {s}: {problem}" for s, problem in damaged))
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):
         # Non-parameter state (none in dew's models today) is rebuilt concretely from the seed.
-        concrete = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
-                               quantization=t.quantization, lora=recipe.lora, seed=t.seed)
+        concrete = adapt.build_model(recipe, objective)
         _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, use_ema, params, tuple(damaged))
@@ -270,7 +267,7 @@ def run(args: argparse.Namespace) -> str:
                 raise SampleError(f"--{name.replace('_', '-')}: the run samples images; it is a text option")
         images, labels = sample_images(r, count=args.count, seed=args.seed, guidance_scale=args.guidance_scale,
                                        steps=args.steps, sampler=args.sampler)
-        from dew.objectives.flow_matching import to_uint8, write_grid
+        from dew.sampling import to_uint8, write_grid
 
         out = args.out or stem + ".png"
         write_grid(out, to_uint8(images), rows=max(r.objective.num_classes, 1), scale=4)

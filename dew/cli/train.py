@@ -86,15 +86,17 @@ def register_configs() -> None:
 
 
 def _group_listing() -> str:
-    """The user's config groups and their options, for --help (Hydra's own listing also shows the
-    schema groups, which are dew's plumbing, not choices)."""
-    root = Path(conf_dir())
-    lines = []
-    for folder in sorted(p for p in root.rglob("*") if p.is_dir() and not p.relative_to(root).parts[0] == "hydra"):
-        options = sorted(f.stem for f in folder.glob("*.yaml"))
-        if options:
-            lines.append(f"{folder.relative_to(root).as_posix()}: {', '.join(options)}")
-    return "\n".join(lines)
+    """The user's config groups and their options, dew's and its plugins', for --help (Hydra's own
+    listing also shows the schema groups, which are dew's plumbing, not choices)."""
+    from dew.registry import plugin_conf_dirs
+
+    groups: dict[str, set[str]] = {}
+    for root in [Path(conf_dir()), *map(Path, plugin_conf_dirs())]:
+        for folder in (p for p in root.rglob("*") if p.is_dir() and p.relative_to(root).parts[0] != "hydra"):
+            options = {f.stem for f in folder.glob("*.yaml")}
+            if options:
+                groups.setdefault(folder.relative_to(root).as_posix(), set()).update(options)
+    return "\n".join(f"{group}: {', '.join(sorted(options))}" for group, options in sorted(groups.items()))
 
 
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -239,9 +241,10 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
         # One run however many processes: each resolved its own config and name (a time stamp
         # can differ by a second), so all take process 0's.
-        container, name = from_process_zero("run", [container, run_name(recipe)])
+        theirs, name = from_process_zero("run", [container, run_name(recipe)])
         agreed = True
-        recipe = Recipe.from_dict(container)
+        if theirs != container:  # converted once, unless process 0 composed another config
+            recipe, container = Recipe.from_dict(theirs), theirs
         path = run_dir(recipe, name)
         refuse_if_held(path)  # a busy run directory is refused at once, before anything slow
 
@@ -267,21 +270,6 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     if error:
         leave_no_trace()
         fail(error, status, caught)
-
-        check_xla_flags(recipe.trainer)  # XLA aborts the process on a flag it does not know
-        prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
-        # One run however many processes: each resolved its own config and name (a time stamp
-        # can differ by a second), so all take process 0's.
-        container, name = from_process_zero("run", [container, run_name(recipe)])
-        agreed = True
-        recipe = Recipe.from_dict(container)
-
-        import jax
-
-        from dew.training.trainer import check
-
-        recipe, objective, dataset = build_run(recipe)
-        check(recipe, objective, dataset)
     is_main = jax.process_index() == 0
     from dew.objectives.metrics import builtin_metrics
     from dew.training.preemption import Preempted

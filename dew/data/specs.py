@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from dew.registry import Registry
+
 if TYPE_CHECKING:
     from dew.data.base import Dataset
 
@@ -17,15 +19,24 @@ Split = Literal["train", "val", "test"]
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-    """Base of the dataset specs; ``name`` is the name it is registered under."""
+    """Base of the dataset specs; ``name`` is the name it is registered under
+    (``@datasets.register``)."""
 
     name: ClassVar[str]
+    kind: ClassVar[str]
+    """What its batches hold, which decides the objectives that train on it: ``image`` (an
+    ``image`` field, NHWC in [-1, 1], and a ``label``) or ``tokens`` (a ``tokens`` field)."""
 
     def load(self, batch_size: int, seed: int) -> Dataset:
         """Build the dataset at global batch ``batch_size``, shuffled from ``seed``."""
         raise NotImplementedError(f"{type(self).__name__} must implement load")
 
 
+datasets: Registry[type[DataSpec]] = Registry("dataset")
+"""Dataset name -> spec class."""
+
+
+@datasets.register("digits")
 @dataclasses.dataclass(frozen=True)
 class Digits(DataSpec):
     """The 1,797 8x8 handwritten digits (10 classes) that scikit-learn ships: no network needed.
@@ -34,7 +45,7 @@ class Digits(DataSpec):
     evaluates.
     """
 
-    name: ClassVar[str] = "digits"
+    kind: ClassVar[str] = "image"
     eval_fraction: float = 0.1
     """Fraction of the records held out for evaluation (per class, chosen from the data seed 0)."""
 
@@ -48,6 +59,7 @@ class Digits(DataSpec):
         return load_digits(self, batch_size=batch_size, seed=seed)
 
 
+@datasets.register("oxford_flowers102")
 @dataclasses.dataclass(frozen=True)
 class OxfordFlowers102(DataSpec):
     """Oxford Flowers 102 (Nilsback & Zisserman 2008): 8,189 images of 102 flower classes.
@@ -56,7 +68,7 @@ class OxfordFlowers102(DataSpec):
     ``root``), verified, centre-cropped and resized to ``resolution`` and cached as uint8 arrays.
     """
 
-    name: ClassVar[str] = "oxford_flowers102"
+    kind: ClassVar[str] = "image"
     root: str | None = None
     """A directory that already holds 102flowers.tgz, imagelabels.mat and setid.mat: nothing is
     downloaded."""
@@ -88,11 +100,12 @@ class OxfordFlowers102(DataSpec):
         return load_flowers(self, batch_size=batch_size, seed=seed)
 
 
+@datasets.register("token_windows")
 @dataclasses.dataclass(frozen=True)
 class TokenWindows(DataSpec):
     """Fixed-length windows over a file of token ids, memory-mapped and gathered once per batch."""
 
-    name: ClassVar[str] = "token_windows"
+    kind: ClassVar[str] = "tokens"
     path: str = ""
     """A token file, or a glob over shards (raw uint16/uint32, .npy, or llm.c .bin shards)."""
     seq_len: int = 256
@@ -128,6 +141,7 @@ class TokenWindows(DataSpec):
         return load_token_windows(self, batch_size=batch_size, seed=seed)
 
 
+@datasets.register("text_stream")
 @dataclasses.dataclass(frozen=True)
 class TextStream(DataSpec):
     """Text files tokenized and packed into windows on the fly: a stream with no record count.
@@ -138,7 +152,7 @@ class TextStream(DataSpec):
     intervals must be given in steps. Its read position is grain's packing state, so it resumes.
     """
 
-    name: ClassVar[str] = "text_stream"
+    kind: ClassVar[str] = "tokens"
     path: str = ""
     """UTF-8 text files to train on: a path or a glob."""
     seq_len: int = 256
@@ -158,9 +172,3 @@ class TextStream(DataSpec):
         from dew.data.stream import load_text_stream
 
         return load_text_stream(self, batch_size=batch_size, seed=seed)
-
-
-datasets: dict[str, type[DataSpec]] = {
-    cls.name: cls for cls in (OxfordFlowers102, Digits, TokenWindows, TextStream)
-}
-"""Dataset name -> spec class."""

@@ -1,8 +1,8 @@
 """The architecture registry and ``build``. This package file imports no JAX; ``build`` imports the
-architecture's module when it builds."""
+architecture's layers when it builds."""
 
 from dew.models.flops import flops_per_example
-from dew.models.registry import Architecture, architectures, build, resolve_fields, with_data_fields
+from dew.models.registry import Architecture, QKClipLayer, architectures, build, of, resolve_fields, with_data_fields
 
-__all__ = ["Architecture", "architectures", "build", "flops_per_example", "resolve_fields",
+__all__ = ["Architecture", "QKClipLayer", "architectures", "build", "flops_per_example", "of", "resolve_fields",
            "with_data_fields"]

@@ -36,7 +36,8 @@ same, ``blocks/attn/o/kernel`` ``(depth, num_heads, head_dim, hidden)``), ``bloc
 ``blocks/mlp_out``, ``final_layer/adaLN_modulation``, ``final_layer/linear``. The 2-D sin-cos position
 embedding is fixed and is not a parameter.
 
-``DIT_PRESETS`` holds the paper's model sizes (Table 1) by name, ``S/2`` ... ``XL/8``.
+``dew.models.simple_dit.DIT_PRESETS`` holds the paper's model sizes (Table 1) by name, ``S/2`` ...
+``XL/8``; ``conf/model/dit_*.yaml`` are the patch-2 ones.
 """
 
 from __future__ import annotations
@@ -53,18 +54,10 @@ from dew.models import stack
 from dew.models.axes import constrain, param
 from dew.models.attention import Attention
 from dew.models.precision import Precision
-from dew.models.registry import SimpleDiTFields
+from dew.models.simple_dit import SimpleDiTFields
 
 TIME_SCALE = 1000.0
 """``t`` in [0, 1] is multiplied by this before the sinusoidal embedding (DiT's timesteps are 0..999)."""
-
-_SIZES = {"S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "XL": (1152, 28, 16)}
-DIT_PRESETS: dict[str, dict[str, int]] = {
-    f"{size}/{patch}": {"hidden_size": hidden, "depth": depth, "num_heads": heads, "patch_size": patch}
-    for size, (hidden, depth, heads) in _SIZES.items() for patch in (2, 4, 8)
-}
-"""The paper's configurations (Table 1): name -> the ``simple_dit`` fields it sets. The paper's
-256x256 models add ``input_size=32, in_channels=4, num_classes=1000, learn_sigma=True``."""
 
 _normal = nnx.initializers.normal(0.02)
 _zeros = nnx.initializers.zeros_init()
@@ -246,8 +239,3 @@ class SimpleDiT(nnx.Module):
         if not self.tokens:
             out = unpatchify(out, f.patch_size, self.out_channels)
         return (out, max_logits_LxN) if return_max_logits else out
-
-
-def build(fields: SimpleDiTFields, rngs: nnx.Rngs) -> SimpleDiT:
-    """The registry's builder for ``simple_dit``."""
-    return SimpleDiT(fields, rngs)

@@ -1,17 +1,24 @@
-"""Architecture name -> the fields it takes (a dataclass with their types and defaults) and its builder.
+"""The architecture registry: ``Architecture``, the class each registered architecture subclasses.
 
-The fields dataclasses import no JAX, so ``ModelConfig.fields()`` can validate and merge a model's
-fields on a login node; ``build`` imports the architecture's module only when it builds.
+An architecture is one registered class (``@architectures.register("name")``) that knows everything
+about itself: its typed fields (a frozen dataclass the YAML option and ``model.config`` mirror), the
+fields that follow from the data, how to build it, its training FLOPs, where its attention keeps the
+query and key projections (MuonClip's QK-clip), and the shapes of one call (quantization and LoRA
+trace it; ``dew-plan`` sizes activations with it). Objectives pair with an architecture through its
+``role``, the call it answers, never through its name.
+
+This module imports no JAX, and neither do dew's own architecture modules (``dew.models.simple_dit``,
+``dew.models.transformer``): ``ModelConfig.fields()`` validates on a login node, and ``build`` imports
+the layers only when it builds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from dew.registry import AttentionImpl, DtypeName, MatmulPrecision, RematPolicy, unknown_name
+from dew.registry import AttentionImpl, DtypeName, MatmulPrecision, Registry
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -21,36 +28,11 @@ PRECISION_FIELDS = ("dtype", "param_dtype", "matmul_precision", "attention_impl"
 
 
 @dataclasses.dataclass(frozen=True)
-class SimpleDiTFields:
-    """Fields of ``simple_dit`` (Peebles & Xie 2023). Defaults are DiT-S/2 on 32x32x4 latents."""
+class PrecisionFields:
+    """The precision fields an architecture's fields inherit to take the run's ``model.dtype``,
+    ``model.param_dtype``, ``model.matmul_precision`` and ``model.attention_impl``
+    (``ModelConfig.fields`` writes them in; ``dew.models.precision.Precision`` reads them)."""
 
-    input_size: int = 32
-    """Image side in pixels (or latents); for token data, the sequence length. From the data."""
-    in_channels: int = 4
-    """Image channels. From the data; ignored for token data."""
-    patch_size: int = 2
-    """Side of a square patch (images only)."""
-    hidden_size: int = 384
-    """Width of the transformer."""
-    depth: int = 12
-    """Number of DiT blocks."""
-    num_heads: int = 6
-    """Attention heads per block."""
-    mlp_ratio: float = 4.0
-    """MLP hidden width as a multiple of ``hidden_size``."""
-    num_classes: int = 1000
-    """Classes of the label embedding (one more "null" class is added for guidance). From the data;
-    0 builds an unconditional model."""
-    vocab_size: int | None = None
-    """For token data: the vocabulary (mask token included); a token embedding replaces the patch
-    embedding and the output is vocabulary-sized. From the data."""
-    learn_sigma: bool = False
-    """Double the output channels to predict a variance as well (DiT's learned-sigma variant)."""
-    scan_layers: bool = True
-    """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
-    remat: RematPolicy = "minimal_with_context"
-    """What each block's backward pass keeps of its forward pass, the rest recomputed: none, full,
-    dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
     dtype: DtypeName = "float32"
     """Compute dtype of every layer."""
     param_dtype: DtypeName = "float32"
@@ -60,148 +42,111 @@ class SimpleDiTFields:
     attention_impl: AttentionImpl = "auto"
     """Attention kernel; see ``ModelConfig.attention_impl``."""
 
-    def __post_init__(self) -> None:
-        _positive(self, "input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads")
-        _divides(self, "num_heads", "hidden_size")
-        if self.mlp_ratio <= 0:
-            raise ValueError(f"mlp_ratio={self.mlp_ratio} must be > 0")
-        if self.num_classes < 0:
-            raise ValueError(f"num_classes={self.num_classes} must be >= 0 (0 is unconditional)")
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ValueError(f"vocab_size={self.vocab_size} must be >= 1")
-        if self.vocab_size is not None and self.learn_sigma:
-            raise ValueError("learn_sigma=True predicts image variances; token data "
-                             f"(vocab_size={self.vocab_size}) has none")
-        if (self.hidden_size // 2) % 2:
-            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of 4 "
-                             "(the 2-D sin-cos position embedding splits it in four)")
+QK_LAYER = "attn"
+"""The name of the one QK-clip layer description of dew's architectures: both stack their blocks on
+a leading depth axis, so one description covers every layer, and the model's ``(depth, heads)`` max
+logits (``return_max_logits=True``) line up with the leaves' leading axes."""
 
-    def check_data(self) -> None:
-        """Checks that need the data's fields, which the recipe fills in after the config is read."""
-        if self.vocab_size is None and self.input_size % self.patch_size:
-            raise ValueError(f"simple_dit: input_size={self.input_size} is not a multiple of "
-                             f"patch_size={self.patch_size}")
+Shape = tuple[tuple[int, ...], str]
+"""An array's shape and dtype name, without importing JAX."""
 
 
 @dataclasses.dataclass(frozen=True)
-class TransformerFields:
-    """Fields of ``transformer``: a decoder-only causal LM (RMSNorm, RoPE, SwiGLU, GQA)."""
+class QKClipLayer:
+    """Where one attention layer keeps its query and key projections, for MuonClip's QK-clip
+    (``dew.training.muonclip``).
 
-    vocab_size: int = 50304
-    """Vocabulary size. From the data."""
-    seq_len: int = 1024
-    """Longest sequence (RoPE is computed up to it). From the data."""
-    hidden_size: int = 768
-    """Model width."""
-    depth: int = 12
-    """Number of decoder blocks."""
-    num_heads: int = 12
-    """Query heads per block."""
+    ``query`` and ``key`` are the "/"-joined paths of the leaves that carry the heads (the kernel,
+    and the bias if there is one). Their heads are on the trailing axes: the last axes are
+    (heads, head_dim), either as two axes or flattened into one of heads·head_dim (head-major, as a
+    reshape of (..., heads, head_dim) gives). Any leading axes before the input axis — a scanned
+    stack of layers — must match the leading axes of this layer's max logits.
+    """
+
+    query: tuple[str, ...]
+    """Paths of the query projection's kernel (…, d_model, heads·head_dim) and bias, if any."""
+    key: tuple[str, ...]
+    """Paths of the key projection's kernel (…, d_model, kv_heads·head_dim) and bias, if any."""
+    num_heads: int
+    """Query heads."""
     num_kv_heads: int | None = None
-    """Key/value heads (grouped-query attention); unset is ``num_heads`` (multi-head)."""
-    head_dim: int | None = None
-    """Features per head; unset is ``hidden_size // num_heads``."""
-    mlp_hidden: int | None = None
-    """SwiGLU hidden width; unset is 8/3·hidden_size rounded up to a multiple of 128."""
-    qk_norm: bool = False
-    """RMS-normalise queries and keys per head before RoPE."""
-    tie_embeddings: bool = False
-    """Share the token embedding with the output head."""
-    rope_theta: float = 10000.0
-    """Base of the rotary position embedding's frequencies."""
-    norm_eps: float = 1e-6
-    """Epsilon of every RMSNorm."""
-    mup: bool = False
-    """Apply lm-engine's muP multipliers: logits / width multiplier, attention scaled by 1/head_dim,
-    hidden matrices initialised with ``init_std / sqrt(width multiplier)``."""
-    mup_base_width: int = 256
-    """The width the muP multipliers are relative to (width multiplier = hidden_size / this)."""
-    embedding_multiplier: float = 1.0
-    """Scale of the token embedding's output."""
-    residual_multiplier: float = 1.0
-    """Scale of each block's branch before it joins the residual stream."""
-    init_std: float = 0.02
-    """Standard deviation of the normal initialisation of every matrix."""
-    scan_layers: bool = True
-    """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
-    remat: RematPolicy = "minimal_with_context"
-    """What each block's backward pass keeps of its forward pass, the rest recomputed: none, full,
-    dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
-    dtype: DtypeName = "float32"
-    """Compute dtype of every layer."""
-    param_dtype: DtypeName = "float32"
-    """Storage dtype of the parameters."""
-    matmul_precision: MatmulPrecision = "default"
-    """What every matmul asks XLA for: default, high or highest."""
-    attention_impl: AttentionImpl = "auto"
-    """Attention kernel; see ``ModelConfig.attention_impl``."""
+    """Key heads under grouped-query attention; unset is ``num_heads``."""
+    split_heads: bool = False
+    """True when the leaves end in two axes (heads, head_dim); False when they end in one axis of
+    heads·head_dim."""
 
-    def __post_init__(self) -> None:
-        _positive(self, "vocab_size", "seq_len", "hidden_size", "depth", "num_heads", "mup_base_width")
-        if self.head_dim is None:
-            _divides(self, "num_heads", "hidden_size")
-        head_dim = self.head_dim or self.hidden_size // self.num_heads
-        if head_dim < 2 or head_dim % 2:
-            raise ValueError(f"head_dim={head_dim} must be even (rotary embeddings rotate pairs)")
-        if self.num_kv_heads is not None:
-            _positive(self, "num_kv_heads")
-            _divides(self, "num_kv_heads", "num_heads")
-        if self.mlp_hidden is not None:
-            _positive(self, "mlp_hidden")
-        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            raise ValueError(f"norm_eps={self.norm_eps}, init_std={self.init_std} and "
-                             f"rope_theta={self.rope_theta} must be > 0")
+
+class Architecture:
+    """Base of the registered architectures. An instance is the architecture with its fields.
+
+    A subclass sets ``Fields`` (and ``data_fields``, ``role``) and implements ``build``; the other
+    methods have defaults an architecture overrides when it can say more.
+    """
+
+    name: ClassVar[str]
+    """The name it is registered under (``model.architecture``); set by the registry."""
+    Fields: ClassVar[type]
+    """A frozen dataclass of the fields, with their types and defaults (its docstrings are the
+    documentation of ``model.config``). ``__post_init__`` checks the fields by themselves."""
+    data_fields: ClassVar[tuple[str, ...]] = ()
+    """Fields that follow from the data; the recipe fills them in from the dataset and the
+    objective."""
+    role: ClassVar[str]
+    """The call the built module answers, which objectives train through: ``denoiser``
+    (``model(x_t, t[, labels])`` -> a prediction shaped like ``x_t``) or ``causal_lm``
+    (``model(tokens)`` -> next-token logits)."""
+
+    def __init__(self, fields: Any) -> None:
+        self.fields = fields
+        """This architecture's fields record (an instance of ``Fields``)."""
+
+    @classmethod
+    def declared(cls) -> tuple[str, ...]:
+        """The field names, the architecture's own first and the inherited precision ones last."""
+        names = [f.name for f in dataclasses.fields(cls.Fields)]
+        return tuple([n for n in names if n not in PRECISION_FIELDS] + [n for n in names if n in PRECISION_FIELDS])
+
+    @classmethod
+    def precision(cls) -> tuple[str, ...]:
+        """The run's precision settings this architecture declares as fields."""
+        return tuple(n for n in PRECISION_FIELDS if n in cls.declared())
 
     def check_data(self) -> None:
-        """Checks that need the data's fields; every field check of ``transformer`` is above."""
+        """Checks that need the fields that follow from the data, which the recipe fills in after
+        the config is read; raise ``ValueError``."""
+
+    def build(self, rngs: nnx.Rngs) -> nnx.Module:
+        """The module, initialised from ``rngs``."""
+        raise NotImplementedError(f"architecture {self.name!r} must implement build")
+
+    def flops_per_example(self) -> float | None:
+        """Training FLOPs (forward and backward) of one example (``dew.models.flops`` states the
+        convention); None reports no MFU."""
+        return None
+
+    def qk_clip_layers(self) -> dict[str, QKClipLayer]:
+        """Where the attention's query and key projections are, for MuonClip; raise ``ValueError``
+        where QK-clip cannot work."""
+        raise ValueError(f"QK-clip (optim.optimizer=muonclip): architecture {self.name!r} describes no "
+                         "attention layers to clip; choose another optimizer")
+
+    def call_shapes(self, batch: int, length: int | None = None) -> tuple[Shape, ...]:
+        """The positional arguments of one call on ``batch`` examples, as shapes and dtypes; a
+        sequence is ``length`` long (unset: the longest the fields allow)."""
+        raise NotImplementedError(f"architecture {self.name!r} must implement call_shapes")
+
+    def data_kind(self) -> str | None:
+        """What the model, with these fields, reads, as the datasets declare it (``image``,
+        ``tokens``, ...); None where the fields do not say (the dataset decides)."""
+        return None
 
 
-def _positive(record: object, *names: str) -> None:
-    for name in names:
-        if getattr(record, name) < 1:
-            raise ValueError(f"{name}={getattr(record, name)} must be >= 1")
+architectures: Registry[type[Architecture]] = Registry(
+    "architecture", builtins=("dew.models.simple_dit", "dew.models.transformer"))
+"""Architecture name -> its class."""
 
 
-def _divides(record: object, divisor: str, name: str) -> None:
-    if getattr(record, name) % getattr(record, divisor):
-        raise ValueError(f"{name}={getattr(record, name)} is not a multiple of "
-                         f"{divisor}={getattr(record, divisor)}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-    """A registered architecture: the fields it takes and where its builder lives."""
-
-    fields: type
-    """A frozen dataclass of the fields, with their types and defaults."""
-    builder: str
-    """``module:function``; the function takes the fields record and ``nnx.Rngs``."""
-    data_fields: tuple[str, ...] = ()
-    """Fields that follow from the data; the recipe fills them in from the dataset."""
-
-    def declared(self) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self.fields))
-
-    def precision(self) -> tuple[str, ...]:
-        """The run's precision settings this architecture declares as fields."""
-        return tuple(n for n in PRECISION_FIELDS if n in self.declared())
-
-
-architectures: dict[str, Architecture] = {
-    "simple_dit": Architecture(
-        SimpleDiTFields, "dew.models.dit:build",
-        data_fields=("input_size", "in_channels", "num_classes", "vocab_size"),
-    ),
-    "transformer": Architecture(
-        TransformerFields, "dew.models.transformer:build", data_fields=("vocab_size", "seq_len"),
-    ),
-}
-"""Architecture name -> its fields and builder."""
-
-
-def architecture(name: str) -> Architecture:
-    if name not in architectures:
-        raise unknown_name("architecture", name, architectures)
+def architecture(name: str) -> type[Architecture]:
     return architectures[name]
 
 
@@ -219,7 +164,7 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
     if unknown:
         raise ConfigError(f"model.config: architecture {name!r} takes no field "
                           f"{', '.join(map(repr, unknown))}; it takes {', '.join(declared)}")
-    types_ = hints(arch.fields)
+    types_ = hints(arch.Fields)
     kwargs = {}
     for key, value in values.items():
         try:
@@ -227,18 +172,23 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
         except ConfigError as err:
             raise ConfigError(f"{err} (architecture {name!r}; it takes {', '.join(declared)})") from None
     try:
-        return arch.fields(**kwargs)
+        return arch.Fields(**kwargs)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"model.config ({name}): {err}") from None
+
+
+def of(name: str, values: Mapping[str, object]) -> Architecture:
+    """Architecture ``name`` with its fields resolved from ``values`` (merged over the defaults)."""
+    return architecture(name)(resolve_fields(name, values))
 
 
 def with_data_fields(name: str, values: Mapping[str, object],
                      from_data: Mapping[str, object]) -> dict[str, object]:
     """Return ``values`` with the fields that follow from the data filled in from ``from_data``.
 
-    ``from_data`` is what the dataset says (``input_size``, ``in_channels``, ``num_classes``,
-    ``vocab_size``, ``seq_len``, ...); only the architecture's data fields are taken from it. An
-    explicit value that differs from the data's raises naming both, instead of being overridden.
+    ``from_data`` is what the dataset (and the objective) say (``input_size``, ``vocab_size``,
+    ``seq_len``, ...); only the architecture's data fields are taken from it. An explicit value that
+    differs from the data's raises naming both, instead of being overridden.
     """
     from dew.typed import ConfigError
 
@@ -259,10 +209,23 @@ def build(name: str, values: Mapping[str, object], rngs: nnx.Rngs) -> nnx.Module
     """Build architecture ``name`` from its fields (merged over its defaults)."""
     from dew.typed import ConfigError
 
-    record = resolve_fields(name, values)
+    arch = of(name, values)
     try:
-        record.check_data()
+        arch.check_data()
     except ValueError as err:
         raise ConfigError(f"model.config ({name}): {err}") from None
-    module_name, function = architecture(name).builder.split(":")
-    return getattr(importlib.import_module(module_name), function)(record, rngs)
+    return arch.build(rngs)
+
+
+def check_positive(record: object, *names: str) -> None:
+    """Raise naming the first of ``names`` whose value on ``record`` is below 1."""
+    for name in names:
+        if getattr(record, name) < 1:
+            raise ValueError(f"{name}={getattr(record, name)} must be >= 1")
+
+
+def check_divides(record: object, divisor: str, name: str) -> None:
+    """Raise unless field ``divisor`` divides field ``name``."""
+    if getattr(record, name) % getattr(record, divisor):
+        raise ValueError(f"{name}={getattr(record, name)} is not a multiple of "
+                         f"{divisor}={getattr(record, divisor)}")

@@ -1,157 +1,62 @@
-"""Flow matching (rectified flow) for images, class-conditional with classifier-free guidance.
-
-Convention (pinned): x_t = (1 - t)·x_0 + t·ε with t = 0 the data and t = 1 noise, ε ~ N(0, I); the
-model predicts the velocity v = dx_t/dt = ε - x_0 and the loss is the mean squared error over pixels.
-At initialisation simple_dit outputs exactly zero, so the loss is E[(ε - x_0)²] = 1 + E[x_0²] per
-pixel. Sampling integrates dx/dt = v from t = 1 to t = 0 (Euler or Heun) with guidance
-v = v_null + w·(v_label - v_null).
-"""
+"""``flow_matching``: rectified flow matching on images, class-conditional with classifier-free
+guidance, registered. The loss, evaluation and sampler are in ``dew.objectives.rectified_flow``."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+from dew.objectives.registry import ObjectiveSpec, objectives
 
-from dew.config import ModelConfig
-from dew.objectives.base import Batch, Loss
-from dew.objectives.knobs import FlowMatchingKnobs
+if TYPE_CHECKING:
+    from dew.config import RunConfig
+    from dew.data.base import Dataset
 
 
-@dataclasses.dataclass
-class FlowMatching:
-    """The flow-matching objective over ``image``/``label`` batches."""
+@dataclasses.dataclass(frozen=True)
+class FlowMatchingKnobs:
+    """Rectified flow matching: x_t = (1 - t)·x_0 + t·ε, t = 0 data and t = 1 noise; the model
+    predicts the velocity ε - x_0."""
 
-    model_config: ModelConfig
-    knobs: FlowMatchingKnobs
-    num_classes: int
-    image_shape: tuple[int, int, int]
+    label_dropout: float = 0.1
+    """Probability that a training label is replaced by the null class (classifier-free guidance)."""
+    time_sampling: Literal["uniform", "logit_normal"] = "uniform"
+    """How training draws t: uniform on [0, 1], or the logit-normal(0, 1) of Esser et al. 2024."""
+    ema_decay: float = 0.999
+    """Decay of the exponential moving average of the parameters that sampling uses; 0 turns the
+    EMA off (sampling uses the trained parameters)."""
+    sampler: Literal["euler", "heun"] = "euler"
+    """The ODE solver from t = 1 to t = 0."""
+    sample_steps: int = 32
+    """Solver steps (Heun evaluates the model twice per step but the last)."""
+    guidance_scale: float = 1.0
+    """Classifier-free guidance weight w: v = v_null + w·(v_label - v_null); 1 is no guidance."""
+    samples_per_class: int = 8
+    """Columns of the sample grid written at the end of a run (one row per class)."""
 
-    @property
-    def ema_decay(self) -> float:
-        return self.knobs.ema_decay
-
-    def build(self, rngs: nnx.Rngs) -> nnx.Module:
-        return self.model_config.build(rngs)
-
-    def _time(self, key: jax.Array, n: int) -> jax.Array:
-        if self.knobs.time_sampling == "logit_normal":
-            return jax.nn.sigmoid(jax.random.normal(key, (n,)))
-        return jax.random.uniform(key, (n,))
-
-    def _mse(self, model: nnx.Module, x0: jax.Array, t: jax.Array, eps: jax.Array, y: jax.Array,
-             max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
-        """Per-example mean squared velocity error (and the attention's max logits if asked)."""
-        tb = t[:, None, None, None]
-        x_t = (1.0 - tb) * x0 + tb * eps
-        out = model(x_t, t, y, return_max_logits=True) if max_logits else (model(x_t, t, y), None)
-        v = out[0][..., : x0.shape[-1]].astype(jnp.float32)
-        return jnp.mean(jnp.square(v - (eps - x0)), axis=(1, 2, 3)), out[1]
-
-    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
-        x0 = batch["image"].astype(jnp.float32)
-        y = batch["label"].astype(jnp.int32)
-        k_t, k_eps, k_drop = jax.random.split(key, 3)
-        n = x0.shape[0]
-        t = self._time(k_t, n)
-        eps = jax.random.normal(k_eps, x0.shape)
-        if self.num_classes and self.knobs.label_dropout > 0:
-            drop = jax.random.bernoulli(k_drop, self.knobs.label_dropout, (n,))
-            y = jnp.where(drop, self.num_classes, y)
-        per_example, logits = self._mse(model, x0, t, eps, y, max_logits)
-        return Loss(per_example.sum(), jnp.asarray(n, jnp.float32), {}, logits)
-
-    def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
-        x0 = batch["image"].astype(jnp.float32)
-        mask = batch["mask"].astype(jnp.float32)
-        k_t, k_eps = jax.random.split(key)
-        n = x0.shape[0]
-        # Stratified times (fixed given the key) lower the variance of the held-out estimate.
-        t = (jnp.arange(n) + jax.random.uniform(k_t, (n,))) / n
-        eps = jax.random.normal(k_eps, x0.shape)
-        per_example, _ = self._mse(model, x0, t, eps, batch["label"].astype(jnp.int32))
-        return Loss((per_example * mask).sum(), mask.sum(), {})
-
-    def velocity(self, model: nnx.Module, x: jax.Array, t: float | jax.Array, y: jax.Array,
-                 guidance_scale: float) -> jax.Array:
-        """The guided velocity at (x, t) for labels y."""
-        n = x.shape[0]
-        t_B = jnp.full((n,), t, jnp.float32)
-        c = x.shape[-1]
-        if not self.num_classes or guidance_scale == 1.0:
-            return model(x, t_B, y)[..., :c].astype(jnp.float32)
-        both = model(jnp.concatenate([x, x]), jnp.concatenate([t_B, t_B]),
-                     jnp.concatenate([y, jnp.full_like(y, self.num_classes)]))[..., :c].astype(jnp.float32)
-        v_label, v_null = both[:n], both[n:]
-        return v_null + guidance_scale * (v_label - v_null)
-
-    def sample(self, model: nnx.Module, labels: jax.Array, key: jax.Array, *, steps: int | None = None,
-               guidance_scale: float | None = None, sampler: str | None = None) -> jax.Array:
-        """Images for ``labels``, integrated from noise at t = 1 to t = 0; values in about [-1, 1]."""
-        steps = steps or self.knobs.sample_steps
-        w = self.knobs.guidance_scale if guidance_scale is None else guidance_scale
-        sampler = sampler or self.knobs.sampler
-        graphdef, state = nnx.split(model)
-
-        @jax.jit
-        def run(state: Any, labels: jax.Array, key: jax.Array) -> jax.Array:
-            m = nnx.merge(graphdef, state)
-            x = jax.random.normal(key, (labels.shape[0], *self.image_shape))
-            ts = jnp.linspace(1.0, 0.0, steps + 1)
-
-            def body(i: jax.Array, x: jax.Array) -> jax.Array:
-                t, t_next = ts[i], ts[i + 1]
-                v = self.velocity(m, x, t, labels, w)
-                x_euler = x + (t_next - t) * v
-                if sampler == "euler":
-                    return x_euler
-                # Heun: average the slopes at both ends, except on the last step to t = 0.
-                v_next = self.velocity(m, x_euler, t_next, labels, w)
-                x_heun = x + (t_next - t) * 0.5 * (v + v_next)
-                return jnp.where(i == steps - 1, x_euler, x_heun)
-
-            return jax.lax.fori_loop(0, steps, body, x)
-
-        return run(state, jnp.asarray(labels, jnp.int32), key)
-
-    def sample_grid(self, model: nnx.Module, key: jax.Array, per_class: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """``per_class`` samples of every class (one row per class): uint8 images and labels."""
-        per_class = per_class or self.knobs.samples_per_class
-        classes = max(self.num_classes, 1)
-        labels = np.repeat(np.arange(classes), per_class).astype(np.int32)
-        images = np.asarray(self.sample(model, labels, key))
-        return to_uint8(images), labels
-
-    def summary(self) -> dict[str, Any]:
-        return {"objective": "flow_matching", "num_classes": self.num_classes,
-                "image_shape": list(self.image_shape), **dataclasses.asdict(self.knobs)}
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.label_dropout < 1.0:
+            raise ValueError(f"flow_matching.label_dropout={self.label_dropout} must lie in [0, 1)")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"flow_matching.ema_decay={self.ema_decay} must lie in [0, 1)")
+        if self.sample_steps <= 0 or self.samples_per_class <= 0:
+            raise ValueError("flow_matching.sample_steps and flow_matching.samples_per_class must be positive")
 
 
-def to_uint8(images: np.ndarray) -> np.ndarray:
-    """[-1, 1] floats to uint8 pixels."""
-    return np.clip(np.round((images + 1.0) * 127.5), 0, 255).astype(np.uint8)
+@objectives.register("flow_matching")
+class FlowMatchingSpec(ObjectiveSpec):
+    """A denoiser learns the velocity of the straight path from an image to noise."""
 
+    Knobs = FlowMatchingKnobs
+    role = "denoiser"
+    data_kind = "image"
+    loss_unit = "MSE of the velocity, per pixel"
 
-def write_grid(path: str, images: np.ndarray, rows: int, scale: int = 1) -> str:
-    """Write uint8 images (N, H, W, C) as one PNG grid with ``rows`` rows."""
-    from PIL import Image
+    @classmethod
+    def build(cls, run: RunConfig, dataset: Dataset) -> Any:
+        from dew.objectives.rectified_flow import FlowMatching
 
-    n, h, w, c = images.shape
-    cols = -(-n // rows)
-    pad = 1
-    grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 255, np.uint8)
-    for i, img in enumerate(images):
-        r, col = divmod(i, cols)
-        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + col * (w + pad): pad + col * (w + pad) + w] = img
-    picture = Image.fromarray(grid[..., 0] if c == 1 else grid)
-    if scale > 1:
-        picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
-    from etils import epath
-
-    with epath.Path(path).open("wb") as f:  # through epath: a gs:// run directory takes it too
-        picture.save(f, format="PNG")
-    return path
+        fields = dataset.model_fields()
+        size, channels = int(fields["input_size"]), int(fields["in_channels"])
+        return FlowMatching(model_config=run.model, knobs=cls.knobs(run),
+                            num_classes=int(fields.get("num_classes", 0)), image_shape=(size, size, channels))

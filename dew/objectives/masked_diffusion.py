@@ -1,155 +1,76 @@
-"""Masked diffusion language modelling: MDLM (Sahoo et al., "Simple and Effective Masked Diffusion
-Language Models", 2024) over token windows with simple_dit in token mode.
-
-Forward process (§3.1): each token of x_0 is independently replaced by the mask token ``m`` with
-probability 1 - α_t. The schedule is log-linear, α_t = 1 - t (σ(t) = -log(1 - t)), so t = 0 is the
-data and t = 1 all masks. The mask is an extra vocabulary id, ``m = V`` for data ids 0..V-1, so the
-model's vocabulary is V + 1.
-
-SUBS parameterisation (§3.2.3): the denoiser's p_θ(x_0 | z_t) (1) never puts mass on the mask
-(its logit is set to -∞), and (2) carries every unmasked token of z_t over unchanged (a one-hot row).
-
-Loss (§3.3, Eq. 10): the continuous-time NELBO, E_t E_q [α'_t / (1 - α_t) · log p_θ(x_0 | z_t)]
-summed over the masked positions; with α_t = 1 - t the weight is 1/t. By SUBS the unmasked positions
-contribute log 1 = 0. Times are drawn on [eps, 1], antithetically (§3.5). At initialisation
-simple_dit outputs zero logits, so every masked token costs log V and E[1{masked}/t] = 1: the loss
-is log V per token.
-
-Sampler (§3.2.2, Eq. 7): ancestral steps from t to s < t on a grid from 1 to 0; a masked token stays
-masked with probability s/t, else it is drawn from p_θ(x_0 | z_t); unmasked tokens never change. The
-last step reaches s = 0, where no token can stay masked.
-"""
+"""``masked_diffusion``: masked diffusion (MDLM, Sahoo et al. 2024) over token windows with a
+denoiser, registered. The loss, evaluation and sampler are in ``dew.objectives.mdlm``."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
+from dew.objectives.registry import ObjectiveSpec, check_sampling, objectives
 
-from dew.config import ModelConfig
-from dew.objectives.base import Batch, Loss
-from dew.objectives.knobs import MaskedDiffusionKnobs
-from dew.objectives.tokens import decode, shape_logits
-
-NEG_INF = -1e6
-"""The "-∞" of SUBS, finite (as in MDLM's code) so that no row is all -inf and no gradient is NaN;
-exp of it is exactly 0 in float32."""
+if TYPE_CHECKING:
+    from dew.config import RunConfig
+    from dew.data.base import Dataset
 
 
-def subs_log_probs(logits_BxLxV1: jax.Array, z_BxL: jax.Array, mask_id: int) -> jax.Array:
-    """log p_θ(x_0 | z_t) under SUBS: the mask is never predicted, unmasked tokens carry over."""
-    logits = logits_BxLxV1.astype(jnp.float32).at[..., mask_id].set(NEG_INF)
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    ids = jnp.arange(logits.shape[-1])
-    one_hot = jnp.where(ids == z_BxL[..., None], 0.0, NEG_INF)
-    return jnp.where((z_BxL != mask_id)[..., None], one_hot, logp)
+@dataclasses.dataclass(frozen=True)
+class MaskedDiffusionKnobs:
+    """Masked diffusion (MDLM, Sahoo et al. 2024) over token windows.
+
+    The log-linear schedule α_t = 1 - t: at time t each token is independently the mask token with
+    probability t (t = 0 data, t = 1 all masked). The mask token is an extra vocabulary id, V (the
+    data's vocabulary is 0..V-1), so the model's ``vocab_size`` is V + 1.
+    """
+
+    eps: float = 1e-3
+    """Smallest time training draws (t ~ U[eps, 1]), which bounds the loss weight 1/t by 1/eps."""
+    antithetic: bool = True
+    """Draw a batch's times antithetically (stratified: one per 1/B stripe of [eps, 1] from a
+    single uniform shift), which lowers the variance of the loss (MDLM §3.5)."""
+    ema_decay: float = 0.999
+    """Decay of the exponential moving average of the parameters that sampling uses; 0 turns the
+    EMA off."""
+    sample_steps: int = 64
+    """Steps of the ancestral sampler from t = 1 to t = 0 (one model call each)."""
+    temperature: float = 1.0
+    """Divides the logits of p_θ(x_0 | z_t) before the sampler draws from them; 1 is the model."""
+    top_k: int = 0
+    """Draw only among the k most likely tokens of p_θ(x_0 | z_t); 0 keeps every token."""
+    samples: int = 4
+    """Sequences written to samples.txt at the end of a run."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.eps < 1.0:
+            raise ValueError(f"masked_diffusion.eps={self.eps} must lie in (0, 1)")
+        check_sampling("masked_diffusion", self.ema_decay, self.sample_steps, self.temperature,
+                       self.top_k, self.samples)
 
 
-@dataclasses.dataclass
-class MaskedDiffusion:
-    """The masked-diffusion objective over ``tokens`` batches (the window's first ``seq_len``)."""
+@objectives.register("masked_diffusion")
+class MaskedDiffusionSpec(ObjectiveSpec):
+    """A denoiser learns to fill in masked tokens; the mask token is an extra vocabulary id."""
 
-    model_config: ModelConfig
-    knobs: MaskedDiffusionKnobs
-    vocab_size: int
-    """V, the data's vocabulary without the mask token."""
-    seq_len: int
-    tokenizer: Mapping[str, object] | None = None
-    """The dataset's tokenizer record, for decoding samples."""
+    Knobs = MaskedDiffusionKnobs
+    role = "denoiser"
+    data_kind = "tokens"
+    loss_unit = "nats/token (NELBO)"
 
-    @property
-    def mask_id(self) -> int:
-        return self.vocab_size
+    @classmethod
+    def model_fields(cls, dataset: Dataset) -> dict[str, object]:
+        """The mask token joins the vocabulary as id V of a model vocabulary of V + 1; the model
+        reads the window's first ``seq_len`` tokens, unconditionally."""
+        fields = dataset.model_fields()
+        return {"vocab_size": int(fields["vocab_size"]) + 1, "input_size": int(fields["seq_len"]),
+                "num_classes": 0}
 
-    @property
-    def ema_decay(self) -> float:
-        return self.knobs.ema_decay
+    @classmethod
+    def conflict_hint(cls) -> str:
+        return "masked_diffusion adds the mask token to the data's vocabulary: vocab_size is the data's + 1"
 
-    def build(self, rngs: nnx.Rngs) -> nnx.Module:
-        return self.model_config.build(rngs)
+    @classmethod
+    def build(cls, run: RunConfig, dataset: Dataset) -> Any:
+        from dew.objectives.mdlm import MaskedDiffusion
 
-    # ------------------------------------------------------------------------------ the loss
-
-    def times(self, key: jax.Array, n: int, *, antithetic: bool) -> jax.Array:
-        """``n`` times on [eps, 1]; antithetic: one shared uniform shift of the n stripes."""
-        u = jax.random.uniform(key, (n,))
-        if antithetic:
-            u = (u / n + jnp.arange(n) / n) % 1.0
-        return self.knobs.eps + (1.0 - self.knobs.eps) * u
-
-    def corrupt(self, key: jax.Array, x0_BxL: jax.Array, t_B: jax.Array) -> jax.Array:
-        """z_t: each token masked with probability 1 - α_t = t."""
-        masked = jax.random.uniform(key, x0_BxL.shape) < t_B[:, None]
-        return jnp.where(masked, self.mask_id, x0_BxL)
-
-    def per_token(self, model: nnx.Module, x0_BxL: jax.Array, t_B: jax.Array, z_BxL: jax.Array,
-                  max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
-        """The NELBO's integrand per token, -log p_θ(x_0 | z_t) / t (0 where z_t is unmasked)."""
-        out = model(z_BxL, t_B, return_max_logits=True) if max_logits else (model(z_BxL, t_B), None)
-        logp = subs_log_probs(out[0], z_BxL, self.mask_id)
-        logp_x0 = jnp.take_along_axis(logp, x0_BxL[..., None], axis=-1)[..., 0]
-        return -logp_x0 / t_B[:, None], out[1]
-
-    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
-        x0 = batch["tokens"][:, : self.seq_len].astype(jnp.int32)
-        k_t, k_mask = jax.random.split(key)
-        t = self.times(k_t, x0.shape[0], antithetic=self.knobs.antithetic)
-        per_token, logits = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t), max_logits)
-        return Loss(per_token.sum(), jnp.asarray(x0.size, jnp.float32), {}, logits)
-
-    def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
-        """The NELBO per token (nats) and in bits, with antithetic times and masks fixed by ``key``."""
-        x0 = batch["tokens"][:, : self.seq_len].astype(jnp.int32)
-        mask = batch["mask"].astype(jnp.float32)
-        k_t, k_mask = jax.random.split(key)
-        t = self.times(k_t, x0.shape[0], antithetic=True)
-        per_token, _ = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t))
-        total = (per_token.sum(axis=1) * mask).sum()
-        return Loss(total, mask.sum() * x0.shape[1], {"bits_per_token": total / math.log(2)})
-
-    # ------------------------------------------------------------------------------- sampling
-
-    def sample(self, model: nnx.Module, count: int, key: jax.Array, *, steps: int | None = None,
-               temperature: float | None = None, top_k: int | None = None) -> jax.Array:
-        """``count`` sequences of ``seq_len`` ids in [0, V), by the ancestral sampler from all masks."""
-        steps = steps or self.knobs.sample_steps
-        temperature = self.knobs.temperature if temperature is None else temperature
-        top_k = self.knobs.top_k if top_k is None else top_k
-        graphdef, state = nnx.split(model)
-        mask_id = self.mask_id
-
-        @jax.jit
-        def run(state: Any, key: jax.Array) -> jax.Array:
-            m = nnx.merge(graphdef, state)
-            ts = jnp.linspace(1.0, 0.0, steps + 1)
-
-            def body(i: jax.Array, z: jax.Array) -> jax.Array:
-                t, s = ts[i], ts[i + 1]
-                logits = m(z, jnp.full((count,), t, jnp.float32))
-                logp_x0 = jax.nn.log_softmax(shape_logits(subs_log_probs(logits, z, mask_id), temperature, top_k))
-                # q(z_s | z_t, x_0 ~ p_θ) for a masked token: x_0 with mass (t - s)/t, the mask s/t.
-                log_q = logp_x0 + jnp.log(t - s)
-                log_q = log_q.at[..., mask_id].set(jnp.log(s))
-                drawn = jax.random.categorical(jax.random.fold_in(key, i), log_q)
-                return jnp.where(z == mask_id, drawn, z)
-
-            z = jnp.full((count, self.seq_len), mask_id, jnp.int32)
-            return jax.lax.fori_loop(0, steps, body, z)
-
-        return run(state, key)
-
-    def sample_text(self, model: nnx.Module, key: jax.Array, count: int | None = None,
-                    **options: Any) -> tuple[np.ndarray, list[str]]:
-        """``count`` sampled sequences: their ids and their text."""
-        ids = np.asarray(self.sample(model, count or self.knobs.samples, key, **options))
-        return ids, decode(ids, self.tokenizer)
-
-    def summary(self) -> dict[str, Any]:
-        return {"objective": "masked_diffusion", "vocab_size": self.vocab_size, "mask_id": self.mask_id,
-                "seq_len": self.seq_len, **dataclasses.asdict(self.knobs)}
+        fields = dataset.model_fields()
+        return MaskedDiffusion(model_config=run.model, knobs=cls.knobs(run), vocab_size=int(fields["vocab_size"]),
+                               seq_len=int(fields["seq_len"]), tokenizer=getattr(dataset, "tokenizer", None))

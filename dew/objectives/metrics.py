@@ -28,7 +28,6 @@ masked_diffusion's bits per token, and next_token's, are already reported by the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -63,12 +62,9 @@ class NextTokenAccuracy:
         return masked_sum(hit_BxL, batch["mask"])
 
 
-BUILTIN: Mapping[str, tuple[Metric, ...]] = {
-    "next_token": (NextTokenAccuracy(),),
-}
-"""Objective name -> the metrics dew-train evaluates it with."""
-
-
 def builtin_metrics(objective: Any) -> tuple[Metric, ...]:
-    """The built-in metrics of ``objective`` (by the name in its summary); none for the rest."""
-    return BUILTIN.get(str(objective.summary().get("objective")), ())
+    """The metrics ``dew-train`` evaluates ``objective`` with: its registered class's ``metrics``."""
+    from dew.objectives.registry import objectives, summary_name
+
+    name = summary_name(objective)
+    return tuple(objectives[name].metrics()) if name in objectives else ()

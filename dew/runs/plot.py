@@ -15,10 +15,6 @@ from typing import Any
 from dew.runs.status import Run
 from dew.runs.table import differing_fields, flatten, number, short_names
 
-TOKEN_DATA = ("token_windows", "text_stream")
-LOSS_UNITS = {"flow_matching": "MSE of the velocity, per pixel", "masked_diffusion": "nats/token (NELBO)",
-              "next_token": "nats/token"}
-"""The unit each objective's loss is in (docs/objectives.md)."""
 UNITS = {"train/lr": "learning rate", "train/grad_norm": "global L2 norm", "perf/examples_per_sec": "examples/s",
          "perf/flops_per_sec": "FLOP/s", "perf/mfu": "fraction of peak FLOP/s",
          "eval/bits_per_token": "bits/token", "train/loss_scale": "loss scale"}
@@ -73,16 +69,24 @@ def smooth(values: Sequence[float], weight: float) -> list[float]:
 
 
 def objective_of(record: dict[str, Any] | None) -> str | None:
-    """The objective a record trains (named, or the one dew picks for its model and data)."""
+    """The objective a record trains (named, or the one dew picks for its model and data); None
+    where the record names parts this installation does not know."""
     if record is None:
         return None
     if record.get("objective"):
         return record["objective"]
-    architecture = record.get("model", {}).get("architecture")
-    if architecture == "transformer":
-        return "next_token"
-    tokens = isinstance(record.get("data"), dict) and record["data"].get("name") in TOKEN_DATA
-    return "masked_diffusion" if tokens else "flow_matching"
+    from dew.data.specs import datasets
+    from dew.models.registry import architectures
+    from dew.objectives.registry import natural_objective
+
+    model, data = record.get("model") or {}, record.get("data") or {}
+    arch, dataset = model.get("architecture"), data.get("name") if isinstance(data, dict) else None
+    if arch not in architectures or dataset not in datasets:
+        return None
+    try:
+        return natural_objective(architectures[arch].role, datasets[dataset].kind)
+    except ValueError:
+        return None
 
 
 def unit(metric: str, runs: Sequence[Run]) -> str:
@@ -90,7 +94,12 @@ def unit(metric: str, runs: Sequence[Run]) -> str:
         return UNITS[metric]
     if metric.endswith("/loss"):
         kinds = {objective_of(r.record) for r in runs} - {None}
-        return LOSS_UNITS.get(kinds.pop(), "loss") if len(kinds) == 1 else "loss"
+        if len(kinds) != 1:
+            return "loss"
+        from dew.objectives.registry import objectives
+
+        name = kinds.pop()
+        return objectives[name].loss_unit if name in objectives else "loss"
     return ""
 
 

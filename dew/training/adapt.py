@@ -3,8 +3,8 @@
 the module is returned as it is and every ``nnx.Param`` trains.
 
 qwix wraps an NNX module by calling it once on sample inputs: that call finds the weight each matmul
-reads and creates LoRA's factors next to it. ``adapt`` builds those inputs from the dataset's
-``batch_spec`` (one record, each architecture's call signature) and makes that one call walk a stack
+reads and creates LoRA's factors next to it. ``adapt`` builds those inputs from the architecture's
+``call_shapes`` (one example) and makes that one call walk a stack
 of blocks (``dew.models.stack``) layer by layer in Python, so that the factors each layer creates land
 in the stack, stacked on its ``depth`` axis. Every later call scans as usual.
 """
@@ -20,8 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx import spmd
 
-from dew.config import LoRA, Quantization
+from dew.config import LoRA, Quantization, RunConfig
 from dew.models import stack
+from dew.models.registry import Architecture, of
 
 _LAYERS = {nnx.PARTITION_NAME: "layers"}
 """The logical name of a stack's leading axis (``dew.models.stack``)."""
@@ -30,16 +31,25 @@ LORA_STREAM = 0x10AA
 """Folded into the run's seed for the draw of LoRA's ``A`` factors, apart from the base init."""
 
 
-def adapt(objective: Any, module: nnx.Module, dataset: Any, *, quantization: Quantization | None,
+def build_model(run: RunConfig, objective: Any) -> nnx.Module:
+    """The module a run trains: the objective's, initialised from the run's seed, with the
+    quantization and the adapters the run asks for. Training and ``dew-sample`` both build it here,
+    so inference rebuilds exactly the module training saved."""
+    t = run.trainer
+    return adapt(of(run.model.architecture, run.model.fields()), objective.build(nnx.Rngs(params=t.seed)),
+                 quantization=t.quantization, lora=run.lora, seed=t.seed)
+
+
+def adapt(architecture: Architecture, module: nnx.Module, *, quantization: Quantization | None,
           lora: LoRA | None, seed: int) -> nnx.Module:
-    """``module`` with the quantized forward and/or the low-rank adapters the run asks for."""
-    del objective  # the module's call signature follows from its class and the data
+    """``module`` (built by ``architecture``) with the quantized forward and/or the low-rank
+    adapters the run asks for."""
     if quantization is None and lora is None:
         return module
     from dew.training import lora as lora_lib
     from dew.training import quantization as quant
 
-    inputs = sample_inputs(module, dataset)
+    inputs = sample_inputs(architecture)
     with _stacks_walked_in_python():
         if lora is None:
             return quant.quantize(module, inputs, quantization)
@@ -52,25 +62,11 @@ def trainable(lora: LoRA | None) -> Any:
     return nnx.Param if lora is None else nnx.LoRAParam
 
 
-def sample_inputs(module: nnx.Module, dataset: Any) -> tuple[jax.Array, ...]:
-    """Positional arguments of one call of ``module`` on one record shaped like ``dataset``'s."""
-    from dew.models.dit import SimpleDiT
-    from dew.models.transformer import Transformer
-
-    spec = dataset.batch_spec()
-    t_B = jnp.zeros((1,), jnp.float32)
-    if isinstance(module, SimpleDiT) and "image" in spec:
-        (_, *image_shape), _ = spec["image"]
-        return jnp.zeros((1, *image_shape), jnp.float32), t_B, jnp.zeros((1,), jnp.int32)
-    # The sequence length shapes no parameter: one token traces the same weights as a full window.
-    tokens_BxL = jnp.zeros((1, 1), jnp.int32)
-    if isinstance(module, SimpleDiT) and "tokens" in spec:
-        return tokens_BxL, t_B
-    if isinstance(module, Transformer) and "tokens" in spec:
-        return (tokens_BxL,)
-    raise ValueError(f"trainer.quantization / lora: no sample call of {type(module).__name__} on data "
-                     f"with fields {sorted(spec)}; dew.training.adapt.sample_inputs knows simple_dit "
-                     "(image or tokens) and transformer (tokens)")
+def sample_inputs(architecture: Architecture) -> tuple[jax.Array, ...]:
+    """Positional arguments of one call of the module on one example (``Architecture.call_shapes``);
+    a sequence is one token long: the length shapes no parameter, and one token traces the same
+    weights as a full window."""
+    return tuple(jnp.zeros(shape, dtype) for shape, dtype in architecture.call_shapes(1, length=1))
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import optax
 
-from dew.training.muon import path_str
+from dew.training.optimizers import Schedule, UpdateRule, optimizers, path_str
 
 STACKED_PATTERNS: tuple[str, ...] = (r"(^|/)blocks/",)
 """Path patterns (``re.search``) of the leaves stacked over layers: everything under a model's
@@ -56,3 +56,17 @@ def scale_by_layerwise_trust_ratio(patterns: Sequence[str] = STACKED_PATTERNS) -
         return jax.tree_util.tree_map_with_path(scale, updates, params), state
 
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+@optimizers.register("lamb")
+class Lamb(UpdateRule):
+    """LAMB (You et al. 2020, Algorithm 2): r = m̂/(sqrt(v̂)+eps); u = r + λx; x -= lr·(||x_l||/||u_l||)·u
+    with one trust ratio per layer l, also inside a stack of layers."""
+
+    options = {"b1": 0.9, "b2": 0.999, "eps": 1e-6}
+    weight_decay = 0.0  # optax.lamb's default
+
+    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+        o = self.opts
+        return optax.chain(optax.scale_by_adam(o["b1"], o["b2"], o["eps"]), optax.add_decayed_weights(decay),
+                           scale_by_layerwise_trust_ratio(), optax.scale_by_learning_rate(rate))

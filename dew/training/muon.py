@@ -1,4 +1,4 @@
-"""Muon (Keller Jordan 2024) and MuonClip's QK-clip (Kimi K2, 2025).
+"""``muon``: Muon (Keller Jordan 2024), registered; MuonClip (``dew.training.muonclip``) builds on it.
 
 Muon keeps a momentum of each hidden weight matrix and steps along its orthogonalisation: the
 nearest semi-orthogonal matrix U·Vᵀ of the momentum's SVD U·S·Vᵀ, approximated by five steps of a
@@ -13,13 +13,10 @@ rank *and* path, so embeddings and the head go to AdamW (optax sends every 2-D l
 AdamW half is plain AdamW (no Nesterov) with Moonlight's betas; weight decay follows the param groups.
 The iteration itself is ``newton_schulz`` below (optax keeps its own private).
 
-QK-clip is not a gradient transformation: it rescales weights after the update from the maximum
-attention logits of the forward pass, so it is the pure function ``qk_clip`` the trainer applies.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +26,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dew.training.optimizers import UpdateRule, optimizers, path_str
+
 __all__ = [
-    "DEFAULT_ADAM_PATTERNS", "DEFAULT_MATRIX_AXES", "EMBEDDING_PATTERNS", "NON_MATRIX_PATTERNS", "NS_COEFFS", "MatrixAxes", "QKClipLayer", "muon", "muon_route",
-    "newton_schulz", "orthogonalize", "path_str", "qk_clip", "scale_by_muon",
+    "DEFAULT_ADAM_PATTERNS", "DEFAULT_MATRIX_AXES", "EMBEDDING_PATTERNS", "NON_MATRIX_PATTERNS", "NS_COEFFS",
+    "MatrixAxes", "Muon", "muon", "muon_route", "newton_schulz", "orthogonalize", "path_str", "scale_by_muon",
 ]
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -59,28 +58,7 @@ DEFAULT_MATRIX_AXES: dict[str, list[list[int]]] = {
 one (hidden, heads·head_dim) matrix each; o is (…, heads, head_dim, hidden), one
 (heads·head_dim, hidden) matrix. Every other matrix is its last two axes."""
 
-CLIP_RTOL = 1e-5
-"""QK-clip leaves a head whose max logit is within this relative margin above τ (float32 rounding)."""
-
 Schedule = Callable[[jax.Array], jax.Array]
-
-
-def path_str(path: Sequence[Any]) -> str:
-    """Join a jax key path with "/", leaving out an ``nnx.Variable``'s ``value`` attribute."""
-    parts = []
-    for key in path:
-        if isinstance(key, jax.tree_util.DictKey):
-            parts.append(str(key.key))
-        elif isinstance(key, jax.tree_util.SequenceKey):
-            parts.append(str(key.idx))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            if key.name != "value":
-                parts.append(key.name)
-        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
-            parts.append(str(key.key))
-        else:
-            parts.append(str(key))
-    return "/".join(parts)
 
 
 # ------------------------------------------------------------------------------ Newton-Schulz
@@ -262,124 +240,27 @@ def muon(
     )
 
 
-# ---------------------------------------------------------------------------------------- QK-clip
+@optimizers.register("muon")
+class Muon(UpdateRule):
+    """Muon on the hidden matrices and AdamW on the rest (``muon`` above)."""
 
+    options = {
+        "momentum": 0.95,
+        "nesterov": True,
+        "ns_steps": 5,
+        "update_scale": "moonlight",
+        "rms_ratio": 0.2,
+        "adam_b1": 0.9,
+        "adam_b2": 0.95,
+        "adam_eps": 1e-8,
+        "adam_patterns": list(DEFAULT_ADAM_PATTERNS),
+        "matrix_axes": dict(DEFAULT_MATRIX_AXES),
+    }
+    weight_decay = 0.1  # Moonlight (Liu et al. 2025), with its matched update RMS
 
-@dataclasses.dataclass(frozen=True)
-class QKClipLayer:
-    """Where one attention layer keeps its query and key projections.
-
-    ``query`` and ``key`` are the "/"-joined paths of the leaves that carry the heads (the kernel,
-    and the bias if there is one). Their heads are on the trailing axes: the last axes are
-    (heads, head_dim), either as two axes or flattened into one of heads·head_dim (head-major, as a
-    reshape of (..., heads, head_dim) gives). Any leading axes before the input axis — a scanned
-    stack of layers — must match the leading axes of this layer's max logits.
-    """
-
-    query: tuple[str, ...]
-    """Paths of the query projection's kernel (…, d_model, heads·head_dim) and bias, if any."""
-    key: tuple[str, ...]
-    """Paths of the key projection's kernel (…, d_model, kv_heads·head_dim) and bias, if any."""
-    num_heads: int
-    """Query heads."""
-    num_kv_heads: int | None = None
-    """Key heads under grouped-query attention; unset is ``num_heads``."""
-    split_heads: bool = False
-    """True when the leaves end in two axes (heads, head_dim); False when they end in one axis of
-    heads·head_dim."""
-
-
-def qk_clip(
-    params: Any,
-    max_logits: Mapping[str, jax.Array],
-    tau: float,
-    *,
-    layers: Mapping[str, QKClipLayer],
-) -> Any:
-    """Kimi K2's QK-clip: cap every attention head's largest pre-softmax logit at ``tau``.
-
-    ``max_logits[name]`` is the largest logit q·k (after the 1/sqrt(head_dim) scale) each query
-    head of layer ``layers[name]`` produced in the step's forward pass, shape (…, num_heads) with
-    leading axes for stacked layers, already reduced (max) over the batch and the devices. For each
-    head with S = max_logit > τ, γ = τ / S:
-
-    - multi-head attention: the head's query and key projections are both scaled by sqrt(γ), so
-      its logits scale by γ and the largest becomes τ (K2 tech report, section 2.1);
-    - grouped-query attention: a key head is shared by num_heads / num_kv_heads query heads, and
-      scaling it would change heads that did not exceed τ. Each offending query head's projection
-      is scaled by γ alone and the shared keys are left as they are: the logits of exactly the
-      offending heads scale by γ, every other head is untouched.
-
-    Heads at or under τ are bit-identical (their factor is exactly 1). A head within a relative
-    ``CLIP_RTOL`` above τ counts as at τ: a clipped head's next maximum is τ up to float32 rounding,
-    and clipping it again would only move it by that rounding. A rotary embedding commutes with the
-    per-head scale, so all of this holds with RoPE too. QK-norm (an RMSNorm on each head's queries
-    and keys) normalises the scale of the projection away, so there the clip has no effect: do not
-    combine muonclip with QK-norm. Returns new params; ``params`` is not changed.
-
-    For dew's models (``dew.models.attention``) a layer is
-    ``QKClipLayer(query=("blocks/attn/q/kernel",), key=("blocks/attn/k/kernel",), num_heads=N,
-    num_kv_heads=K, split_heads=True)`` with the model's ``(depth, num_heads)`` max logits.
-    """
-    scales: dict[str, tuple[jax.Array, bool]] = {}
-    for name, layer in layers.items():
-        if name not in max_logits:
-            raise KeyError(f"qk_clip: no max logits for layer {name!r}; have {sorted(max_logits)}")
-        s = jnp.asarray(max_logits[name], jnp.float32)
-        if s.shape[-1] != layer.num_heads:
-            raise ValueError(f"qk_clip: layer {name!r} max logits {s.shape} do not end in {layer.num_heads} heads")
-        over = s > tau * (1.0 + CLIP_RTOL)
-        gamma = jnp.where(over, tau / s, 1.0)
-        kv = layer.num_kv_heads or layer.num_heads
-        if layer.num_heads % kv:
-            raise ValueError(f"qk_clip: {layer.num_heads} query heads do not group over {kv} key heads")
-        if kv == layer.num_heads:
-            root = jnp.where(over, jnp.sqrt(gamma), 1.0)
-            q_scale, k_scale = root, root
-        else:
-            q_scale, k_scale = gamma, None
-        for path in layer.query:
-            _set_scale(scales, path, (q_scale, layer.split_heads))
-        if k_scale is not None:
-            for path in layer.key:
-                _set_scale(scales, path, (k_scale, layer.split_heads))
-
-    found: set[str] = set()
-
-    def apply(path: Any, leaf: Any) -> Any:
-        text = path_str(path)
-        if text not in scales:
-            return leaf
-        found.add(text)
-        return _scale_heads(leaf, *scales[text])
-
-    out = jax.tree_util.tree_map_with_path(apply, params)
-    missing = sorted(set(scales) - found)
-    if missing:
-        raise KeyError(f"qk_clip: no parameter at {missing}")
-    return out
-
-
-def _set_scale(scales: dict[str, tuple[jax.Array, bool]], path: str, scale: tuple[jax.Array, bool]) -> None:
-    if path in scales:
-        raise ValueError(f"qk_clip: {path} is named by two layers")
-    scales[path] = scale
-
-
-def _scale_heads(leaf: jax.Array, scale_LxH: jax.Array, split_heads: bool) -> jax.Array:
-    """Multiply each head's slice of ``leaf`` by its factor (exactly 1 leaves it bit-identical)."""
-    heads = scale_LxH.shape[-1]
-    lead = scale_LxH.shape[:-1]
-    shape = leaf.shape
-    if split_heads:
-        if len(shape) < 2 or shape[-2] != heads:
-            raise ValueError(f"qk_clip: a leaf of shape {shape} does not end in ({heads} heads, head_dim)")
-        split = leaf
-    else:
-        if shape[-1] % heads:
-            raise ValueError(f"qk_clip: a leaf of shape {shape} does not split into {heads} heads")
-        split = leaf.reshape(shape[:-1] + (heads, shape[-1] // heads))
-    if split.shape[: len(lead)] != lead:
-        raise ValueError(f"qk_clip: a leaf of shape {shape} does not lead with the max logits' {lead}")
-    factor = scale_LxH.reshape(lead + (1,) * (split.ndim - 2 - len(lead)) + (heads, 1))
-    return (split * factor.astype(leaf.dtype)).astype(leaf.dtype).reshape(shape)
+    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+        o = self.opts
+        return muon(rate, weight_decay=decay, momentum=o["momentum"], nesterov=o["nesterov"],
+                    ns_steps=o["ns_steps"], update_scale=o["update_scale"], rms_ratio=o["rms_ratio"],
+                    adam_b1=o["adam_b1"], adam_b2=o["adam_b2"], adam_eps=o["adam_eps"],
+                    adam_patterns=tuple(o["adam_patterns"]), matrix_axes=dict(o["matrix_axes"]))

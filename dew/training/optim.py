@@ -6,14 +6,16 @@ One optax chain per run, read top to bottom:
 2. the parameters split by group (``param_groups``, first match wins; unmatched leaves form the
    default group) and, for Muon, each group split again into Muon's matrices and AdamW's rest,
 3. in each part, the published update rule, its decoupled weight decay, and the schedule's rate
-   times the group's multiplier.
+   times the group's multiplier,
+4. the rule's transform after the update, where it has one (MuonClip's QK-clip).
 
-The update rules are optax's where optax has them exactly (``scale_by_adam``,
-``scale_by_trust_ratio``, Newton-Schulz orthogonalisation); what it lacks lives beside this file:
-``dew.training.layerwise`` (LAMB's trust ratio per layer of a stack),
-``dew.training.muon`` (Keller Jordan's Muon momentum and routing, QK-clip) and
-``dew.training.bf16`` (Adam moments in bfloat16 with stochastic rounding). Every option and default
-is listed in docs/optimizers.md.
+Each optimizer is a registered ``UpdateRule`` (``dew.training.optimizers``) in its own module:
+``dew.training.adam`` (adam, adamw), ``dew.training.layerwise`` (LAMB, with its trust ratio per
+layer of a stack), ``dew.training.muon`` (Keller Jordan's Muon momentum and routing) and
+``dew.training.muonclip`` (QK-clip). The rules are optax's where optax has them exactly
+(``scale_by_adam``, ``scale_by_trust_ratio``, Newton-Schulz orthogonalisation);
+``dew.training.bf16`` keeps Adam's moments in bfloat16 with stochastic rounding. Every option and
+default is listed in docs/optimizers.md.
 """
 
 from __future__ import annotations
@@ -21,89 +23,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from dew.config import OptimConfig, ParamGroup
-from dew.training import muon as muon_lib
+from dew.models.registry import QKClipLayer
 from dew.training.bf16 import bf16_moments
-from dew.training.layerwise import scale_by_layerwise_trust_ratio
-from dew.training.muon import QKClipLayer, qk_clip
+from dew.training.muon import EMBEDDING_PATTERNS, NON_MATRIX_PATTERNS
+from dew.training.muonclip import qk_clip
+from dew.training.optimizers import UpdateRule, optimizers, path_str
 from dew.training.schedules import build_schedule
 
+if TYPE_CHECKING:
+    from dew.models.registry import Architecture
+
 __all__ = [
-    "DEFAULT_WEIGHT_DECAY", "OPTIONS", "Optimizer", "QKClipLayer", "bf16_moments", "build_optimizer",
-    "group_labels", "mup_param_groups", "param_paths", "qk_clip",
+    "Optimizer", "QKClipLayer", "bf16_moments", "build_optimizer", "group_labels", "mup_param_groups",
+    "optimizers", "param_paths", "qk_clip",
 ]
 
 Schedule = Callable[[jax.Array], jax.Array]
-
-# ------------------------------------------------------------------------------------ the options
-
-_ADAM = {"b1": 0.9, "b2": 0.999, "eps": 1e-8}
-_MUON = {
-    "momentum": 0.95,
-    "nesterov": True,
-    "ns_steps": 5,
-    "update_scale": "moonlight",
-    "rms_ratio": 0.2,
-    "adam_b1": 0.9,
-    "adam_b2": 0.95,
-    "adam_eps": 1e-8,
-    "adam_patterns": list(muon_lib.DEFAULT_ADAM_PATTERNS),
-    "matrix_axes": dict(muon_lib.DEFAULT_MATRIX_AXES),
-}
-OPTIONS: dict[str, dict[str, Any]] = {
-    "adam": dict(_ADAM),
-    "adamw": dict(_ADAM),
-    "lamb": {"b1": 0.9, "b2": 0.999, "eps": 1e-6},
-    "muon": dict(_MUON),
-    "muonclip": {**_MUON, "tau": 100.0},
-}
-"""Optimizer -> the ``optimizer_opts`` it takes, with their defaults (docs/optimizers.md)."""
-
-DEFAULT_WEIGHT_DECAY: dict[str, float] = {
-    "adam": 0.0,  # Adam has no decoupled decay; a value set is L2 in the gradient (torch's Adam)
-    "adamw": 1e-4,  # optax.adamw's default
-    "lamb": 0.0,  # optax.lamb's default
-    "muon": 0.1,  # Moonlight (Liu et al. 2025), with its matched update RMS
-    "muonclip": 0.1,  # Kimi K2 (2025)
-}
-"""Optimizer -> its weight decay when ``OptimConfig.weight_decay`` is unset."""
-
-
-def _options(config: OptimConfig) -> dict[str, Any]:
-    takes = OPTIONS[config.optimizer]
-    unknown = sorted(set(config.optimizer_opts) - set(takes))
-    if unknown:
-        raise ValueError(
-            f"optim.optimizer_opts: {config.optimizer} does not take {', '.join(unknown)}; "
-            f"it takes {', '.join(sorted(takes))}"
-        )
-    opts = {**takes, **config.optimizer_opts}
-    for key, value in opts.items():
-        where = f"optim.optimizer_opts.{key}={value!r}"
-        if key in ("b1", "b2", "adam_b1", "adam_b2", "momentum") and not (
-                isinstance(value, (int, float)) and 0.0 <= value < 1.0):
-            raise ValueError(f"{where} must lie in [0, 1)")
-        if key in ("eps", "adam_eps", "tau", "rms_ratio") and not (
-                isinstance(value, (int, float)) and 0 < value < math.inf):
-            raise ValueError(f"{where} must be positive and finite")
-        if key == "ns_steps" and not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"{where} must be an integer >= 1")
-        if key == "update_scale" and value not in ("moonlight", "keller"):
-            raise ValueError(f"{where}: takes 'moonlight' or 'keller'")
-        if key == "nesterov" and not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false")
-        if key == "adam_patterns" and not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
-            raise ValueError(f"{where} must be a list of regular expressions")
-        if key == "matrix_axes" and not isinstance(value, Mapping):
-            raise ValueError(f"{where} must map path patterns to [reduction axes, output axes]")
-    return opts
 
 
 # ----------------------------------------------------------------------------------- the optimizer
@@ -114,11 +57,13 @@ class Optimizer:
     """What the trainer steps with."""
 
     tx: optax.GradientTransformation
-    """The whole chain: clipping, groups, update rules, weight decay and schedule."""
+    """The whole chain: clipping, groups, update rules, weight decay, schedule and the rule's
+    post-update transform."""
     learning_rate: Schedule
     """The schedule's rate at a step (completed updates, int32), before group multipliers: train/lr."""
-    qk_clip_tau: float | None = None
-    """For muonclip, the logit cap τ the trainer passes to ``qk_clip`` after every update."""
+    extra_args: tuple[str, ...] = ()
+    """What ``tx.update`` takes besides the gradients (``UpdateRule.extra_args``): ``max_logits``
+    for MuonClip."""
 
 
 def build_optimizer(
@@ -127,18 +72,20 @@ def build_optimizer(
     *,
     total_steps: int,
     tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
+    architecture: Architecture | None = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (an ``nnx.State`` of parameters or a nested dict).
 
     ``params`` is read for its paths only (group matching, Muon's routing), here and at every
     update, so the gradients may be either tree type as long as their paths are the parameters'.
     ``tokens_seen(step)`` is the tokens (or records) consumed before ``step``, batch ramp included,
-    as a float array; the power schedule requires it.
+    as a float array; the power schedule requires it. ``architecture`` is the run's model, for a
+    rule that reads it after the update (MuonClip's attention layers).
     """
-    options = _options(config)
+    rule: UpdateRule = optimizers[config.optimizer].resolve(config.optimizer_opts)
     schedule = build_schedule(config.schedule, config.learning_rate, total_steps=total_steps,
                               tokens_seen=tokens_seen)
-    default_decay = config.weight_decay if config.weight_decay is not None else DEFAULT_WEIGHT_DECAY[config.optimizer]
+    default_decay = config.weight_decay if config.weight_decay is not None else rule.weight_decay
     groups = config.param_groups
     group_labels(params, groups)  # raises on a pattern that matches nothing, before anything compiles
 
@@ -149,55 +96,20 @@ def build_optimizer(
     for index, group in [(i, g) for i, g in enumerate(groups)] + [(len(groups), None)]:
         multiplier = group.lr_multiplier if group is not None else 1.0
         decay = group.weight_decay if group is not None and group.weight_decay is not None else default_decay
-        rate = _scaled(schedule, multiplier)
-        parts[_label(index)] = _update_rule(config, options, rate, decay)
+        parts[_label(index)] = rule.rule(_scaled(schedule, multiplier), decay, config.state_dtype)
     tx = optax.partition(parts, labels)
     if config.clip_grads > 0:
         tx = optax.chain(optax.clip_by_global_norm(config.clip_grads), tx)
-    tau = float(options["tau"]) if config.optimizer == "muonclip" else None
-    return Optimizer(tx=tx, learning_rate=schedule, qk_clip_tau=tau)
+    after = rule.after_update(architecture)
+    if after is not None:
+        tx = optax.chain(tx, after)
+    return Optimizer(tx=tx, learning_rate=schedule, extra_args=rule.extra_args)
 
 
 def _scaled(schedule: Schedule, multiplier: float) -> Schedule:
     if multiplier == 1.0:
         return schedule
     return lambda step: multiplier * schedule(step)
-
-
-def _update_rule(config: OptimConfig, opts: Mapping[str, Any], rate: Schedule, decay: float):
-    """One group's update rule with its weight decay and rate."""
-    name = config.optimizer
-    if name in ("adam", "adamw"):
-        scale = (bf16_moments(opts["b1"], opts["b2"], opts["eps"]) if config.state_dtype == "bfloat16"
-                 else optax.scale_by_adam(opts["b1"], opts["b2"], opts["eps"]))
-        decayed = optax.add_decayed_weights(decay)
-        steps = [decayed, scale] if name == "adam" else [scale, decayed]  # L2 (Adam) vs decoupled (AdamW)
-        return optax.chain(*steps, optax.scale_by_learning_rate(rate))
-    if name == "lamb":
-        # You et al. 2020, Algorithm 2: r = m̂/(sqrt(v̂)+eps); u = r + λx; x -= lr·(||x_l||/||u_l||)·u
-        # with one trust ratio per layer l, also inside a stack of layers (dew.training.layerwise).
-        return optax.chain(
-            optax.scale_by_adam(opts["b1"], opts["b2"], opts["eps"]),
-            optax.add_decayed_weights(decay),
-            scale_by_layerwise_trust_ratio(),
-            optax.scale_by_learning_rate(rate),
-        )
-    if name in ("muon", "muonclip"):
-        return muon_lib.muon(
-            rate,
-            weight_decay=decay,
-            momentum=opts["momentum"],
-            nesterov=opts["nesterov"],
-            ns_steps=opts["ns_steps"],
-            update_scale=opts["update_scale"],
-            rms_ratio=opts["rms_ratio"],
-            adam_b1=opts["adam_b1"],
-            adam_b2=opts["adam_b2"],
-            adam_eps=opts["adam_eps"],
-            adam_patterns=tuple(opts["adam_patterns"]),
-            matrix_axes=dict(opts["matrix_axes"]),
-        )
-    raise ValueError(f"optim.optimizer={name!r}; known: {sorted(OPTIONS)}")
 
 
 # ---------------------------------------------------------------------------------------- groups
@@ -208,7 +120,7 @@ def param_paths(tree: Any) -> Any:
 
     An ``nnx.Param``'s own ``value`` attribute is not part of the path.
     """
-    return jax.tree_util.tree_map_with_path(lambda path, _: muon_lib.path_str(path), tree)
+    return jax.tree_util.tree_map_with_path(lambda path, _: path_str(path), tree)
 
 
 def _label(index: int) -> str:
@@ -222,7 +134,7 @@ def group_labels(tree: Any, groups: Sequence[ParamGroup]) -> Any:
     used = [False] * len(groups)
 
     def label(path: Any, _leaf: Any) -> str:
-        text = muon_lib.path_str(path)
+        text = path_str(path)
         for i, pattern in enumerate(compiled):
             if pattern.search(text):
                 used[i] = True
@@ -233,7 +145,7 @@ def group_labels(tree: Any, groups: Sequence[ParamGroup]) -> Any:
     leaves = jax.tree.leaves(tree)
     if leaves and not all(used):
         unmatched = [g.pattern for g, u in zip(groups, used, strict=True) if not u]
-        first = [muon_lib.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]][:8]
+        first = [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]][:8]
         raise ValueError(
             f"optim.param_groups: pattern {unmatched[0]!r} matches no parameter (or only parameters an "
             f"earlier group took); unmatched: {unmatched}; parameter paths look like {first}"
@@ -245,8 +157,8 @@ def mup_param_groups(
     params: Any,
     width_multiplier: float,
     *,
-    embedding_patterns: Sequence[str] = muon_lib.EMBEDDING_PATTERNS,
-    non_matrix_patterns: Sequence[str] = muon_lib.NON_MATRIX_PATTERNS,
+    embedding_patterns: Sequence[str] = EMBEDDING_PATTERNS,
+    non_matrix_patterns: Sequence[str] = NON_MATRIX_PATTERNS,
 ) -> tuple[ParamGroup, ...]:
     """lm-engine's muP split of ``params`` into parameter groups (first match wins).
 
@@ -265,7 +177,7 @@ def mup_param_groups(
         raise ValueError(f"width_multiplier={width_multiplier} must be positive")
     no_decay, hidden = [], []
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        text = muon_lib.path_str(path)
+        text = path_str(path)
         if len(jnp.shape(leaf)) < 2 or any(re.search(p, text) for p in non_matrix_patterns):
             no_decay.append(text)
         elif not any(re.search(p, text) for p in embedding_patterns):

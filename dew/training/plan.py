@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from dew.config import RunConfig
-from dew.models.registry import build, resolve_fields
+from dew.models.registry import build, of
 from dew.training import sharding
 from dew.training.optim import build_optimizer
 
@@ -98,7 +98,7 @@ def plan(run: RunConfig, device_count: int | None = None) -> Plan:
         device_count = known if -1 not in sizes.values() else known * max(1, jax.device_count() // known)
     mesh = sharding.abstract_mesh(t, device_count)
     arch = run.model.architecture
-    fields = resolve_fields(arch, run.model.fields())
+    fields = of(arch, run.model.fields())
     model = nnx.eval_shape(lambda: build(arch, run.model.fields(), nnx.Rngs(params=t.seed)))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     specs = sharding.param_specs(params, mesh, t.layout)
@@ -122,7 +122,7 @@ def plan(run: RunConfig, device_count: int | None = None) -> Plan:
     batch_devices = math.prod(mesh.shape[a] for a in sharding.batch_axes(mesh, t.layout))
     sharding.check_batch(t.batch_size // t.accumulation, mesh, t.layout, field="trainer.batch_size")
     per_device = t.batch_size // t.accumulation // batch_devices
-    activations = _activation_bytes(arch, fields, graphdef, params, rest, per_device)
+    activations = _activation_bytes(fields, graphdef, params, rest, per_device)
     return Plan(mesh=dict(mesh.shape), params=tuple(rows), param_count=sum(math.prod(r.shape) for r in rows),
                 param_bytes=param_bytes, optimizer_bytes=optimizer_bytes,
                 ema_bytes=param_bytes if _ema_decay(run, fields) > 0 else 0,
@@ -135,18 +135,12 @@ def _bytes_per_device(x: Any, spec: Any, mesh: Any) -> int:
     return math.prod(local) * jnp.dtype(x.dtype).itemsize
 
 
-def _inputs(arch: str, fields: Any, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
-    """One call's arguments for ``batch`` examples (``dew.training.adapt.sample_inputs``'s shapes)."""
-    if arch == "transformer":
-        return (jax.ShapeDtypeStruct((batch, fields.seq_len), jnp.int32),)
-    t_B = jax.ShapeDtypeStruct((batch,), jnp.float32)
-    if fields.vocab_size is not None:
-        return jax.ShapeDtypeStruct((batch, fields.input_size), jnp.int32), t_B
-    image = (batch, fields.input_size, fields.input_size, fields.in_channels)
-    return jax.ShapeDtypeStruct(image, jnp.float32), t_B, jax.ShapeDtypeStruct((batch,), jnp.int32)
+def _inputs(arch: Any, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+    """One call's arguments for ``batch`` examples (``Architecture.call_shapes``)."""
+    return tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in arch.call_shapes(batch))
 
 
-def _activation_bytes(arch: str, fields: Any, graphdef: Any, params: Any, rest: Any, batch: int) -> int:
+def _activation_bytes(arch: Any, graphdef: Any, params: Any, rest: Any, batch: int) -> int:
     """Bytes of the residuals autodiff saves for ``batch`` examples (see the module docstring)."""
 
     def residuals(n: int) -> int:
@@ -154,16 +148,21 @@ def _activation_bytes(arch: str, fields: Any, graphdef: Any, params: Any, rest: 
             forward = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(*inputs).astype(jnp.float32))  # noqa: E731
             return jax.vjp(forward, params)[1]
 
-        leaves = jax.tree.leaves(jax.eval_shape(saved, params, *_inputs(arch, fields, n)))
+        leaves = jax.tree.leaves(jax.eval_shape(saved, params, *_inputs(arch, n)))
         return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in leaves)
 
     return (residuals(2 * batch) - residuals(batch)) if batch else 0
 
 
-def _ema_decay(run: RunConfig, fields: Any) -> float:
+def _ema_decay(run: RunConfig, arch: Any) -> float:
     """The EMA decay of the objective the run trains (its knobs), without building the objective."""
-    from dew.objectives import natural_objective
+    from dew.objectives.registry import natural_objective
 
-    kind = "tokens" if run.model.architecture == "transformer" or getattr(fields, "vocab_size", None) else "image"
-    name = run.objective or natural_objective(run.model.architecture, kind)
+    if run.objective is None:
+        try:
+            name = natural_objective(arch.role, arch.data_kind() or type(run.data).kind)
+        except ValueError:  # nothing trains this model on this data: the plan counts no EMA
+            return 0.0
+    else:
+        name = run.objective
     return float(getattr(getattr(run, name, None), "ema_decay", 0.0))

@@ -167,7 +167,7 @@ def log_samples(tracker: Any, objective: Any, state: Any, step: int, *, seed: in
     model = state.model(ema=state.ema is not None)
     key = jax.random.PRNGKey(seed + 3)  # the key dew-train's final samples are drawn with
     if hasattr(objective, "sample_grid"):
-        from dew.objectives.flow_matching import write_grid
+        from dew.sampling import write_grid
 
         images, labels = objective.sample_grid(model, key)
         if tracker.wandb_run is not None:

@@ -17,22 +17,58 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
+from dew.registry import Registry
+
 if TYPE_CHECKING:
     import jax
 
 
+Rate = Callable[["jax.Array"], "jax.Array"]
+"""The learning rate as a function of the step (int32 array -> float32 array)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ramp:
+    """The parts every schedule shares: a linear warmup over ``warmup`` updates and the progress
+    of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``)."""
+
+    warmup: int
+    total_steps: int
+
+    def warming(self, step: jax.Array) -> jax.Array:
+        """step / warmup, 1 once warmed up (and with no warmup at all)."""
+        import jax.numpy as jnp
+
+        return jnp.minimum(step.astype(jnp.float32) / max(self.warmup, 1), 1.0) if self.warmup else jnp.float32(1.0)
+
+    def progress(self, step: jax.Array) -> jax.Array:
+        import jax.numpy as jnp
+
+        span = max(self.total_steps - self.warmup, 1)
+        return jnp.clip((step.astype(jnp.float32) - self.warmup) / span, 0.0, 1.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class ScheduleSpec:
-    """Base of the schedule records; ``name`` is the kind it is registered under."""
+    """Base of the schedule records; ``name`` is the kind it is registered under
+    (``@schedules.register``). A record holds only its own fields and builds its rate."""
 
     name: ClassVar[str]
 
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        """The rate at each step, peaking at ``peak``; ``tokens_seen`` as ``build_schedule`` says."""
+        raise NotImplementedError(f"schedule {self.name!r} must implement build")
 
+
+schedules: Registry[type[ScheduleSpec]] = Registry("schedule")
+"""Schedule kind -> record class."""
+
+
+@schedules.register("cosine")
 @dataclasses.dataclass(frozen=True)
 class CosineSchedule(ScheduleSpec):
     """Linear warmup, then a cosine decay from the peak to ``floor_ratio``·peak at the last step."""
 
-    name: ClassVar[str] = "cosine"
     warmup_steps: int = 0
     """Optimizer updates of linear warmup from 0 to the peak."""
     floor_ratio: float = 0.0
@@ -43,12 +79,23 @@ class CosineSchedule(ScheduleSpec):
         if not 0.0 <= self.floor_ratio <= 1.0:
             raise ValueError(f"optim.schedule.floor_ratio={self.floor_ratio} must lie in [0, 1]")
 
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        import jax.numpy as jnp
 
+        floor = self.floor_ratio
+
+        def cosine(step: jax.Array) -> jax.Array:
+            decay = floor + (1.0 - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * ramp.progress(step)))
+            return peak * jnp.where(step < ramp.warmup, ramp.warming(step), decay)
+
+        return cosine
+
+
+@schedules.register("linear")
 @dataclasses.dataclass(frozen=True)
 class LinearSchedule(ScheduleSpec):
     """Linear warmup, then a linear decay from the peak to ``end_ratio``·peak at the last step."""
 
-    name: ClassVar[str] = "linear"
     warmup_steps: int = 0
     """Optimizer updates of linear warmup from 0 to the peak."""
     end_ratio: float = 0.0
@@ -59,7 +106,19 @@ class LinearSchedule(ScheduleSpec):
         if not 0.0 <= self.end_ratio <= 1.0:
             raise ValueError(f"optim.schedule.end_ratio={self.end_ratio} must lie in [0, 1]")
 
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        import jax.numpy as jnp
 
+        end = self.end_ratio
+
+        def linear(step: jax.Array) -> jax.Array:
+            decay = 1.0 + (end - 1.0) * ramp.progress(step)
+            return peak * jnp.where(step < ramp.warmup, ramp.warming(step), decay)
+
+        return linear
+
+
+@schedules.register("power")
 @dataclasses.dataclass(frozen=True)
 class PowerSchedule(ScheduleSpec):
     """lm-engine's power schedule (Shen et al. 2024, "Power Scheduler"): lr = min(lr_max, a·T^b).
@@ -70,7 +129,6 @@ class PowerSchedule(ScheduleSpec):
     the run's last ``decay_steps`` updates (or the last ``decay_fraction`` of the run).
     """
 
-    name: ClassVar[str] = "power"
     warmup_steps: int = 0
     """Optimizer updates of linear warmup from 0."""
     a: float = 4.6
@@ -95,6 +153,42 @@ class PowerSchedule(ScheduleSpec):
             raise ValueError(f"optim.schedule.decay_steps={self.decay_steps} must be >= 0")
         if self.decay_fraction is not None and not 0.0 <= self.decay_fraction <= 1.0:
             raise ValueError(f"optim.schedule.decay_fraction={self.decay_fraction} must lie in [0, 1]")
+
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        import jax.numpy as jnp
+
+        if tokens_seen is None:
+            raise ValueError(
+                "optim.schedule is the power schedule, a function of tokens seen: build_optimizer needs "
+                "tokens_seen(step) (the trainer passes it, with the batch ramp in it)"
+            )
+        warmup, total_steps = ramp.warmup, ramp.total_steps
+        tail = self.decay_steps if self.decay_steps is not None else round((self.decay_fraction or 0.0) * total_steps)
+        tail_start = total_steps - tail
+        if tail and tail_start < warmup:
+            raise ValueError(
+                f"optim.schedule: the linear tail of {tail} steps starts at step {tail_start}, "
+                f"inside the {warmup} warmup steps of a {total_steps}-step run"
+            )
+        a, b = self.a, self.b
+
+        def power_law(tokens: jax.Array) -> jax.Array:
+            # min(lr_max, a·T^b); at T = 0 the law is infinite and the peak holds.
+            return jnp.minimum(peak, a * jnp.power(tokens.astype(jnp.float32), b))
+
+        def power(step: jax.Array) -> jax.Array:
+            step = jnp.asarray(step)
+            rate = jnp.where(
+                step < warmup,
+                ramp.warming(step) * power_law(tokens_seen(jnp.asarray(warmup, step.dtype))),
+                power_law(tokens_seen(step)),
+            )
+            if tail:
+                left = jnp.clip((total_steps - step.astype(jnp.float32)) / tail, 0.0, 1.0)
+                rate = jnp.where(step >= tail_start, rate * left, rate)
+            return rate
+
+        return power
 
 
 def _check_warmup(spec: ScheduleSpec) -> None:
@@ -125,67 +219,4 @@ def build_schedule(
     if warmup > total_steps:
         raise ValueError(f"optim.schedule.warmup_steps={warmup} exceeds the run's {total_steps} steps")
 
-    def warmup_ramp(step: jax.Array) -> jax.Array:
-        # step / warmup, 1 once warmed up (and with no warmup at all).
-        return jnp.minimum(step.astype(jnp.float32) / max(warmup, 1), 1.0) if warmup else jnp.float32(1.0)
-
-    def decay_progress(step: jax.Array) -> jax.Array:
-        # 0 at the end of warmup, 1 at the run's end (and after it).
-        span = max(total_steps - warmup, 1)
-        return jnp.clip((step.astype(jnp.float32) - warmup) / span, 0.0, 1.0)
-
-    if isinstance(spec, CosineSchedule):
-        floor = spec.floor_ratio
-
-        def cosine(step: jax.Array) -> jax.Array:
-            decay = floor + (1.0 - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * decay_progress(step)))
-            return peak * jnp.where(step < warmup, warmup_ramp(step), decay)
-
-        return cosine
-    if isinstance(spec, LinearSchedule):
-        end = spec.end_ratio
-
-        def linear(step: jax.Array) -> jax.Array:
-            decay = 1.0 + (end - 1.0) * decay_progress(step)
-            return peak * jnp.where(step < warmup, warmup_ramp(step), decay)
-
-        return linear
-    if isinstance(spec, PowerSchedule):
-        if tokens_seen is None:
-            raise ValueError(
-                "optim.schedule is the power schedule, a function of tokens seen: build_optimizer needs "
-                "tokens_seen(step) (the trainer passes it, with the batch ramp in it)"
-            )
-        tail = spec.decay_steps if spec.decay_steps is not None else round((spec.decay_fraction or 0.0) * total_steps)
-        tail_start = total_steps - tail
-        if tail and tail_start < warmup:
-            raise ValueError(
-                f"optim.schedule: the linear tail of {tail} steps starts at step {tail_start}, "
-                f"inside the {warmup} warmup steps of a {total_steps}-step run"
-            )
-        a, b = spec.a, spec.b
-
-        def power_law(tokens: jax.Array) -> jax.Array:
-            # min(lr_max, a·T^b); at T = 0 the law is infinite and the peak holds.
-            return jnp.minimum(peak, a * jnp.power(tokens.astype(jnp.float32), b))
-
-        def power(step: jax.Array) -> jax.Array:
-            step = jnp.asarray(step)
-            rate = jnp.where(
-                step < warmup,
-                warmup_ramp(step) * power_law(tokens_seen(jnp.asarray(warmup, step.dtype))),
-                power_law(tokens_seen(step)),
-            )
-            if tail:
-                left = jnp.clip((total_steps - step.astype(jnp.float32)) / tail, 0.0, 1.0)
-                rate = jnp.where(step >= tail_start, rate * left, rate)
-            return rate
-
-        return power
-    raise TypeError(f"unknown schedule record {type(spec).__name__}; known: {sorted(schedules)}")
-
-
-schedules: dict[str, type[ScheduleSpec]] = {
-    cls.name: cls for cls in (CosineSchedule, PowerSchedule, LinearSchedule)
-}
-"""Schedule kind -> record class."""
+    return spec.build(peak, Ramp(warmup, total_steps), tokens_seen)

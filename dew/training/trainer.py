@@ -21,26 +21,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from etils import epath
-from flax import nnx, struct
+from flax import nnx
 from jax.sharding import NamedSharding
 
 from dew.config import STEP_LIMIT, RunConfig
 from dew.data.base import Dataset
-from dew.models.qk import LAYER as QK_LAYER
-from dew.models.qk import qk_clip_layers
-from dew.objectives.base import Loss, Metric, Objective
+from dew.models.registry import of
+from dew.objectives.base import Metric, Objective
 from dew.training import adapt, preflight, sharding
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats, prepare_process
 from dew.training.report import RunReport, log_samples
+from dew.training.step import NONFINITE, TrainState, make_eval_step, make_train_step
 from dew.training.rundir import (
     hold, is_local, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective,
 )
-from dew.training.muon import QKClipLayer, qk_clip
 from dew.training.tracking import Throughput, Tracker, peak_flops
 
 log = logging.getLogger("dew")
@@ -53,30 +51,6 @@ class NonFiniteError(FloatingPointError):
 COMPILER_OPTIONS: dict[str, Any] = {}
 """XLA options the step and the evaluation compile with; empty keeps XLA's defaults. (dew's tests
 lower the CPU backend's optimisation level here: the tiny steps they train compile 3x faster.)"""
-
-NONFINITE = "_nonfinite_step"
-"""The step's metric (not logged) that carries the first non-finite step, -1 while there is none."""
-
-
-@struct.dataclass
-class TrainState:
-    """Everything a step changes. ``graphdef`` and ``rest`` (non-parameter module state) are static."""
-
-    step: jax.Array
-    params: Any
-    opt_state: Any
-    ema: Any
-    key: jax.Array
-    loss_scale: jax.Array
-    good_steps: jax.Array
-    nonfinite_step: jax.Array
-    graphdef: Any = struct.field(pytree_node=False, default=None)
-    rest: Any = struct.field(pytree_node=False, default=None)
-
-    def model(self, *, ema: bool = False) -> nnx.Module:
-        """The trained module (with the EMA of its parameters when ``ema`` and the run kept one)."""
-        params = self.ema if ema and self.ema is not None else self.params
-        return nnx.merge(self.graphdef, params, self.rest)
 
 
 # ------------------------------------------------------------------------------------ the batch ramp
@@ -106,103 +80,6 @@ def tokens_seen_fn(stages: Sequence[tuple[int, int]], tokens_per_record: float) 
     return tokens_seen
 
 
-# -------------------------------------------------------------------------------------- the step
-
-
-def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.GradientTransformation,
-                    learning_rate: Callable[[jax.Array], jax.Array], *, accumulation: int,
-                    dynamic_scale: bool, qk_clip_tau: float | None = None,
-                    qk_layers: Mapping[str, QKClipLayer] | None = None,
-                    ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
-    """The pure train step: micro-batches summed in one scan, one optimizer update.
-
-    With ``qk_clip_tau`` (MuonClip), the loss also returns each attention head's largest logit; the
-    maximum over the micro-batches (under ``jit`` over a sharded batch it is already global over the
-    devices) caps the updated query and key projections (``qk_clip``, Kimi K2 section 2.1).
-    """
-    clip = qk_clip_tau is not None
-
-    def loss_fn(params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array) -> tuple[jax.Array, Loss]:
-        out = objective.loss(nnx.merge(graphdef, params, rest), batch, key, **({"max_logits": True} if clip else {}))
-        if clip:
-            out = out._replace(max_logits=jax.lax.stop_gradient(out.max_logits))
-        return out.total * scale, out
-
-    grad_fn = jax.grad(loss_fn, has_aux=True)
-
-    def step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
-        key = jax.random.fold_in(state.key, state.step)
-        micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
-
-        def micro_step(grad_sum: Any, inputs: tuple[jax.Array, Any]) -> tuple[Any, Loss]:
-            i, mb = inputs
-            grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
-            return jax.tree.map(jnp.add, grad_sum, grads), out
-
-        if accumulation == 1:  # no scan of one: XLA fuses the step as a hand-written one
-            grad_sum, out = grad_fn(state.params, batch, jax.random.fold_in(key, 0), state.loss_scale)
-            outs = jax.tree.map(lambda x: x[None], out)
-        else:
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            grad_sum, outs = jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
-        # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
-        total, count = outs.total.sum(), outs.count.sum()
-        grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        if clip:
-            max_logits = outs.max_logits.max(axis=0)  # over the micro-batches
-            params = qk_clip(params, {QK_LAYER: max_logits}, qk_clip_tau, layers=qk_layers)
-        loss_scale, good_steps = state.loss_scale, state.good_steps
-        if dynamic_scale:
-            # A dynamic loss scale (Micikevicius et al. 2018): skip a non-finite step and halve the
-            # scale; double it after 2000 finite steps. Written here, not with flax's DynamicScale,
-            # because the scale must wrap the micro-batch scan, not one grad call.
-            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
-            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-            grow = finite & (good_steps + 1 >= 2000)
-            loss_scale = jnp.where(finite, jnp.where(grow, loss_scale * 2, loss_scale), jnp.maximum(loss_scale / 2, 1.0))
-            good_steps = jnp.where(finite & ~grow, good_steps + 1, 0)
-            nonfinite_step = state.nonfinite_step
-        else:
-            nonfinite_step = jnp.where((state.nonfinite_step < 0) & ~finite, state.step, state.nonfinite_step)
-        ema = state.ema
-        if ema is not None:
-            # The decay warms up as (1 + step) / (10 + step) (TensorFlow's ExponentialMovingAverage
-            # with num_updates), so the average does not drag the initialisation through short runs.
-            step_f = state.step.astype(jnp.float32)
-            d = jnp.minimum(objective.ema_decay, (1.0 + step_f) / (10.0 + step_f))
-            ema = jax.tree.map(lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), ema, params)
-        metrics = {"train/loss": total / count, "train/grad_norm": grad_norm,
-                   "train/lr": learning_rate(state.step),
-                   **{k: v.sum() / count for k, v in outs.sums.items()}}
-        if dynamic_scale:
-            metrics["train/loss_scale"] = loss_scale
-        if clip:
-            metrics["train/max_logit"] = max_logits.max()
-        metrics[NONFINITE] = nonfinite_step
-        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
-                            loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
-        return new, metrics
-
-    return step
-
-
-def make_eval_step(objective: Objective, graphdef: Any, rest: Any,
-                   metrics: Sequence[Metric] = ()) -> Callable[..., tuple[jax.Array, jax.Array, Any, Any]]:
-    """The evaluation of one batch: the objective's loss (sum, count, sums) and each metric's
-    (sum, count) by name, all in one compiled program."""
-
-    def eval_step(params: Any, batch: Mapping[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array, Any, Any]:
-        model = nnx.merge(graphdef, params, rest)
-        out = objective.evaluate(model, batch, key)
-        return out.total, out.count, out.sums, {m.name: m(model, batch, key) for m in metrics}
-
-    return eval_step
-
-
 def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
     """The key that chooses the best checkpoint and whether higher is better: the metric marked
     ``best``, else ``eval/loss``. Names must be unique, and at most one metric is marked."""
@@ -219,6 +96,12 @@ def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
 # ------------------------------------------------------------------------------------------ train
 
 
+_checked: list[tuple[RunConfig, Objective, Dataset, tuple[int, int | None, int | None]]] = []
+"""The last run ``check`` passed, by identity: ``dew-train`` checks a run before it writes the run
+directory, then ``RunConfig.train`` asks again for the very same objects and gets the answer without
+building the abstract model and the optimizer a second time."""
+
+
 def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, int | None, int | None]:
     """Everything about a run that can fail before it starts, checked without touching the disk or
     allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
@@ -226,6 +109,14 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
 
     Returns the run's total steps and its evaluation and checkpoint intervals.
     """
+    if _checked and all(x is y for x, y in zip(_checked[0][:3], (run, objective, dataset), strict=True)):
+        return _checked[0][3]
+    result = _check(run, objective, dataset)
+    _checked[:] = [(run, objective, dataset, result)]
+    return result
+
+
+def _check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, int | None, int | None]:
     t = run.trainer
     if dataset.batch_size != t.batch_size:
         raise ValueError(f"the dataset was loaded at batch {dataset.batch_size}, but trainer.batch_size="
@@ -242,23 +133,17 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
     for batch, _ in t.stages():
         sharding.check_batch(batch // t.accumulation, mesh, t.layout,
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
-    abstract = nnx.eval_shape(lambda: adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
-                                                  quantization=t.quantization, lora=run.lora, seed=t.seed))
+    abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides
-    optimizer = _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
-    _qk_layers(run, optimizer.qk_clip_tau)
+    _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
     return total_steps, eval_every, ckpt_every
-
-
-def _qk_layers(run: RunConfig, tau: float | None) -> dict[str, QKClipLayer] | None:
-    """MuonClip's layer description of the run's model; None without muonclip."""
-    return None if tau is None else qk_clip_layers(run.model.architecture, run.model.fields())
 
 
 def _optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
     tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
     return build_optimizer(run.optim, params, total_steps=total_steps,
-                           tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record))
+                           tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record),
+                           architecture=of(run.model.architecture, run.model.fields()))
 
 
 def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
@@ -293,18 +178,13 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     # (2) The model, the optimizer and the mesh. -------------------------------------------------
     mesh = sharding.make_mesh(t)
     stages = t.stages()
-    model = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
-                        quantization=t.quantization, lora=run.lora, seed=t.seed)
+    model = adapt.build_model(run, objective)
     graphdef, params, rest = nnx.split(model, adapt.trainable(run.lora), ...)
     optimizer = _optimizer(run, dataset, params, total_steps)
 
     def init_state(params: Any) -> TrainState:
-        return TrainState(
-            step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.tx.init(params),
-            ema=jax.tree.map(jnp.copy, params) if objective.ema_decay > 0 else None,
-            key=jax.random.PRNGKey(t.seed + 1),  # init draws from seed; per-step draws from seed + 1
-            loss_scale=jnp.asarray(2.0**15 if t.dynamic_scale else 1.0, jnp.float32),
-            good_steps=jnp.zeros((), jnp.int32), nonfinite_step=jnp.full((), -1, jnp.int32))
+        return TrainState.create(params, optimizer.tx, seed=t.seed, ema=objective.ema_decay > 0,
+                                 dynamic_scale=t.dynamic_scale)
 
     # One compiled program lays the whole state out on the mesh (not one eager op per leaf), each
     # leaf as the logical axes of its parameter and trainer.layout.rules say.
@@ -318,8 +198,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     train_step = jax.jit(
         sharding.under_rules(mesh, t.layout, make_train_step(
             objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
-            accumulation=t.accumulation, dynamic_scale=t.dynamic_scale,
-            qk_clip_tau=optimizer.qk_clip_tau, qk_layers=_qk_layers(run, optimizer.qk_clip_tau))),
+            accumulation=t.accumulation, dynamic_scale=t.dynamic_scale, extra_args=optimizer.extra_args)),
         in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
         donate_argnums=0)

@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from dew.models import build, flops_per_example
-from dew.models.dit import DIT_PRESETS, patchify, unpatchify
+from dew.models.dit import patchify, unpatchify
+from dew.models.simple_dit import DIT_PRESETS
 
 TINY = dict(input_size=8, in_channels=1, patch_size=2, hidden_size=32, depth=2, num_heads=4,
             num_classes=10, matmul_precision="highest")
@@ -134,3 +135,14 @@ def test_unconditional_model_has_no_label_embedding_and_shapes_are_checked():
 def test_presets_table():
     assert DIT_PRESETS["XL/2"] == {"hidden_size": 1152, "depth": 28, "num_heads": 16, "patch_size": 2}
     assert set(DIT_PRESETS) == {f"{s}/{p}" for s in ("S", "B", "L", "XL") for p in (2, 4, 8)}
+
+
+@pytest.mark.parametrize("size", ["S", "B", "L", "XL"])
+def test_the_preset_options_are_the_presets(size):
+    """conf/model/dit_<size>2.yaml sets exactly DIT_PRESETS["<size>/2"]: one table, two views."""
+    import yaml
+
+    from tests.conftest import REPO
+
+    option = yaml.safe_load((REPO / "conf" / "model" / f"dit_{size.lower()}2.yaml").read_text())
+    assert option["config"] == DIT_PRESETS[f"{size}/2"]

@@ -8,7 +8,8 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.models import build, resolve_fields, with_data_fields
-from dew.models.registry import SimpleDiTFields, TransformerFields
+from dew.models.simple_dit import SimpleDiTFields
+from dew.models.transformer import TransformerFields
 from dew.typed import ConfigError
 
 

@@ -13,8 +13,8 @@ from flax import nnx
 from dew.config import ModelConfig
 from dew.models.kv_cache import KVCache
 from dew.objectives.decoding import context_start, generate
-from dew.objectives.knobs import NextTokenKnobs
-from dew.objectives.next_token import NextToken
+from dew.objectives.next_token import NextTokenKnobs
+from dew.objectives.autoregressive import NextToken
 
 V, L = 32, 8
 # A larger init than the default 0.02 spreads the logits, so greedy decoding does not just repeat a token.

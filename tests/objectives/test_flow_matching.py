@@ -12,9 +12,9 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.data.specs import Digits
-from dew.objectives.flow_matching import FlowMatching
-from dew.objectives.knobs import FlowMatchingKnobs
-from dew.training.trainer import TrainState, make_train_step
+from dew.objectives.rectified_flow import FlowMatching
+from dew.objectives.flow_matching import FlowMatchingKnobs
+from dew.training.step import TrainState, make_train_step
 
 FIELDS = {"hidden_size": 32, "depth": 1, "num_heads": 2, "patch_size": 2, "input_size": 8, "in_channels": 1,
           "num_classes": 10}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dew.objectives.knobs import MaskedDiffusionKnobs, NextTokenKnobs
+from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
+from dew.objectives.next_token import NextTokenKnobs
 from dew.recipe import Recipe
 from tests.conftest import dew, tree
 

@@ -13,8 +13,8 @@ from flax import nnx
 from dew.build import build_run
 from dew.config import ModelConfig, TrainerConfig
 from dew.data.specs import TokenWindows
-from dew.objectives.knobs import MaskedDiffusionKnobs
-from dew.objectives.masked_diffusion import MaskedDiffusion, subs_log_probs
+from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
+from dew.objectives.mdlm import MaskedDiffusion, subs_log_probs
 from dew.recipe import Recipe
 from dew.typed import ConfigError
 

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from dew.config import ModelConfig
-from dew.objectives.knobs import NextTokenKnobs
-from dew.objectives.next_token import NextToken
+from dew.objectives.next_token import NextTokenKnobs
+from dew.objectives.autoregressive import NextToken
 
 V, L = 13, 8
 

@@ -18,7 +18,7 @@ from dew.cli.sample import restore
 from dew.config import ModelConfig, OptimConfig, TrainerConfig
 from dew.data.prepare import prepare
 from dew.data.specs import Digits, TokenWindows
-from dew.objectives.knobs import FlowMatchingKnobs
+from dew.objectives.flow_matching import FlowMatchingKnobs
 from dew.recipe import Recipe
 from dew.training.schedules import schedules
 from tests.conftest import dew

@@ -56,21 +56,16 @@ class Arch:
     it, the optimizer, the initial state (on the host) and the step function before ``jax.jit``."""
 
     def __init__(self, run: Any, objective: Any, dataset: Any) -> None:
-        import jax.numpy as jnp
         from flax import nnx
 
         from dew.training import adapt, trainer
 
         t = run.trainer
-        model = adapt.adapt(objective, objective.build(nnx.Rngs(params=t.seed)), dataset,
-                            quantization=t.quantization, lora=run.lora, seed=t.seed)
+        model = adapt.build_model(run, objective)
         self.graphdef, self.params, self.rest = nnx.split(model, adapt.trainable(run.lora), ...)
         optimizer = trainer._optimizer(run, dataset, self.params, t.steps)
-        self.state = trainer.TrainState(  # trainer.train's init_state
-            step=jnp.zeros((), jnp.int32), params=self.params, opt_state=optimizer.tx.init(self.params),
-            ema=jax.tree.map(jnp.copy, self.params) if objective.ema_decay > 0 else None,
-            key=jax.random.PRNGKey(t.seed + 1), loss_scale=jnp.ones((), jnp.float32),
-            good_steps=jnp.zeros((), jnp.int32), nonfinite_step=jnp.full((), -1, jnp.int32))
+        self.state = trainer.TrainState.create(self.params, optimizer.tx, seed=t.seed,  # trainer.train's init_state
+                                               ema=objective.ema_decay > 0, dynamic_scale=False)
         self.step = trainer.make_train_step(objective, self.graphdef, self.rest, optimizer.tx,
                                             optimizer.learning_rate, accumulation=1, dynamic_scale=False)
         self.layout, self.dataset, self.batch_size = t.layout, dataset, t.batch_size
@@ -106,7 +101,7 @@ class Run:
         """Each parameter's sharding as its array carries it, as the rules say, then its optimizer
         moments' (the leaves of the optimizer state at its path with its shape)."""
         from dew.training import sharding
-        from dew.training.muon import path_str
+        from dew.training.optimizers import path_str
 
         want = sharding.param_specs(self.params, self.mesh, self.layout)
         got = {path_str(p)[len("params/"):]: str(x.sharding.spec)
@@ -120,7 +115,7 @@ class Run:
         return {k: [got[k], str(want[k]), *moments.get(k, [])] for k in want}
 
     def shape(self, key: str) -> tuple[int, ...]:
-        from dew.training.muon import path_str
+        from dew.training.optimizers import path_str
 
         return next(tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(self.state.params)[0]
                     if path_str(p) == key)

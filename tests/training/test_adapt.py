@@ -17,19 +17,13 @@ from dew.build import build_run
 from dew.config import LoRA, ModelConfig, Quantization, TrainerConfig
 from dew.data.specs import datasets
 from dew.models.dit import SimpleDiT
-from dew.models.registry import SimpleDiTFields
+from dew.models import architectures
+from dew.models.simple_dit import SimpleDiTFields
 from dew.recipe import Recipe
 from dew.training import adapt
 
 FIELDS = SimpleDiTFields(input_size=8, in_channels=1, patch_size=2, hidden_size=32, depth=2, num_heads=2,
                          num_classes=10)
-
-
-class Digits:
-    """The batch spec of 8x8x1 digits, for the one call that wraps the module."""
-
-    def batch_spec(self) -> dict:
-        return {"image": ((4, 8, 8, 1), np.dtype(np.float32)), "label": ((4,), np.dtype(np.int32))}
 
 
 def model(seed: int = 0) -> SimpleDiT:
@@ -48,7 +42,7 @@ def inputs(batch: int = 32) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 def wrap(m: nnx.Module, quantization: Quantization | None = None, lora: LoRA | None = None,
          seed: int = 0) -> nnx.Module:
-    return adapt.adapt(None, m, Digits(), quantization=quantization, lora=lora, seed=seed)
+    return adapt.adapt(architectures["simple_dit"](FIELDS), m, quantization=quantization, lora=lora, seed=seed)
 
 
 def paths(state: nnx.State) -> list[str]:
@@ -168,8 +162,7 @@ def tiny_run(tmp: Path, quantization: Quantization | None, lora: LoRA | None) ->
         out = objective.loss(m, batch, key)
         return float(out.total / out.count)
 
-    initial = adapt.adapt(objective, objective.build(nnx.Rngs(params=run.trainer.seed)), dataset,
-                          quantization=quantization, lora=lora, seed=run.trainer.seed)
+    initial = adapt.build_model(run, objective)
     before = loss(initial)
     state = run.train(objective, dataset, name="tiny")
     return state, initial, before, loss(state.model()), tmp / "ck" / "tiny"

@@ -9,7 +9,7 @@ from flax import nnx
 
 from dew.config import OptimConfig, ParamGroup
 from dew.training.optim import (
-    DEFAULT_WEIGHT_DECAY, OPTIONS, build_optimizer, group_labels, mup_param_groups, param_paths,
+    build_optimizer, optimizers, group_labels, mup_param_groups, param_paths,
 )
 from dew.training.schedules import PowerSchedule
 
@@ -83,7 +83,7 @@ def test_default_weight_decay(name):
     lr = 0.5
     zero = [{k: np.zeros_like(v) for k, v in PARAMS.items()}]
     got, _ = run(OptimConfig(optimizer=name, learning_rate=lr), PARAMS, zero)
-    wd = DEFAULT_WEIGHT_DECAY[name]
+    wd = optimizers[name].weight_decay
     if name == "lamb":
         want = {k: p - lr * np.sign(wd) * p for k, p in PARAMS.items()}  # trust ratio 1: u = λx, ||x||/||u|| = 1/λ
     else:
@@ -98,7 +98,7 @@ def test_unknown_option_names_it_and_lists_the_taken_ones():
         build_optimizer(cfg, PARAMS, total_steps=10)
     with pytest.raises(ValueError, match="muon does not take tau"):
         build_optimizer(OptimConfig(optimizer="muon", optimizer_opts={"tau": 50.0}), PARAMS, total_steps=10)
-    assert "tau" in OPTIONS["muonclip"]
+    assert "tau" in optimizers["muonclip"].options
     with pytest.raises(ValueError, match=r"optim.optimizer_opts.b2=1.5 must lie in \[0, 1\)"):
         build_optimizer(OptimConfig(optimizer_opts={"b2": 1.5}), PARAMS, total_steps=10)
     with pytest.raises(ValueError, match="update_scale='rms'"):

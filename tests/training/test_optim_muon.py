@@ -9,8 +9,9 @@ import optax
 import pytest
 
 from dew.config import OptimConfig
-from dew.training.muon import MatrixAxes, QKClipLayer, muon_route, newton_schulz, orthogonalize, qk_clip
-from dew.training.optim import DEFAULT_WEIGHT_DECAY, OPTIONS, build_optimizer
+from dew.training.muon import MatrixAxes, muon_route, newton_schulz, orthogonalize
+from dew.training.muonclip import QKClipLayer, qk_clip
+from dew.training.optim import build_optimizer, optimizers
 
 A, B, C = 3.4445, -4.7750, 2.0315
 
@@ -55,7 +56,7 @@ def test_stacked_layers_are_orthogonalised_one_by_one():
 
 
 def test_routing_of_a_toy_tree():
-    opts = OPTIONS["muon"]
+    opts = optimizers["muon"].options
     route = lambda path, shape: muon_route(path, shape, opts["adam_patterns"], opts["matrix_axes"])  # noqa: E731
     table = {
         ("embed/embedding", (100, 16)): None,
@@ -108,7 +109,7 @@ def test_muon_step_matches_numpy():
         m, v = 0.9 * m + 0.1 * g, 0.95 * v + 0.05 * g**2
         x = x - lr * ((m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.95**t)) + 1e-8) + wd * x)
     np.testing.assert_allclose(p["norm"]["scale"], x, rtol=1e-5)
-    assert DEFAULT_WEIGHT_DECAY["muon"] == 0.1
+    assert optimizers["muon"].weight_decay == 0.1
 
 
 def test_keller_shape_factor():
@@ -201,11 +202,37 @@ def test_qk_clip_on_stacked_flat_kernels():
         qk_clip(params, {"blocks": s}, 100.0, layers={"blocks": QKClipLayer(("blocks/nope",), (), 3)})
 
 
-def test_muonclip_exposes_tau():
-    opt = build_optimizer(OptimConfig(optimizer="muonclip", optimizer_opts={"tau": 50.0}),
-                          {"w": np.zeros((4, 4), np.float32)}, total_steps=1)
-    assert opt.qk_clip_tau == 50.0
-    assert build_optimizer(OptimConfig(), {"w": np.zeros((4, 4), np.float32)}, total_steps=1).qk_clip_tau is None
+def test_muonclip_clips_after_the_update_what_muon_updated():
+    """MuonClip is Muon's chain plus QK-clip as a post-update transform: params + updates equals
+    qk_clip(params + Muon's updates), and a head under tau keeps Muon's update bit for bit."""
+    class Stack:  # an architecture as the optimizer sees it: where its attention is
+        def qk_clip_layers(self):
+            return {"attn": QKClipLayer(query=("blocks/q/kernel",), key=("blocks/k/kernel",), num_heads=2,
+                                        split_heads=True)}
+
+    rng = np.random.default_rng(3)
+    params = {"blocks": {"q": {"kernel": rng.normal(size=(2, 4, 2, 3)).astype(np.float32)},
+                         "k": {"kernel": rng.normal(size=(2, 4, 2, 3)).astype(np.float32)}}}
+    grads = jax.tree.map(lambda p: np.asarray(rng.normal(size=p.shape), np.float32), params)
+    logits = jnp.asarray([[400.0, 10.0], [10.0, 120.0]])  # (depth, heads): two heads pass tau
+
+    clip = build_optimizer(OptimConfig(optimizer="muonclip", optimizer_opts={"tau": 100.0}), params,
+                           total_steps=1, architecture=Stack())
+    plain = build_optimizer(OptimConfig(optimizer="muon"), params, total_steps=1)
+    assert clip.extra_args == ("max_logits",) and plain.extra_args == ()
+    updates, _ = clip.tx.update(grads, clip.tx.init(params), params, max_logits=logits)
+    plain_updates, _ = plain.tx.update(grads, plain.tx.init(params), params)
+    got = optax.apply_updates(params, updates)
+    want = qk_clip(optax.apply_updates(params, plain_updates), {"attn": logits}, 100.0,
+                   layers=Stack().qk_clip_layers())
+    for path in (("q", "kernel"), ("k", "kernel")):
+        g, w = np.asarray(got["blocks"][path[0]][path[1]]), np.asarray(want["blocks"][path[0]][path[1]])
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+        u, pu = np.asarray(updates["blocks"][path[0]][path[1]]), np.asarray(plain_updates["blocks"][path[0]][path[1]])
+        assert np.array_equal(u[0, :, 1], pu[0, :, 1]) and np.array_equal(u[1, :, 0], pu[1, :, 0])  # under tau
+        assert not np.allclose(u[0, :, 0], pu[0, :, 0])  # clipped
+    with pytest.raises(ValueError, match="architecture"):
+        build_optimizer(OptimConfig(optimizer="muonclip"), params, total_steps=1)
 
 
 def test_qk_clip_on_dew_transformer_layout():

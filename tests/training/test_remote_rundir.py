@@ -86,7 +86,7 @@ def test_a_gs_checkpoint_dir_takes_the_record_the_journal_and_the_samples(tmp_pa
             "step": 1, "train/loss": 0.5}
 
         # The samples a run ends with.
-        from dew.objectives.flow_matching import write_grid
+        from dew.sampling import write_grid
         from dew.sampling import write_text_samples
 
         write_grid(os.fspath(path / "samples.png"), np.zeros((4, 8, 8, 1), np.uint8), rows=2)

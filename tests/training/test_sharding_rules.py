@@ -89,16 +89,12 @@ def test_lora_factors_take_the_axes_of_the_weight_they_adapt():
     from jax.sharding import PartitionSpec as P
 
     from dew.config import Layout, LoRA
-    from dew.models.registry import build
+    from dew.models.registry import build, of
     from dew.training import adapt
     from dew.training.sharding import logical_names, param_specs
 
-    class Tokens:
-        def batch_spec(self):
-            return {"tokens": ((1, 16), "int32")}
-
-    model = nnx.eval_shape(lambda: adapt.adapt(None, build("transformer", TRANSFORMER, nnx.Rngs(0)), Tokens(),
-                                               quantization=None, lora=LoRA(rank=4, targets=("blocks/mlp_up",)),
+    model = nnx.eval_shape(lambda: adapt.adapt(of("transformer", TRANSFORMER),
+                                               build("transformer", TRANSFORMER, nnx.Rngs(0)), quantization=None, lora=LoRA(rank=4, targets=("blocks/mlp_up",)),
                                                seed=0))
     factors = nnx.state(model, nnx.LoRAParam)
     names = logical_names(factors)

@@ -121,11 +121,11 @@ def test_muonclip_caps_every_heads_max_logit(tmp_path: Path):
 
 
 def test_muonclip_refuses_qk_norm():
-    from dew.models.qk import qk_clip_layers
+    from dew.models import of
 
     with pytest.raises(ValueError, match="qk_norm"):
-        qk_clip_layers("transformer", {"qk_norm": True, "vocab_size": 16, "seq_len": 8})
-    layers = qk_clip_layers("transformer", {"vocab_size": 16, "seq_len": 8, "num_heads": 4, "num_kv_heads": 2})
+        of("transformer", {"qk_norm": True, "vocab_size": 16, "seq_len": 8}).qk_clip_layers()
+    layers = of("transformer", {"vocab_size": 16, "seq_len": 8, "num_heads": 4, "num_kv_heads": 2}).qk_clip_layers()
     assert layers["attn"].num_kv_heads == 2 and layers["attn"].query == ("blocks/attn/q/kernel",)
 
 

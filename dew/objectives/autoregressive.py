@@ -1,0 +1,113 @@
+"""Next-token prediction for a causal language model (``transformer``).
+
+A window of ``seq_len + 1`` tokens gives the inputs ``tokens[:, :-1]`` and the targets
+``tokens[:, 1:]``; the loss is the cross-entropy summed over every target (nats), so ``loss`` is
+nats per token, ``bits_per_token`` is loss / ln 2 and the perplexity is exp(loss). Evaluation
+draws nothing, so it is deterministic. Sampling is autoregressive with temperature and top-k, over a key/value cache
+(``dew.objectives.decoding``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from dew.config import ModelConfig
+from dew.objectives.base import Batch, Loss
+from dew.objectives.decoding import generate
+from dew.objectives.next_token import NextTokenKnobs, NextTokenSpec
+from dew.objectives.tokens import decode
+
+
+@dataclasses.dataclass
+class NextToken:
+    """The next-token objective over ``tokens`` batches."""
+
+    model_config: ModelConfig
+    knobs: NextTokenKnobs
+    vocab_size: int
+    seq_len: int
+    tokenizer: Mapping[str, object] | None = None
+    """The dataset's tokenizer record, for decoding samples and for the start token."""
+
+    @property
+    def ema_decay(self) -> float:
+        return self.knobs.ema_decay
+
+    def build(self, rngs: nnx.Rngs) -> nnx.Module:
+        return self.model_config.build(rngs)
+
+    def _cross_entropy(self, model: nnx.Module, tokens: jax.Array,
+                       max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
+        tokens = tokens.astype(jnp.int32)
+        inputs_BxL, targets_BxL = tokens[:, :-1], tokens[:, 1:]
+        out = model(inputs_BxL, return_max_logits=True) if max_logits else (model(inputs_BxL), None)
+        ce_BxL = optax.softmax_cross_entropy_with_integer_labels(out[0].astype(jnp.float32), targets_BxL)
+        return ce_BxL, out[1]
+
+    def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
+        del key  # nothing is drawn
+        ce, logits = self._cross_entropy(model, batch["tokens"], max_logits)
+        return Loss(ce.sum(), jnp.asarray(ce.size, jnp.float32), {}, logits)
+
+    def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
+        """Loss (nats per token) and bits per token over the real records."""
+        del key
+        ce, _ = self._cross_entropy(model, batch["tokens"])
+        mask = batch["mask"].astype(jnp.float32)
+        total = (ce.sum(axis=1) * mask).sum()
+        return Loss(total, mask.sum() * ce.shape[1], {"bits_per_token": total / math.log(2)})
+
+    @staticmethod
+    def derived_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+        """The perplexity, exp of a mean loss: not a mean of per-batch sums, so it is derived from
+        the reported ``eval/loss`` (or ``train/loss``) rather than summed in ``Loss.sums``."""
+        return {k.replace("/loss", "/perplexity"): math.exp(min(v, 700.0))
+                for k, v in metrics.items() if k.endswith("/loss")}
+
+    # ------------------------------------------------------------------------------- sampling
+
+    def start_ids(self) -> list[int]:
+        """The default prompt: the end-of-text id the data separates documents with, else id 0."""
+        eos = (self.tokenizer or {}).get("eos_id")
+        return [int(eos)] if eos is not None else [0]
+
+    def sample(self, model: nnx.Module, count: int, key: jax.Array, *, prompt: Sequence[int] | None = None,
+               temperature: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
+               cache: bool = True) -> jax.Array:
+        """``count`` sequences: the prompt, then ``max_new_tokens`` tokens drawn one at a time (by
+        default up to ``seq_len`` in all). Beyond ``seq_len`` tokens the context is a window that
+        moves on by half its length (``dew.objectives.decoding``). ``cache`` False recomputes the
+        whole context for each token (the reference the key/value cache is checked against)."""
+        prompt = list(prompt) if prompt else self.start_ids()
+        if not 0 < len(prompt) < self.seq_len:
+            raise ValueError(f"the prompt holds {len(prompt)} tokens; it must hold 1 to seq_len - 1 = "
+                             f"{self.seq_len - 1}")
+        new = self.seq_len - len(prompt) if max_new_tokens is None else max_new_tokens
+        if new < 1:
+            raise ValueError(f"max_new_tokens={new} must be >= 1")
+        temperature = self.knobs.temperature if temperature is None else temperature
+        top_k = self.knobs.top_k if top_k is None else top_k
+        graphdef, state = nnx.split(model)
+        prompt_BxP = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (count, len(prompt)))
+        return generate(graphdef, state, prompt_BxP, key, jnp.asarray(temperature, jnp.float32), new=new,
+                        window=self.seq_len, top_k=top_k, cached=cache)
+
+    def sample_text(self, model: nnx.Module, key: jax.Array, count: int | None = None,
+                    **options: Any) -> tuple[np.ndarray, list[str]]:
+        """``count`` sampled sequences: their ids and their text (without the default start id)."""
+        ids = np.asarray(self.sample(model, count or self.knobs.samples, key, **options))
+        shown = ids if options.get("prompt") else ids[:, len(self.start_ids()):]
+        return ids, decode(shown, self.tokenizer)
+
+    def summary(self) -> dict[str, Any]:
+        return {"objective": NextTokenSpec.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
+                **dataclasses.asdict(self.knobs)}

@@ -1,0 +1,166 @@
+"""The pure train and evaluation steps, and the state they carry.
+
+``make_train_step`` returns ``step(state, batch) -> (state, metrics)``: micro-batches summed in one
+scan, one optimizer update (the optimizer's own post-update transform included), the dynamic loss
+scale and the parameter EMA. The step knows no model and no optimizer by name: it asks the objective
+for a loss and hands the optimizer what the optimizer says it needs (``Optimizer.extra_args``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from dew.objectives.base import Loss, Metric, Objective
+
+NONFINITE = "_nonfinite_step"
+"""The step's metric (not logged) that carries the first non-finite step, -1 while there is none."""
+
+LOSS_SCALE_START = 2.0**15
+"""The dynamic loss scale's first value."""
+LOSS_SCALE_PERIOD = 2000
+"""Finite steps after which the dynamic loss scale doubles."""
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes. ``graphdef`` and ``rest`` (non-parameter module state) are static."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    ema: Any
+    key: jax.Array
+    loss_scale: jax.Array
+    good_steps: jax.Array
+    nonfinite_step: jax.Array
+    graphdef: Any = struct.field(pytree_node=False, default=None)
+    rest: Any = struct.field(pytree_node=False, default=None)
+
+    @classmethod
+    def create(cls, params: Any, tx: optax.GradientTransformation, *, seed: int, ema: bool,
+               dynamic_scale: bool) -> TrainState:
+        """The state at step 0: the optimizer's initial state, the EMA (a copy of the parameters)
+        when ``ema``, the per-step key from ``seed + 1`` (the initialisation drew from ``seed``) and
+        the loss scale. Traceable: the trainer jits it to lay the state out on the mesh at once."""
+        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                   ema=jax.tree.map(jnp.copy, params) if ema else None,
+                   key=jax.random.PRNGKey(seed + 1),
+                   loss_scale=jnp.asarray(LOSS_SCALE_START if dynamic_scale else 1.0, jnp.float32),
+                   good_steps=jnp.zeros((), jnp.int32), nonfinite_step=jnp.full((), -1, jnp.int32))
+
+    def model(self, *, ema: bool = False) -> nnx.Module:
+        """The trained module (with the EMA of its parameters when ``ema`` and the run kept one)."""
+        params = self.ema if ema and self.ema is not None else self.params
+        return nnx.merge(self.graphdef, params, self.rest)
+
+
+def ema_update(ema: Any, params: Any, decay: float, step: jax.Array) -> Any:
+    """The exponential moving average of the parameters after ``step``'s update. The decay warms up
+    as (1 + step) / (10 + step) (TensorFlow's ExponentialMovingAverage with num_updates), so the
+    average does not drag the initialisation through short runs."""
+    step_f = step.astype(jnp.float32)
+    d = jnp.minimum(decay, (1.0 + step_f) / (10.0 + step_f))
+    return jax.tree.map(lambda e, p: (d * e + (1 - d) * p).astype(e.dtype), ema, params)
+
+
+def next_loss_scale(scale: jax.Array, good_steps: jax.Array, finite: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A dynamic loss scale (Micikevicius et al. 2018): halve it (to at least 1) after a non-finite
+    step, double it after ``LOSS_SCALE_PERIOD`` finite steps. Returns (scale, finite steps since the
+    last change). Written here, not with flax's DynamicScale, because the scale must wrap the
+    micro-batch scan, not one grad call."""
+    grow = finite & (good_steps + 1 >= LOSS_SCALE_PERIOD)
+    scale = jnp.where(finite, jnp.where(grow, scale * 2, scale), jnp.maximum(scale / 2, 1.0))
+    return scale, jnp.where(finite & ~grow, good_steps + 1, 0)
+
+
+def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.GradientTransformation,
+                    learning_rate: Callable[[jax.Array], jax.Array], *, accumulation: int,
+                    dynamic_scale: bool, extra_args: Sequence[str] = (),
+                    ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+    """The pure train step: micro-batches summed in one scan, one optimizer update.
+
+    ``extra_args`` are what ``tx.update`` takes besides the gradients (``Optimizer.extra_args``).
+    ``max_logits``: the loss also returns each attention head's largest logit; the maximum over the
+    micro-batches (under ``jit`` over a sharded batch it is already global over the devices) goes to
+    the update (MuonClip's QK-clip) and is logged as ``train/max_logit``.
+    """
+    unknown = sorted(set(extra_args) - {"max_logits"})
+    if unknown:
+        raise ValueError(f"the optimizer asks for {unknown}; the step can give it max_logits")
+    wants_logits = "max_logits" in extra_args
+
+    def loss_fn(params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array) -> tuple[jax.Array, Loss]:
+        model = nnx.merge(graphdef, params, rest)
+        out = objective.loss(model, batch, key, **({"max_logits": True} if wants_logits else {}))
+        if wants_logits:
+            out = out._replace(max_logits=jax.lax.stop_gradient(out.max_logits))
+        return out.total * scale, out
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        key = jax.random.fold_in(state.key, state.step)
+        micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
+
+        def micro_step(grad_sum: Any, inputs: tuple[jax.Array, Any]) -> tuple[Any, Loss]:
+            i, mb = inputs
+            grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
+            return jax.tree.map(jnp.add, grad_sum, grads), out
+
+        if accumulation == 1:  # no scan of one: XLA fuses the step as a hand-written one
+            grad_sum, out = grad_fn(state.params, batch, jax.random.fold_in(key, 0), state.loss_scale)
+            outs = jax.tree.map(lambda x: x[None], out)
+        else:
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            grad_sum, outs = jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
+        # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
+        total, count = outs.total.sum(), outs.count.sum()
+        grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
+        extra = {"max_logits": outs.max_logits.max(axis=0)} if wants_logits else {}  # over the micro-batches
+        updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
+        params = optax.apply_updates(state.params, updates)
+        loss_scale, good_steps = state.loss_scale, state.good_steps
+        if dynamic_scale:  # a non-finite step is skipped
+            keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
+            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+            loss_scale, good_steps = next_loss_scale(loss_scale, good_steps, finite)
+            nonfinite_step = state.nonfinite_step
+        else:
+            nonfinite_step = jnp.where((state.nonfinite_step < 0) & ~finite, state.step, state.nonfinite_step)
+        ema = state.ema
+        if ema is not None:
+            ema = ema_update(ema, params, objective.ema_decay, state.step)
+        metrics = {"train/loss": total / count, "train/grad_norm": grad_norm,
+                   "train/lr": learning_rate(state.step),
+                   **{f"train/{k}": v.sum() / count for k, v in outs.sums.items()}}
+        if dynamic_scale:
+            metrics["train/loss_scale"] = loss_scale
+        if wants_logits:
+            metrics["train/max_logit"] = extra["max_logits"].max()
+        metrics[NONFINITE] = nonfinite_step
+        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
+                            loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
+        return new, metrics
+
+    return step
+
+
+def make_eval_step(objective: Objective, graphdef: Any, rest: Any,
+                   metrics: Sequence[Metric] = ()) -> Callable[..., tuple[jax.Array, jax.Array, Any, Any]]:
+    """The evaluation of one batch: the objective's loss (sum, count, sums) and each metric's
+    (sum, count) by name, all in one compiled program."""
+
+    def eval_step(params: Any, batch: Mapping[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array, Any, Any]:
+        model = nnx.merge(graphdef, params, rest)
+        out = objective.evaluate(model, batch, key)
+        return out.total, out.count, out.sums, {m.name: m(model, batch, key) for m in metrics}
+
+    return eval_step
