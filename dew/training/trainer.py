@@ -178,8 +178,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     # (2) The model, the optimizer and the mesh. -------------------------------------------------
     mesh = sharding.make_mesh(t)
     stages = t.stages()
-    model = adapt.build_model(run, objective)
-    graphdef, params, rest = nnx.split(model, adapt.trainable(run.lora), ...)
+    graphdef, params, rest = adapt.init_model(run, objective)
     optimizer = _optimizer(run, dataset, params, total_steps)
 
     def init_state(params: Any) -> TrainState:
