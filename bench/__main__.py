@@ -2,14 +2,17 @@
 
 A benchmark is a ``bench/<name>.py`` with a ``__main__`` guard whose last printed line is a JSON
 record (``{"bench": name, ...}``); they are found by listing the directory, so a new one joins the
-suite by existing. Each runs in its own process with ``JAX_PLATFORMS=cpu`` and its defaults (the
-commands docs/performance.md quotes), one at a time, so none measures another's load. The table
-shows each one's ratios and their per-round spread (every field named ``ratio``, ``*_ratio``,
-``*_vs_*``, ``*_share`` or ``*_over_*``, with its ``*s``/``*_range`` companion when the benchmark
-records one), then every JSON record follows, one per line.
+suite by existing; the GPU check is left out, and the MaxText comparison runs only when ``--only``
+names it (it needs MaxText installed in its own environment). Each runs in its own process with
+``JAX_PLATFORMS=cpu`` and its defaults (the commands docs/performance.md quotes), one at a time, so
+none measures another's load. The table shows each one's ratios and their per-round spread (every
+field named ``ratio``, ``*_ratio``, ``*_vs_*``, ``*_share`` or ``*_over_*``, with its
+``*s``/``*_range`` companion when the benchmark records one), then every JSON record follows, one
+per line.
 
     python -m bench                       # the whole suite (tens of minutes on a 2-core machine)
     python -m bench --only data_pipeline  # a subset, comma-separated
+    python -m bench --only maxtext_parity # dew against MaxText (bench/maxtext_parity.py says how to install it)
 """
 
 from __future__ import annotations
@@ -29,14 +32,17 @@ HERE = Path(__file__).resolve().parent
 NOT_CPU = {"gpu": "the GPU check (its CPU smoke run is tests/bench/test_gpu_smoke.py)",
            "maxtext_parity": "needs MaxText installed in its own environment"}
 """Benchmarks the CPU suite leaves out, and why."""
+OPT_IN = {"maxtext_parity"}
+"""Of those, the ones ``--only`` runs when it names them."""
 RATIO = re.compile(r"(^ratio$|_ratio$|_vs_|_share$|_over_)")
 
 
-def discover() -> list[str]:
-    """The names of bench/*.py that run as scripts, the CPU suite's exclusions left out."""
+def discover(opt_in: bool = False) -> list[str]:
+    """The names of bench/*.py that run as scripts, the CPU suite's exclusions left out (but those
+    of ``OPT_IN`` with ``opt_in``)."""
     names = []
     for path in sorted(HERE.glob("*.py")):
-        if path.stem.startswith("_") or path.stem in NOT_CPU:
+        if path.stem.startswith("_") or (path.stem in NOT_CPU and not (opt_in and path.stem in OPT_IN)):
             continue
         if re.search(r"^if __name__ == .__main__.:", path.read_text(), re.M):
             names.append(path.stem)
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=None, help="comma-separated benchmark names")
     args = parser.parse_args(argv)
-    names = discover()
+    names = discover(opt_in=bool(args.only))
     if args.only:
         unknown = sorted(set(args.only.split(",")) - set(names))
         if unknown:

@@ -25,7 +25,6 @@ combinations recorded as skipped with the reason.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -37,8 +36,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
+
+if __package__:  # imported as bench.gpu (tests/bench)
+    from bench._loops import Synthetic, bare_loop, trainer_loop
+else:  # run as a script: bench/ is first on sys.path
+    from _loops import Synthetic, bare_loop, trainer_loop
 
 # name -> (architecture, fields, batch, timed steps); the smoke shapes keep every code path.
 CASES: dict[str, tuple[str, dict[str, Any], int, int]] = {
@@ -100,49 +103,6 @@ def matmul_ceiling(side: int, repeats: int) -> float:
     return chain * 2 * side ** 3 / best
 
 
-class Synthetic:
-    """One random batch, handed out every step: a ``dew.data.base.Dataset`` with no I/O at all."""
-
-    resumable = False
-    num_records = None
-    seed = 0
-
-    def __init__(self, arch: str, fields: dict[str, Any], batch_size: int) -> None:
-        self.batch_size = batch_size
-        rng = np.random.default_rng(0)
-        self.kind = "tokens" if arch == "transformer" else "image"  # dew.data.specs.DataSpec.kind
-        if arch == "transformer":
-            self.fields = {"vocab_size": fields["vocab_size"], "seq_len": fields["seq_len"]}
-            self.batch = {"tokens": rng.integers(0, fields["vocab_size"], (batch_size, fields["seq_len"] + 1),
-                                                 dtype=np.int32)}
-        else:
-            side, channels = fields["input_size"], fields["in_channels"]
-            self.fields = {"input_size": side, "in_channels": channels, "num_classes": fields["num_classes"]}
-            self.batch = {"image": rng.standard_normal((batch_size, side, side, channels), np.float32),
-                          "label": rng.integers(0, fields["num_classes"], batch_size, dtype=np.int32)}
-
-    def batch_spec(self):
-        return {k: (v.shape, v.dtype) for k, v in self.batch.items()}
-
-    def model_fields(self):
-        return dict(self.fields)
-
-    def iterator(self, process_index: int = 0, process_count: int = 1):
-        return self
-
-    def next(self, batch_size: int | None = None):
-        return self.batch
-
-    def get_state(self):
-        return {}
-
-    def set_state(self, state) -> None:
-        pass
-
-    def eval_batches(self, process_index: int = 0, process_count: int = 1):
-        return iter(())
-
-
 def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int, warmup: int, work: Path):
     """The run both sides train, and its objective, resolved against the synthetic data."""
     from dew.build import build_objective, resolve
@@ -161,57 +121,6 @@ def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int,
         flow_matching=FlowMatchingKnobs(ema_decay=0.0), next_token=NextTokenKnobs(ema_decay=0.0))
     run = resolve(run, data)
     return run, build_objective(run, data), data
-
-
-def bare_seconds(run, objective, data: Synthetic, steps: int, warmup: int) -> float:
-    """Seconds for ``steps`` steps of a bare jitted loop after ``warmup`` (compilation) steps."""
-    from dew.training.optim import build_optimizer
-
-    graphdef, params, rest = nnx.split(objective.build(nnx.Rngs(params=0)), nnx.Param, ...)
-    tx = build_optimizer(run.optim, params, total_steps=warmup + steps).tx
-    opt_state = tx.init(params)
-
-    def step(params, opt_state, n, batch):
-        key = jax.random.fold_in(jax.random.key(1), n)
-
-        def loss_fn(p):
-            out = objective.loss(nnx.merge(graphdef, p, rest), batch, key)
-            return out.total / out.count
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, n + 1, loss
-
-    step = jax.jit(step, donate_argnums=(0, 1, 2))
-    n = jnp.zeros((), jnp.int32)
-    for _ in range(warmup):
-        params, opt_state, n, loss = step(params, opt_state, n, data.next())
-    jax.block_until_ready(loss)
-    start = time.perf_counter()
-    for _ in range(steps):
-        params, opt_state, n, loss = step(params, opt_state, n, data.next())
-    jax.block_until_ready((params, loss))
-    return time.perf_counter() - start
-
-
-def trainer_seconds(run, objective, data: Synthetic, steps: int, warmup: int, name: str) -> float:
-    """Seconds of ``RunConfig.train``'s loop between the metrics of step ``warmup`` and the last."""
-    from dew.training import tracking
-
-    seen: dict[int, float] = {}
-    original = tracking.Tracker.metrics
-
-    def metrics(self, step, values):
-        if "train/loss" in values:
-            seen[step] = time.perf_counter()
-        return original(self, step, values)
-
-    tracking.Tracker.metrics = metrics
-    try:
-        run.train(objective, data, name=name)
-    finally:
-        tracking.Tracker.metrics = original
-    return seen[warmup + steps] - seen[warmup]
 
 
 def checkpoint_blocking(run, objective, saves: int, work: Path) -> dict[str, float]:
@@ -276,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 run, objective, data = recipe(arch, fields, batch, impl, steps, warmup, work)
                 flops = flops_per_example(arch, run.model.fields())
                 for side in ("bare", "dew"):
-                    seconds = (bare_seconds(run, objective, data, steps, warmup) if side == "bare" else
-                               trainer_seconds(run, objective, data, steps, warmup, f"{name}-{impl}"))
+                    seconds, _ = (bare_loop(objective, run.optim, data, steps, warmup) if side == "bare" else
+                                  trainer_loop(run, objective, data, steps, warmup, f"{name}-{impl}"))
                     rate = steps * batch / seconds
                     emit({**base, "side": side, "step_ms": 1000 * seconds / steps, "examples_per_sec": rate,
                           "mfu_vs_ceiling": rate * flops / ceiling,

@@ -28,8 +28,12 @@ import time
 from pathlib import Path
 
 import jax
-import optax
 from flax import nnx
+
+if __package__:  # imported as bench.trainer_overhead
+    from bench._loops import bare_loop, trainer_loop
+else:  # run as a script: bench/ is first on sys.path
+    from _loops import bare_loop, trainer_loop
 
 
 def compose(*overrides: str):
@@ -49,66 +53,25 @@ def compose(*overrides: str):
 
 
 def hand_loop(recipe, steps: int, warmup: int) -> tuple[float, float]:
-    """Wall and process-CPU seconds for ``steps`` steps of the hand-written loop after ``warmup``
-    (compilation) steps."""
+    """Wall and process-CPU seconds for ``steps`` steps of the hand-written loop (bench/_loops.py)
+    after ``warmup`` (compilation) steps, fed by the dataset's iterator."""
     from dew.build import build_run
-    from dew.training.optim import build_optimizer
 
     recipe, objective, dataset = build_run(recipe)
-    graphdef, params, rest = nnx.split(objective.build(nnx.Rngs(params=0)), nnx.Param, ...)
-    tx = build_optimizer(recipe.optim, params, total_steps=warmup + steps).tx
-    opt_state = tx.init(params)
-
-    def step(params, opt_state, n, batch):
-        key = jax.random.fold_in(jax.random.PRNGKey(1), n)  # the per-step key inside jit, as the trainer
-
-        def loss_fn(p):
-            out = objective.loss(nnx.merge(graphdef, p, rest), batch, key)
-            return out.total / out.count
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, n + 1, loss
-
-    step = jax.jit(step, donate_argnums=(0, 1, 2))
-    it, n = dataset.iterator(), jax.numpy.zeros((), jax.numpy.int32)
-    for _ in range(warmup):
-        params, opt_state, n, loss = step(params, opt_state, n, it.next())
-    jax.block_until_ready(loss)
-    start, cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        params, opt_state, n, loss = step(params, opt_state, n, it.next())
-    jax.block_until_ready((params, loss))
-    return time.perf_counter() - start, time.process_time() - cpu
+    return bare_loop(objective, recipe.optim, dataset.iterator(), steps, warmup)
 
 
-def trainer_loop(recipe, steps: int, warmup: int, work: Path, name: str) -> tuple[float, float]:
-    """Wall and process-CPU seconds the trainer's loop took for steps ``warmup``..``warmup + steps``: the wall time between
-    the tracker receiving step ``warmup``'s metrics and the last step's (each fetch waits for its
-    step), taken here, outside the trainer."""
+def trainer_side(recipe, steps: int, warmup: int, work: Path, name: str) -> tuple[float, float]:
+    """Wall and process-CPU seconds the trainer's loop took for steps ``warmup``..``warmup + steps``
+    (bench/_loops.py times it from outside the trainer)."""
     import dataclasses
 
     from dew.build import build_run
-    from dew.training import tracking
-
-    seen: dict[int, tuple[float, float]] = {}
-    original = tracking.Tracker.metrics
-
-    def metrics(self, step, values):
-        if "train/loss" in values:
-            seen[step] = (time.perf_counter(), time.process_time())
-        return original(self, step, values)
 
     run = dataclasses.replace(recipe, trainer=dataclasses.replace(
         recipe.trainer, steps=warmup + steps, log_every=warmup, checkpoint_dir=str(work / "ck")))
     run, objective, dataset = build_run(run)
-    tracking.Tracker.metrics = metrics
-    try:
-        run.train(objective, dataset, name=name)
-    finally:
-        tracking.Tracker.metrics = original
-    (wall0, cpu0), (wall1, cpu1) = seen[warmup], seen[warmup + steps]
-    return wall1 - wall0, cpu1 - cpu0
+    return trainer_loop(run, objective, dataset, steps, warmup, name)
 
 
 def checkpoint_blocking(work: Path, recipe, saves: int) -> tuple[list[float], list[float], int]:
@@ -160,7 +123,7 @@ def main() -> None:
                     hand.append(args.steps * args.batch / wall)
                     hand_cpu.append(cpu)
                 else:
-                    wall, cpu = trainer_loop(recipe, args.steps, args.warmup, work, f"r{r}")
+                    wall, cpu = trainer_side(recipe, args.steps, args.warmup, work, f"r{r}")
                     ours.append(args.steps * args.batch / wall)
                     ours_cpu.append(cpu)
             print(f"round {r}: hand {hand[-1]:.0f} ex/s, trainer {ours[-1]:.0f} ex/s, "
