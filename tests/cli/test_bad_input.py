@@ -7,6 +7,8 @@ import pytest
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_REFUSED
 from tests.conftest import cli_env, dew, tree
 
+pytestmark = pytest.mark.slow
+
 CASES = [
     # (overrides, what the message must say)
     (["trainer.nope=1"], "trainer.nope: unknown field of trainer (TrainerConfig); its fields are name, checkpoint_dir, keep"),

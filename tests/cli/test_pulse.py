@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dew.recipe import Recipe
 from dew.training.tracking import read_journal
 from tests.conftest import dew, tree
+
+pytestmark = pytest.mark.slow
 
 TINY = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
         "trainer.batch_size=32", "trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=2",

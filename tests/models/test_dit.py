@@ -45,6 +45,7 @@ def batch(B=3):
     return x, jnp.linspace(0.0, 1.0, B), jnp.arange(B, dtype=jnp.int32) % 11  # 10 is the null class
 
 
+@pytest.mark.slow
 def test_output_is_exactly_zero_at_init(jitted):
     model = tiny(learn_sigma=True)
     out = jitted(model)(*batch())
@@ -80,6 +81,7 @@ def perturbed(model):
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_give_the_same_outputs_and_max_logits(jitted):
     scanned, unrolled = perturbed(tiny(scan_layers=True)), perturbed(tiny(scan_layers=False))
     out_s, ml_s = jitted(scanned, return_max_logits=True)(*batch())
@@ -108,6 +110,7 @@ def test_max_logits_equal_an_explicit_computation_per_block(jitted):
         h, _ = block(h, c, False)
 
 
+@pytest.mark.slow
 def test_token_mode(jitted):
     model = tiny(vocab_size=13, input_size=12)
     tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 13)

@@ -18,6 +18,7 @@ def tiny(**overrides):
     return build("transformer", {**TINY, **overrides}, nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_an_early_output_has_no_gradient_from_a_later_token():
     model = tiny(depth=1)
     graphdef, state = nnx.split(model)

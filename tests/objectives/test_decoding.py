@@ -48,6 +48,7 @@ def incremental_logits(model: nnx.Module, tokens_BxL: jax.Array) -> tuple[jax.Ar
     return run(state, tokens_BxL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_cache_gives_the_full_forward_and_greedy_samples_equal_the_uncached_path(shape):
     o, model = objective(**SHAPES[shape])

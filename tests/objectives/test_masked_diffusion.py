@@ -116,6 +116,7 @@ def test_max_logits_on_request(model):
     assert jitted(o.loss, model)({"tokens": tokens(2)}, jax.random.PRNGKey(0)).max_logits is None
 
 
+@pytest.mark.slow
 def test_sampler_ends_with_no_mask(model):
     o = objective()
     model = nnx.clone(model)

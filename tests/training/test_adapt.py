@@ -64,6 +64,7 @@ def forward(m: nnx.Module, filter_: object = nnx.Param):
 # ------------------------------------------------------------------------------- quantized training
 
 
+@pytest.mark.slow
 def test_quantized_forward_is_close_to_float_and_gradients_pass_straight_through():
     base = model()
     graphdef, params, rest = nnx.split(base, nnx.Param, ...)
@@ -183,12 +184,14 @@ def saved_params(run_dir: Path) -> list[str]:
     return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(restored["params"])[0]]
 
 
+@pytest.mark.slow
 def test_quantized_run_learns(tmp_path):
     state, initial, before, after, _ = tiny_run(tmp_path, Quantization(), None)
     assert after < before
     assert paths(state.params) == paths(nnx.state(initial, nnx.Param))
 
 
+@pytest.mark.slow
 def test_qlora_run_moves_only_the_factors(tmp_path):
     state, initial, before, after, run_dir = tiny_run(tmp_path, Quantization(), LoRA(rank=4, alpha=8.0))
     assert after < before
