@@ -89,6 +89,7 @@ def test_quantized_forward_is_close_to_float_and_gradients_pass_straight_through
             assert cos > 0.95, (path, cos)
 
 
+@pytest.mark.slow
 def test_quantization_module_path_that_matches_nothing_is_refused():
     with pytest.raises(ValueError, match=r"trainer.quantization.module_path='nope/.\*' matches no module"):
         wrap(model(), Quantization(module_path="nope/.*"))
@@ -97,6 +98,7 @@ def test_quantization_module_path_that_matches_nothing_is_refused():
 # -------------------------------------------------------------------------------------------- LoRA
 
 
+@pytest.mark.slow
 def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
     base = model()
     base_fn, params = forward(base)
@@ -122,6 +124,7 @@ def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(params)))
 
 
+@pytest.mark.slow
 def test_lora_steps_move_the_factors_and_lower_the_loss():
     graphdef, factors, rest = nnx.split(wrap(model(), lora=LoRA(rank=4)), nnx.LoRAParam, ...)
     x, t, y = inputs()

@@ -208,6 +208,7 @@ def test_muonclip_exposes_tau():
     assert build_optimizer(OptimConfig(), {"w": np.zeros((4, 4), np.float32)}, total_steps=1).qk_clip_tau is None
 
 
+@pytest.mark.slow
 def test_qk_clip_on_dew_transformer_layout():
     """The documented layout for dew's models, against the transformer's own max logits (GQA, RoPE)."""
     from flax import nnx
