@@ -53,6 +53,7 @@ def test_output_is_exactly_zero_at_init(jitted):
     assert not np.any(jitted(model)(batch()[0], batch()[1]))  # y=None: the null class
 
 
+@pytest.mark.slow
 def test_every_block_is_the_identity_at_init():
     model = tiny()
     graphdef, state = nnx.split(model.blocks)
@@ -91,6 +92,7 @@ def test_scanned_and_unrolled_give_the_same_outputs_and_max_logits(jitted):
     np.testing.assert_allclose(ml_s, ml_u, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_max_logits_equal_an_explicit_computation_per_block(jitted):
     model = perturbed(tiny())
     x, t, y = batch()

@@ -81,6 +81,7 @@ def test_sampling_top_k_one_is_greedy_and_keeps_the_prompt(setup):
     assert (ids == greedy).all()
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_temperature_spreads_it(setup):
     o, model = setup
     a = np.asarray(o.sample(model, 16, jax.random.PRNGKey(0), temperature=5.0))

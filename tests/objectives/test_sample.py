@@ -91,13 +91,13 @@ def test_text_run_samples_decoded_text(tmp_path):
     assert json.loads((tmp_path / "ck" / "md" / "run.json").read_text())["model"]["config"]["vocab_size"] == 258
     out = tmp_path / "s.txt"
     result = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(out), cwd=tmp_path,
-                 script="dew.cli.sample")
+                 script="dew.cli.sample", env=fast_env())
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert text.count("--- sample ") == 2 and text in result.stdout
     assert "2 sequences (step 4, EMA, seed 0)" in result.stdout
     again = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(tmp_path / "t.txt"),
-                cwd=tmp_path, script="dew.cli.sample")
+                cwd=tmp_path, script="dew.cli.sample", env=fast_env())
     assert again.returncode == 0 and (tmp_path / "t.txt").read_text() == text  # same seed, same text
     refused = dew(str(tmp_path / "ck" / "md"), "--max-new-tokens", "5", cwd=tmp_path, script="dew.cli.sample")
     assert refused.returncode == 2 and "--max-new-tokens: masked diffusion samples whole sequences of seq_len=16" \
