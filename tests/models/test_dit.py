@@ -128,6 +128,7 @@ def test_token_mode(jitted):
         model(jnp.zeros((2, 13), jnp.int32), jnp.zeros(2))
 
 
+@pytest.mark.slow
 def test_unconditional_model_has_no_label_embedding_and_shapes_are_checked():
     model = tiny(num_classes=0)
     assert model.y_embedder is None

@@ -150,6 +150,7 @@ def test_lora_steps_move_the_factors_and_lower_the_loss():
     assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(factors)))
 
 
+@pytest.mark.slow
 def test_lora_target_that_matches_nothing_is_named():
     with pytest.raises(ValueError, match=r"lora.targets pattern 'decoder/.\*' matches no module"):
         wrap(model(), lora=LoRA(targets=("blocks/.*", "decoder/.*")))
