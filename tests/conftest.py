@@ -20,7 +20,9 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # message that quotes XLA_FLAGS reads as a user's would. tests/training/conftest.py's ``fast_env``
 # gives a subprocess this flag explicitly.
 FAST_XLA_FLAG = "--xla_backend_optimization_level=0"
-USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
+# (This file is imported twice, as pytest's conftest and as tests.conftest: the second import must
+# find the user's flags under the ones the first added.)
+USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "").replace(FAST_XLA_FLAG, "").strip() or None
 os.environ["XLA_FLAGS"] = f"{USER_XLA_FLAGS or ''} {FAST_XLA_FLAG}".strip()
 
 REPO = Path(__file__).resolve().parent.parent
