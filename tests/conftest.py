@@ -13,11 +13,25 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+# What this process compiles, it compiles unoptimised: the tests' programs are tiny, XLA's backend
+# optimisation is most of their compile time (a tiny DiT's forward compiles ~2.4x faster without it),
+# and every check compares programs compiled alike or holds at any optimisation level. Set before
+# JAX opens a backend; the CLI subprocesses get the user's own XLA_FLAGS back (``cli_env``), so a
+# message that quotes XLA_FLAGS reads as a user's would. tests/training/conftest.py's ``fast_env``
+# gives a subprocess this flag explicitly.
+FAST_XLA_FLAG = "--xla_backend_optimization_level=0"
+# (This file is imported twice, as pytest's conftest and as tests.conftest: the second import must
+# find the user's flags under the ones the first added.)
+USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "").replace(FAST_XLA_FLAG, "").strip() or None
+os.environ["XLA_FLAGS"] = f"{USER_XLA_FLAGS or ''} {FAST_XLA_FLAG}".strip()
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "PYTEST_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "PYTEST_", "XLA_FLAGS"))}
+    if USER_XLA_FLAGS is not None:
+        env["XLA_FLAGS"] = USER_XLA_FLAGS
     env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true", **extra)
     return env
 

@@ -96,6 +96,7 @@ def dataclass_strategy(cls: type) -> st.SearchStrategy:
     return st.fixed_dictionaries(fields).map(lambda v: _valid(cls, v)).filter(lambda x: x is not None)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(dataclass_strategy(Recipe))
 def test_round_trip_any_recipe(cfg: Recipe):

@@ -6,6 +6,9 @@ import pytest
 
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_REFUSED
 from tests.conftest import cli_env, dew, tree
+from tests.training.conftest import fast_env
+
+pytestmark = pytest.mark.slow
 
 CASES = [
     # (overrides, what the message must say)
@@ -86,7 +89,7 @@ def test_a_run_record_that_is_not_utf8_is_named(workdir):
 def test_a_changed_config_is_refused_and_nothing_changes(workdir):
     first = dew("experiment=digits", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
                 "optim.schedule.warmup_steps=1", "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1",
-                "flow_matching.sample_steps=2", "model.config.depth=1", cwd=workdir)
+                "flow_matching.sample_steps=2", "model.config.depth=1", cwd=workdir, env=fast_env())
     assert first.returncode == 0, first.stderr
     before = {p: (workdir / p).stat().st_mtime_ns for p in tree(workdir) if (workdir / p).is_file()}
     second = dew("experiment=digits", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",

@@ -41,6 +41,7 @@ def test_slurm_profile_is_set_up_for_jax_and_overridable():
     assert local._target_ == "hydra_plugins.dew_launchers.LocalLauncher" and local.tasks_per_node == 2
 
 
+@pytest.mark.slow
 def test_dew_train_shows_the_slurm_profile(workdir: Path):
     result = dew("hydra/launcher=slurm", "hydra.launcher.nodes=2", "--cfg", "hydra", cwd=workdir)
     assert result.returncode == 0, result.stderr

@@ -27,6 +27,7 @@ def test_the_console_script_is_declared():
     assert scripts["dew-plan"] == "dew.cli.plan:main"
 
 
+@pytest.mark.slow
 def test_dew_plan_prints_each_parameter_on_a_mesh_it_does_not_have(workdir: Path):
     proc = dew(*TINY_LM, "trainer.mesh={data: 2, fsdp: 2, tensor: 2}", cwd=workdir, script="dew.cli.plan")
     assert proc.returncode == 0, proc.stderr
@@ -58,6 +59,7 @@ def test_bytes_per_device_follow_the_splits():
     assert split.activation_bytes == 2 * whole.activation_bytes  # twice the examples per device
 
 
+@pytest.mark.slow
 def test_a_split_that_does_not_divide_is_refused_naming_the_parameter(workdir: Path):
     proc = dew(*TINY_LM, "trainer.mesh={data: 1, tensor: 8}", cwd=workdir, script="dew.cli.plan")
     assert proc.returncode == 2, proc.stderr

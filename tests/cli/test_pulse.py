@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from dew.recipe import Recipe
 from dew.training.tracking import read_journal
 from tests.conftest import dew, tree
+from tests.training.conftest import fast_env
+
+pytestmark = pytest.mark.slow
 
 TINY = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
         "trainer.batch_size=32", "trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=2",
@@ -16,7 +21,7 @@ TINY = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=3
 
 
 def test_pulse(workdir: Path):
-    result = dew(*TINY, cwd=workdir)
+    result = dew(*TINY, cwd=workdir, env=fast_env())
     assert result.returncode == 0, result.stderr
     run = workdir / "ck" / "digits"
     assert f"run 'digits' is in {run}" in result.stdout
@@ -55,7 +60,7 @@ def test_multirun_gives_each_job_its_own_run(workdir: Path):
                                                                      "trainer.eval_every=null"]
     journals = []
     for _ in range(2):  # the same command again: the same sweep, whose finished jobs are left alone
-        result = dew("-m", *sweep, "optim.learning_rate=0.001,0.003", cwd=workdir)
+        result = dew("-m", *sweep, "optim.learning_rate=0.001,0.003", cwd=workdir, env=fast_env())
         assert result.returncode == 0, result.stderr
         journals.append(sorted(p.read_text() for p in (workdir / "tracking").rglob("journal.jsonl")))
     runs = sorted(p.parent for p in (workdir / "ck").rglob("run.json"))

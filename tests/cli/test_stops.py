@@ -13,13 +13,14 @@ from dew.cli.train import EXIT_NO_INTACT_CHECKPOINT, EXIT_NONFINITE
 from dew.training.tracking import read_journal
 from tests.cli.test_pulse import TINY
 from tests.conftest import dew, tree
+from tests.training.conftest import fast_env
 
 DIVERGING = [*TINY, "trainer.steps=20", "trainer.log_every=1", "trainer.eval_every=null", "optim.learning_rate=1e6"]
 
 
 @pytest.mark.slow
 def test_divergence_then_damaged_checkpoints(workdir: Path):
-    result = dew(*DIVERGING, cwd=workdir)
+    result = dew(*DIVERGING, cwd=workdir, env=fast_env())
     assert result.returncode == EXIT_NONFINITE, result.stderr
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
     run = workdir / "ck" / "digits"
@@ -40,7 +41,7 @@ def test_divergence_then_damaged_checkpoints(workdir: Path):
     assert sample.returncode == 2 and f"no checkpoint in {str(run)!r} can be read: step 2: " in sample.stderr
     assert tree(workdir) == before
     # ... and dew-train refuses to resume it, naming it, with nothing moved or deleted.
-    again = dew(*DIVERGING, cwd=workdir)
+    again = dew(*DIVERGING, cwd=workdir, env=fast_env())
     assert again.returncode == EXIT_NO_INTACT_CHECKPOINT, again.stderr
     assert "Traceback" not in again.stderr
     assert f"dew-train: error: no checkpoint in {run} restores; nothing was moved or deleted. step 2: " in again.stderr

@@ -88,6 +88,7 @@ def test_explicit_cudnn_that_cannot_run_raises_why():
         choose_implementation("cudnn", jnp.float32, 12)
 
 
+@pytest.mark.slow
 def test_layer_reports_the_max_of_its_explicit_logits():
     layer = Attention(16, 4, num_kv_heads=2, precision=F32, rngs=nnx.Rngs(0), qk_norm=True)
     x = jax.random.normal(jax.random.key(1), (2, 5, 16))

@@ -46,6 +46,7 @@ def batch(B=3):
     return x, jnp.linspace(0.0, 1.0, B), jnp.arange(B, dtype=jnp.int32) % 11  # 10 is the null class
 
 
+@pytest.mark.slow
 def test_output_is_exactly_zero_at_init(jitted):
     model = tiny(learn_sigma=True)
     out = jitted(model)(*batch())
@@ -53,6 +54,7 @@ def test_output_is_exactly_zero_at_init(jitted):
     assert not np.any(jitted(model)(batch()[0], batch()[1]))  # y=None: the null class
 
 
+@pytest.mark.slow
 def test_every_block_is_the_identity_at_init():
     model = tiny()
     graphdef, state = nnx.split(model.blocks)
@@ -81,6 +83,7 @@ def perturbed(model):
     return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_give_the_same_outputs_and_max_logits(jitted):
     scanned, unrolled = perturbed(tiny(scan_layers=True)), perturbed(tiny(scan_layers=False))
     out_s, ml_s = jitted(scanned, return_max_logits=True)(*batch())
@@ -90,6 +93,7 @@ def test_scanned_and_unrolled_give_the_same_outputs_and_max_logits(jitted):
     np.testing.assert_allclose(ml_s, ml_u, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_max_logits_equal_an_explicit_computation_per_block(jitted):
     model = perturbed(tiny())
     x, t, y = batch()
@@ -109,6 +113,7 @@ def test_max_logits_equal_an_explicit_computation_per_block(jitted):
         h, _ = block(h, c, False)
 
 
+@pytest.mark.slow
 def test_token_mode(jitted):
     model = tiny(vocab_size=13, input_size=12)
     tokens = jax.random.randint(jax.random.key(0), (2, 12), 0, 13)
@@ -124,6 +129,7 @@ def test_token_mode(jitted):
         model(jnp.zeros((2, 13), jnp.int32), jnp.zeros(2))
 
 
+@pytest.mark.slow
 def test_unconditional_model_has_no_label_embedding_and_shapes_are_checked():
     model = tiny(num_classes=0)
     assert model.y_embedder is None

@@ -69,6 +69,7 @@ def test_every_matmul_asks_for_the_matmul_precision(name):
     assert all(p == highest for p in precisions), precisions
 
 
+@pytest.mark.slow
 def test_parameters_stay_in_param_dtype_after_an_optimizer_step():
     model = build("transformer", {**MODELS["transformer"][0], "dtype": "bfloat16",
                                   "param_dtype": "bfloat16"}, nnx.Rngs(0))

@@ -38,6 +38,7 @@ def assert_same(a, b):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=2e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 def test_full_remat_keeps_less_and_computes_the_same(scan):
     kept, reference = compiled_grad("transformer", scan_layers=scan, remat="none")
@@ -46,6 +47,7 @@ def test_full_remat_keeps_less_and_computes_the_same(scan):
     assert_same(result, reference)
 
 
+@pytest.mark.slow
 def test_attention_aware_policy_on_dit_computes_the_same():
     kept, reference = compiled_grad("simple_dit", remat="none")
     remat, result = compiled_grad("simple_dit", remat="minimal_with_context")

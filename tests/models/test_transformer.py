@@ -18,6 +18,7 @@ def tiny(**overrides):
     return build("transformer", {**TINY, **overrides}, nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_an_early_output_has_no_gradient_from_a_later_token():
     model = tiny(depth=1)
     graphdef, state = nnx.split(model)
@@ -32,6 +33,7 @@ def test_an_early_output_has_no_gradient_from_a_later_token():
         np.testing.assert_array_equal(seen_J > 0, np.arange(8) <= i)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": True, "num_kv_heads": 1, "qk_norm": False}])
 def test_scanned_and_unrolled_give_the_same_outputs(overrides, jitted):
     tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 32)
@@ -95,6 +97,7 @@ def test_mup_divides_logits_by_the_width_multiplier_and_scales_attention_by_one_
     np.testing.assert_allclose(jitted(narrow)(tokens), jitted(wide)(tokens) / 2, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_embedding_and_residual_multipliers_act(jitted):
     tokens = jax.random.randint(jax.random.key(3), (1, 8), 0, 32)
     base = jitted(tiny())(tokens)

@@ -48,6 +48,7 @@ def incremental_logits(model: nnx.Module, tokens_BxL: jax.Array) -> tuple[jax.Ar
     return run(state, tokens_BxL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_cache_gives_the_full_forward_and_greedy_samples_equal_the_uncached_path(shape):
     o, model = objective(**SHAPES[shape])
@@ -68,6 +69,7 @@ def test_the_cache_gives_the_full_forward_and_greedy_samples_equal_the_uncached_
     assert len(set(cached[:, 2:].ravel().tolist())) > 3  # not one token repeated
 
 
+@pytest.mark.slow
 def test_greedy_samples_equal_an_explicit_loop_over_the_window():
     """Each token is the argmax of the model's logits on the window's tokens, run from position 0 (the
     window padded to seq_len: later tokens do not reach earlier logits)."""

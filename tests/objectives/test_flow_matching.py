@@ -24,6 +24,7 @@ def objective(**knobs) -> FlowMatching:
     return FlowMatching(ModelConfig("simple_dit", FIELDS, dtype="float32"), FlowMatchingKnobs(**knobs), 10, (8, 8, 1))
 
 
+@pytest.mark.slow
 def test_loss_at_init_is_one_plus_the_data_second_moment():
     """The model outputs zero at init, so the loss is E[(ε - x_0)²] = E[ε²] + E[x_0²] = 1 + E[x_0²]."""
     ds = Digits().load(batch_size=1536, seed=0)
@@ -37,6 +38,7 @@ def test_loss_at_init_is_one_plus_the_data_second_moment():
     assert float(out.total / out.count) == pytest.approx(1.0 + second_moment, rel=0.01)
 
 
+@pytest.mark.slow
 def test_trainer_step_keeps_the_ema_of_the_parameters():
     """After step k, ema = d_k·ema + (1 - d_k)·params, from the initial parameters, with the decay
     warming up as d_k = min(ema_decay, (1 + k) / (10 + k))."""

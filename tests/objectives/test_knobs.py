@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
 from dew.objectives.next_token import NextTokenKnobs
 from dew.recipe import Recipe
@@ -18,6 +20,7 @@ def test_knobs_round_trip_through_run_json(tmp_path: Path):
     assert loaded.masked_diffusion == recipe.masked_diffusion and loaded.next_token == recipe.next_token
 
 
+@pytest.mark.slow
 def test_knobs_are_command_line_overrides(workdir: Path):
     result = dew("--cfg", "job", "masked_diffusion.eps=0.01", "next_token.top_k=40", cwd=workdir)
     assert result.returncode == 0, result.stderr

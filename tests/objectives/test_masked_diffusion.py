@@ -44,6 +44,7 @@ def tokens(n: int, seed: int = 0) -> jnp.ndarray:
     return jnp.asarray(np.random.default_rng(seed).integers(0, V, (n, L + 1)), jnp.int32)
 
 
+@pytest.mark.slow
 def test_loss_at_init_is_log_v_per_token(model):
     """simple_dit's output layer starts at zero: every masked token costs log V (the mask is never
     predicted), and E[1{masked} / t] = 1, so the expected loss is log V per token."""
@@ -109,6 +110,7 @@ def test_evaluation_is_deterministic_given_the_key_and_ignores_padding(model):
     assert float(evaluate(other, jax.random.PRNGKey(5)).total) == float(a.total)
 
 
+@pytest.mark.slow
 def test_max_logits_on_request(model):
     o = objective()
     out = jitted(o.loss, model, max_logits=True)({"tokens": tokens(2)}, jax.random.PRNGKey(0))
@@ -116,6 +118,7 @@ def test_max_logits_on_request(model):
     assert jitted(o.loss, model)({"tokens": tokens(2)}, jax.random.PRNGKey(0)).max_logits is None
 
 
+@pytest.mark.slow
 def test_sampler_ends_with_no_mask(model):
     o = objective()
     model = nnx.clone(model)

@@ -68,6 +68,7 @@ def test_evaluation_reports_bits_per_token_and_ignores_padding(setup):
     assert o.derived_metrics({"eval/loss": 2.0}) == {"eval/perplexity": pytest.approx(math.exp(2.0))}
 
 
+@pytest.mark.slow
 def test_sampling_top_k_one_is_greedy_and_keeps_the_prompt(setup):
     o, model = setup
     ids = np.asarray(o.sample(model, 3, jax.random.PRNGKey(0), prompt=[12, 3], top_k=1))
@@ -80,6 +81,7 @@ def test_sampling_top_k_one_is_greedy_and_keeps_the_prompt(setup):
     assert (ids == greedy).all()
 
 
+@pytest.mark.slow
 def test_sampling_is_seeded_and_temperature_spreads_it(setup):
     o, model = setup
     a = np.asarray(o.sample(model, 16, jax.random.PRNGKey(0), temperature=5.0))
@@ -91,6 +93,7 @@ def test_sampling_is_seeded_and_temperature_spreads_it(setup):
     assert ids.shape == (2, L) and len(texts) == 2 and all(isinstance(t, str) for t in texts)
 
 
+@pytest.mark.slow
 def test_a_run_logs_the_perplexity_of_its_mean_losses(tmp_path):
     from dew.build import build_run
     from dew.config import TrainerConfig

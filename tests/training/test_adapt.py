@@ -58,6 +58,7 @@ def forward(m: nnx.Module, filter_: object = nnx.Param):
 # ------------------------------------------------------------------------------- quantized training
 
 
+@pytest.mark.slow
 def test_quantized_forward_is_close_to_float_and_gradients_pass_straight_through():
     base = model()
     graphdef, params, rest = nnx.split(base, nnx.Param, ...)
@@ -82,6 +83,7 @@ def test_quantized_forward_is_close_to_float_and_gradients_pass_straight_through
             assert cos > 0.95, (path, cos)
 
 
+@pytest.mark.slow
 def test_quantization_module_path_that_matches_nothing_is_refused():
     with pytest.raises(ValueError, match=r"trainer.quantization.module_path='nope/.\*' matches no module"):
         wrap(model(), Quantization(module_path="nope/.*"))
@@ -90,6 +92,7 @@ def test_quantization_module_path_that_matches_nothing_is_refused():
 # -------------------------------------------------------------------------------------------- LoRA
 
 
+@pytest.mark.slow
 def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
     base = model()
     base_fn, params = forward(base)
@@ -115,6 +118,7 @@ def test_lora_starts_at_the_base_model_and_trains_only_its_factors():
     assert all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(frozen), jax.tree.leaves(params)))
 
 
+@pytest.mark.slow
 def test_lora_steps_move_the_factors_and_lower_the_loss():
     graphdef, factors, rest = nnx.split(wrap(model(), lora=LoRA(rank=4)), nnx.LoRAParam, ...)
     x, t, y = inputs()
@@ -140,6 +144,7 @@ def test_lora_steps_move_the_factors_and_lower_the_loss():
     assert all(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(factors)))
 
 
+@pytest.mark.slow
 def test_lora_target_that_matches_nothing_is_named():
     with pytest.raises(ValueError, match=r"lora.targets pattern 'decoder/.\*' matches no module"):
         wrap(model(), lora=LoRA(targets=("blocks/.*", "decoder/.*")))
@@ -176,12 +181,14 @@ def saved_params(run_dir: Path) -> list[str]:
     return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(restored["params"])[0]]
 
 
+@pytest.mark.slow
 def test_quantized_run_learns(tmp_path):
     state, initial, before, after, _ = tiny_run(tmp_path, Quantization(), None)
     assert after < before
     assert paths(state.params) == paths(nnx.state(initial, nnx.Param))
 
 
+@pytest.mark.slow
 def test_qlora_run_moves_only_the_factors(tmp_path):
     state, initial, before, after, run_dir = tiny_run(tmp_path, Quantization(), LoRA(rank=4, alpha=8.0))
     assert after < before

@@ -17,6 +17,8 @@ import pytest
 
 from tests.training.conftest import FAST_COMPILE, journal, load_params, losses, train_tiny
 
+pytestmark = pytest.mark.slow
+
 ARGS = ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=null", "trainer.keep=2"]
 
 

@@ -51,6 +51,7 @@ def _run(tmp_path: Path, metrics, steps: int = 3):
     return state, objective, dataset, read_journal(tmp_path / "tracking" / "lm" / "journal.jsonl")
 
 
+@pytest.mark.slow
 def test_metrics_are_logged_against_a_numpy_reference_and_choose_the_best(tmp_path):
     assert [m.name for m in builtin_metrics(type("O", (), {"summary": lambda self: {"objective": "next_token"}})())] == [
         "accuracy"]

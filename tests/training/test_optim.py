@@ -179,6 +179,7 @@ def test_unmatched_pattern_is_an_error_naming_it():
         group_labels(TREE, (ParamGroup("kernel"), ParamGroup("mlp_in/kernel")))
 
 
+@pytest.mark.slow
 def test_nnx_state_params_paths_and_step():
     class Tiny(nnx.Module):
         def __init__(self, rngs):

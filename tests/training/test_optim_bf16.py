@@ -56,6 +56,7 @@ def test_moment_dtypes_in_the_state(name):
             assert leaf.dtype == jnp.dtype(dtype)
 
 
+@pytest.mark.slow
 def test_first_update_equals_float32_adam_and_state_halves():
     rng = np.random.default_rng(1)
     grads = jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), PARAMS)

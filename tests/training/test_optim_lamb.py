@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from dew.config import OptimConfig
 from dew.training.optim import build_optimizer
@@ -35,6 +36,7 @@ LAYER_SCALE = np.array([10.0, 1.0], np.float32)
 LAYER_WEIGHTS = np.array([100.0, 1.0], np.float32)
 
 
+@pytest.mark.slow
 def test_lamb_takes_one_trust_ratio_per_stacked_layer():
     stacked = {"blocks": {"w": _target((DEPTH, 6, 16), 0) * LAYER_SCALE[:, None, None]},
                "head": {"w": _target((16, 4), 1)}}

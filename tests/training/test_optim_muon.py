@@ -235,6 +235,7 @@ def test_muonclip_clips_after_the_update_what_muon_updated():
         build_optimizer(OptimConfig(optimizer="muonclip"), params, total_steps=1)
 
 
+@pytest.mark.slow
 def test_qk_clip_on_dew_transformer_layout():
     """The documented layout for dew's models, against the transformer's own max logits (GQA, RoPE)."""
     from flax import nnx

@@ -15,6 +15,8 @@ import pytest
 from dew.training.preemption import Preempted
 from tests.training.conftest import journal, load_params, losses, steps_on_disk, train_tiny
 
+pytestmark = pytest.mark.slow
+
 RUN = ["trainer.steps=24", "trainer.eval_every=null", "trainer.checkpoint_every=null"]
 
 

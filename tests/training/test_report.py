@@ -9,10 +9,12 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import pytest
 
 from tests.training.conftest import dew_train, fast_env, train_tiny
 
 
+@pytest.mark.slow
 def test_start_and_end_messages_and_wandb_media(tmp_path: Path, monkeypatch, caplog):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -58,6 +60,7 @@ def test_emulated_dtype_warning(tmp_path: Path, caplog):
     assert f"{EMULATED[('cpu', 'bfloat16')]:.1f}x slower" in warning.getMessage()
 
 
+@pytest.mark.slow
 def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
     args = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
             "trainer.batch_size=32", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",

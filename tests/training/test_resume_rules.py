@@ -68,6 +68,7 @@ def test_an_unknown_objective_keeps_every_knob_blocking(tmp_path):
     prepare_run_dir(dataclasses.replace(_recipe(tmp_path, next_token={"top_k": 40}), objective="flow_matching"), "q")
 
 
+@pytest.mark.slow
 def test_the_resume_event_lists_what_changed(tmp_path):
     _, run, _ = train_tiny(tmp_path, "trainer.steps=4", "trainer.eval_every=null", "trainer.checkpoint_every=2")
     assert json.loads((run / "run.json").read_text())["trainer"]["log_every"] == 1

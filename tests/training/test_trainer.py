@@ -20,6 +20,7 @@ def _leaves(state) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
+@pytest.mark.slow
 def test_keep_latest_plus_best_across_a_restart(tmp_path: Path):
     run_args = ["trainer.steps=8", "trainer.checkpoint_every=2", "trainer.eval_every=2", "trainer.keep=2"]
     negated = lambda o: wrappers.Objective(o, negate_eval=True)  # noqa: E731 - the earliest eval is the best
@@ -39,6 +40,7 @@ def test_keep_latest_plus_best_across_a_restart(tmp_path: Path):
     assert int(state.step) == 8
 
 
+@pytest.mark.slow
 def test_accumulation_equals_the_full_batch(tmp_path: Path):
     deterministic = lambda o: wrappers.Objective(o, deterministic=True)  # noqa: E731
     args = ["trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null", "optim.clip_grads=0"]
@@ -52,6 +54,7 @@ def test_accumulation_equals_the_full_batch(tmp_path: Path):
     assert any(np.abs(a).sum() for a in _leaves(full))
 
 
+@pytest.mark.slow
 def test_a_ramp_resumed_mid_stage_continues_it_under_one_wandb_run(tmp_path: Path, monkeypatch):
     # Stages: 16 records for 3 steps, 24 for 2 steps (steps 4 and 5), then 32 to the end.
     args = ["trainer.steps=7", "trainer.checkpoint_every=2", "trainer.eval_every=null",
@@ -83,6 +86,7 @@ def test_a_ramp_resumed_mid_stage_continues_it_under_one_wandb_run(tmp_path: Pat
     assert sorted(losses(records)) == list(range(1, 8))
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path: Path):
     args = ["trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=null"]
     with pytest.raises(NonFiniteError) as err:
@@ -96,6 +100,7 @@ def test_a_non_finite_loss_stops_naming_the_step_and_the_last_good_checkpoint(tm
     assert all(np.isfinite(p).all() for p in params.values())
 
 
+@pytest.mark.slow
 def test_dynamic_scale_skips_the_step_and_backs_off(tmp_path: Path):
     args = ["trainer.steps=5", "trainer.checkpoint_every=4", "trainer.eval_every=null", "trainer.dynamic_scale=true"]
     state, run, records = train_tiny(tmp_path, *args, data=lambda d: wrappers.Data(d, nan_at=5))
@@ -108,6 +113,7 @@ def test_dynamic_scale_skips_the_step_and_backs_off(tmp_path: Path):
     assert int(state.step) == 5 and all(np.isfinite(p).all() for p in after.values())
 
 
+@pytest.mark.slow
 def test_muonclip_caps_every_heads_max_logit(tmp_path: Path):
     tau = 0.5
     args = ["trainer.steps=6", "trainer.eval_every=null", "trainer.checkpoint_every=null",

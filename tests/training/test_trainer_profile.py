@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from dew.build import build_run
 from dew.config import ModelConfig, ProfileWindow, TrainerConfig, Wandb
 from dew.data.specs import Digits
 from dew.recipe import Recipe
+
+pytestmark = pytest.mark.slow
 
 
 def test_profile_window_and_final_artifact(tmp_path: Path, monkeypatch):

@@ -9,9 +9,12 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dew.training.tracking import read_journal
 from tests.training.conftest import TINY, dew_train, load_params, losses, steps_on_disk
+
+pytestmark = pytest.mark.slow
 
 STEPS = 24
 ARGS = [*TINY, "trainer.name=r", f"trainer.steps={STEPS}", "trainer.checkpoint_every=2", "trainer.eval_every=4",

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.conftest import REPO
 from tests.training.conftest import fast_env, losses, train_tiny
+
+pytestmark = pytest.mark.slow
 
 ARGS = ["trainer.steps=4", "trainer.eval_every=2", "trainer.checkpoint_every=null", "optim.clip_grads=0"]
 
