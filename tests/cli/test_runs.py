@@ -6,7 +6,6 @@ optim.learning_rate only."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
