@@ -141,11 +141,11 @@ class MuonState(NamedTuple):
 def scale_by_muon(
     dims: Callable[[str, Sequence[int]], MatrixAxes],
     *,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    ns_steps: int = 5,
-    update_scale: str = "moonlight",
-    rms_ratio: float = 0.2,
+    momentum: float,
+    nesterov: bool,
+    ns_steps: int,
+    update_scale: str,
+    rms_ratio: float,
 ) -> optax.GradientTransformation:
     """Keller Jordan's Muon direction for matrices (``muon_update`` of github.com/KellerJordan/Muon).
 
@@ -194,18 +194,19 @@ def muon(
     learning_rate: Schedule,
     *,
     weight_decay: float,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    ns_steps: int = 5,
-    update_scale: str = "moonlight",
-    rms_ratio: float = 0.2,
-    adam_b1: float = 0.9,
-    adam_b2: float = 0.95,
-    adam_eps: float = 1e-8,
-    adam_patterns: Sequence[str] = DEFAULT_ADAM_PATTERNS,
-    matrix_axes: Mapping[str, Sequence[Sequence[int]]] | None = None,
+    momentum: float,
+    nesterov: bool,
+    ns_steps: int,
+    update_scale: str,
+    rms_ratio: float,
+    adam_b1: float,
+    adam_b2: float,
+    adam_eps: float,
+    adam_patterns: Sequence[str],
+    matrix_axes: Mapping[str, Sequence[Sequence[int]]],
 ) -> optax.GradientTransformation:
     """Muon on the hidden matrices and AdamW on the rest, one rate and decoupled weight decay for both.
+    Every option is given: their defaults have one home, ``Muon.options`` below.
 
     Both parts step W <- W - lr·(update + λ·W) (Keller's and Moonlight's decay, times the rate).
     """
