@@ -39,11 +39,12 @@ def signal_when_logged(tmp: Path, name: str, step: int, signum: int) -> threadin
 
 def test_ctrl_c_saves_stops_and_the_run_resumes_bit_for_bit(tmp_path: Path):
     _, whole, whole_journal = train_tiny(tmp_path, *RUN, name="whole")
+    before = signal.getsignal(signal.SIGINT)  # Python's default, or SIG_IGN under a shell's `&`
     watcher = signal_when_logged(tmp_path, "cut", 3, signal.SIGINT)
     with pytest.raises(Preempted) as stopped:
         train_tiny(tmp_path, *RUN, name="cut")
     watcher.join()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the trainer's handler is gone
+    assert signal.getsignal(signal.SIGINT) is before  # the trainer's handler is gone, the old one back
     at = stopped.value.step
     assert stopped.value.reason == "interrupted" and 3 <= at < 24
     events = [r for r in journal(tmp_path, "cut") if "event" in r]
