@@ -167,7 +167,8 @@ class OptimConfig:
     """Decoupled weight decay; unset is the optimizer's own default (docs/optimizers.md)."""
     param_groups: Annotated[tuple[ParamGroup, ...], json_list_argument(ParamGroup)] = ()
     """Per-group learning-rate multipliers and weight decay, first match wins; empty moves every
-    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split."""
+    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split; with
+    ``model.config.mup`` on, the run resolves it here (``dew.training.mup``)."""
     clip_grads: float = 0.0
     """Global-norm gradient clipping threshold; 0 disables."""
     state_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -653,6 +654,8 @@ class RunConfig:
         and counts, logged as ``eval/<name>`` to the journal and W&B, and one marked ``best`` chooses
         the best checkpoint instead of ``eval/loss``.
         """
+        from dew.training.mup import with_mup_groups
         from dew.training.trainer import train
 
-        return train(self, objective, dataset, name=name, metrics=metrics, summary=summary)
+        run = with_mup_groups(self, objective)  # muP's groups, for a run built in Python too
+        return train(run, objective, dataset, name=name, metrics=metrics, summary=summary)

@@ -46,7 +46,7 @@ from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
-from dew.models.transformer import TransformerFields
+from dew.models.transformer import TransformerFields, width_multiplier
 
 
 def head_dim(f: TransformerFields) -> int:
@@ -56,10 +56,6 @@ def head_dim(f: TransformerFields) -> int:
 def mlp_hidden(f: TransformerFields) -> int:
     """The SwiGLU width: ``mlp_hidden``, or 8/3 · hidden_size rounded up to a multiple of 128."""
     return f.mlp_hidden or 128 * math.ceil(8 * f.hidden_size / 3 / 128)
-
-
-def width_multiplier(f: TransformerFields) -> float:
-    return f.hidden_size / f.mup_base_width if f.mup else 1.0
 
 
 class DecoderBlock(nnx.Module):

@@ -79,6 +79,12 @@ class TransformerFields(PrecisionFields):
                              f"rope_theta={self.rope_theta} must be > 0")
 
 
+def width_multiplier(f: TransformerFields) -> float:
+    """muP's ``m = hidden_size / mup_base_width``; 1 without muP. The layers' multipliers
+    (``dew.models.decoder``) and the optimizer's groups (``dew.training.mup``) both read it here."""
+    return f.hidden_size / f.mup_base_width if f.mup else 1.0
+
+
 @architectures.register("transformer")
 class Transformer(Architecture):
     """A decoder-only causal language model in the style current LM trainers use."""
@@ -98,6 +104,9 @@ class Transformer(Architecture):
 
     def head_dim(self) -> int:
         return self.fields.head_dim or self.fields.hidden_size // self.fields.num_heads
+
+    def mup_width_multiplier(self) -> float | None:
+        return width_multiplier(self.fields) if self.fields.mup else None
 
     def matmul_params(self) -> tuple[int, int, int]:
         """``(per-token weights, per-example weights, tokens)``; a tied head still multiplies."""
