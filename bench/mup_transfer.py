@@ -6,20 +6,22 @@ Each width trains dew's ``transformer`` (the same depth, heads and tokens at eve
 grows with the width, as in muP's own experiments) built by the architecture registry, with the
 optimizer ``build_optimizer`` makes of the run's ``OptimConfig``; under muP its parameter groups are
 the ones ``model.config.mup=true`` brings (``dew.training.mup.mup_groups`` at the model's own width
-multiplier, the narrowest width being the base). The data is byte-level (``ByteTokenizer``) Python
-source: the ``.py`` files of dew's installed dependencies, every tenth file held out for the
-evaluation, so nothing is downloaded. Every run sees the same batches.
+multiplier). muP's base width is dew's default, 256, where ``init_std`` 0.02 is the usual relative
+scale and where muP is the standard model exactly; muP carries that model's initialisation and rate
+to the narrower widths (docs/mup.md says why the base matters). The data is byte-level
+(``ByteTokenizer``) Python source: the ``.py`` files of dew's installed dependencies, every tenth
+file held out for the evaluation, so nothing is downloaded. Every run sees the same batches.
 
 One program per width and parametrization trains every rate at once: the parameters are stacked
 on a leading axis and the step is ``vmap``ped over it. The optimizer is built at rate 1 and each
 copy's update multiplied by its rate, which is the optimizer at that rate exactly: AdamW's update,
 its decoupled decay and the schedule are all linear in the peak rate (docs/optimizers.md).
 
-    JAX_PLATFORMS=cpu python bench/mup_transfer.py [--widths 64,128,256,512 --steps 200 --figure docs/images/mup_transfer.png]
+    JAX_PLATFORMS=cpu python bench/mup_transfer.py [--widths 32,64,128,256 --base-width 256 --steps 150 --figure docs/images/mup_transfer.png]
 
 The last line printed is JSON: {"bench": "mup_transfer", "mup": {...}, "sp": {...}, ...}, with each
 parametrization's best rate and loss per width and the two criteria (the muP optimum within a factor
-of 2 across widths; at the base width's best rate the loss never rises with width).
+of 2 across widths; at the narrowest width's best rate the loss never rises with width).
 """
 
 from __future__ import annotations
@@ -183,23 +185,24 @@ def draw(path: str, rates: list[float], results: dict[str, dict[int, list[float]
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--widths", default="64,128,256,512", help="comma-separated; the first is muP's base")
+    parser.add_argument("--widths", default="32,64,128,256", help="comma-separated")
+    parser.add_argument("--base-width", type=int, default=256,
+                        help="muP's base width (model.config.mup_base_width), where muP is the standard model")
     parser.add_argument("--rates", default="-12,-11,-10,-9,-8,-7,-6,-5",
                         help="the learning rates as powers of two, comma-separated")
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--eval-batches", type=int, default=16)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--figure", default="docs/images/mup_transfer.png", help="where the figure goes ('' for none)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
-    args.base_width = widths[0]
     rates = [2.0 ** int(k) for k in args.rates.split(",")]
 
     start = time.perf_counter()
@@ -227,6 +230,7 @@ def main() -> None:
              f"byte tokens of Python source; the star is each width's best rate")
         record["figure"] = args.figure
     print(json.dumps(record))
+    return record
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ before RoPE), grouped-query attention (``num_kv_heads``) and an optional tied ou
 
 **muP (lm-engine's multipliers).** With ``mup``, the width multiplier is
 ``m = hidden_size / mup_base_width``: logits are divided by ``m``, attention is scaled by
-``1/head_dim`` instead of ``1/sqrt(head_dim)``, and hidden matrices are initialised with standard
-deviation ``init_std / sqrt(m)``. ``embedding_multiplier`` scales the token embedding's output and
+``sqrt(b)/head_dim`` instead of ``1/sqrt(head_dim)`` (``b`` the head_dim at the base width,
+``mup_base_head_dim``; ``transformer.attention_scale``), and hidden matrices are initialised with
+standard deviation ``init_std / sqrt(m)``: at the base width every multiplier is the standard
+model's. ``embedding_multiplier`` scales the token embedding's output and
 ``residual_multiplier`` (``r``) each branch before it joins the residual stream, with or without muP.
 Output projections (``attn/o``, ``mlp_down``) are further divided by ``sqrt(2 · depth)`` (GPT-2).
 The matching per-group learning rates are the optimizer's (``dew.training.optim.mup_param_groups``).
@@ -46,7 +48,7 @@ from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
-from dew.models.transformer import TransformerFields, width_multiplier
+from dew.models.transformer import TransformerFields, attention_scale, width_multiplier
 
 
 def head_dim(f: TransformerFields) -> int:
@@ -71,7 +73,7 @@ class DecoderBlock(nnx.Module):
         self.attn_norm = nnx.RMSNorm(D, **norm)
         self.attn = Attention(D, f.num_heads, num_kv_heads=f.num_kv_heads, head_dim=head_dim(f),
                               use_bias=False, qk_norm=f.qk_norm, norm_eps=f.norm_eps,
-                              scale=1.0 / head_dim(f) if f.mup else None, impl=f.attention_impl,
+                              scale=attention_scale(f), impl=f.attention_impl,
                               precision=precision, kernel_init=init, out_init=out_init, rngs=rngs)
         self.mlp_norm = nnx.RMSNorm(D, **norm)
         linear = dict(use_bias=False, rngs=rngs, **precision.linear_kwargs)
