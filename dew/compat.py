@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8"}
+WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8", "submitit": "1.5.4"}
 """The versions whose internals the functions below were written against."""
 
 
@@ -79,3 +79,24 @@ def qwix_qt_provider_private() -> dict[str, Callable[..., Any]]:
     import qwix
 
     return {name: getattr(qwix.QtProvider, name) for name in QT_PROVIDER_PRIVATE}
+
+
+# -------------------------------------------------------------------------------------- submitit
+
+
+def submitit_sbatch_script(folder: str, command: str, **parameters: Any) -> str:
+    """The batch script submitit's SLURM executor would submit for ``parameters`` (its own
+    names: ``job_name``, ``time``, ``ntasks_per_node``, ``mem`` ...), without a cluster: the
+    executor itself refuses to start where ``srun`` is missing, and has no public "show me the
+    script"."""
+    from submitit.slurm import slurm
+
+    return slurm._make_sbatch_string(command=command, folder=folder, **parameters)
+
+
+def submitit_slurm_parameter_names() -> dict[str, str]:
+    """submitit's generic parameter names (``timeout_min``, ``tasks_per_node`` ...) and the SLURM
+    executor's own for each (``time``, ``ntasks_per_node`` ...)."""
+    from submitit.slurm import slurm
+
+    return slurm.SlurmExecutor._equivalence_dict()

@@ -59,13 +59,15 @@ class Cluster:
 
 def install(state: Path) -> Cluster:
     """The stand-in's commands in ``state/bin``, each a wrapper that runs ``slurm.py`` with this
-    Python (so they work whatever ``PATH`` and ``--export`` leave to the job)."""
+    Python (so they work whatever ``PATH`` and ``--export`` leave to the job), isolated (``-I``:
+    what the job puts on ``PYTHONPATH``, a simulated filesystem's ``sitecustomize`` included, is
+    the job's, not the controller's)."""
     bin_dir = state / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     (state / "jobs").mkdir(exist_ok=True)
     for name in COMMANDS:
         wrapper = bin_dir / name
-        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{SCRIPT}" {name} "$@"\n')
+        wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I "{SCRIPT}" {name} "$@"\n')
         wrapper.chmod(0o755)
     return Cluster(state)
 
