@@ -7,10 +7,14 @@ jobs of the same config (``trainer.seed=0,0``), submitted with ``--export=NONE``
 variable of the launching shell: what it needs comes from ``setup``) on a site whose
 ``JobRequeue=0`` refuses a requeue the job did not ask for. Job 1 is preempted (SIGUSR2 to each of
 its tasks) and requeued; job 0 runs through. Beside it, one process of 4 devices trains the same run.
+Where the run lock's filesystem simulation exists (tests/fs_sim), the jobs run on a filesystem
+whose ``flock`` fails: the preempted job is requeued and resumes under the lock's lease.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import shlex
 import subprocess
@@ -39,15 +43,27 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks
 def setup_lines(env: dict[str, str]) -> str:
     """``hydra.launcher.setup``: the exports a job under ``--export=NONE`` needs (this checkout on
     the path, CPU devices, the tests' compiler flags), as a user writes them for a real cluster."""
-    wanted = {k: env[k] for k in ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "WANDB_MODE", "HOME") if k in env}
+    wanted = {k: env[k] for k in ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "WANDB_MODE", "HOME",
+                                  "DEW_SIM_FLOCK_ERRNO") if k in env}
     wanted |= {"JAX_NUM_CPU_DEVICES": "1", "DEW_HEARTBEAT_TIMEOUT_S": "30"}
     lines = ",".join(f'"export {k}={shlex.quote(v)}"' for k, v in wanted.items())
     return f"hydra.launcher.setup=[{lines}]"
 
 
 @pytest.mark.slow
+def no_flock(env: dict[str, str]) -> dict[str, str] | None:
+    """``env`` on a filesystem whose ``flock`` fails (ENOSYS, as Lustre without ``-o flock``), where
+    the simulation (tests/fs_sim, the run lock's tests) exists; None where it does not."""
+    if importlib.util.find_spec("tests.fs_sim") is None:
+        return None
+    from tests.fs_sim import noflock_env
+
+    return noflock_env(env)
+
+
 def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):  # noqa: F811
-    env = slurm_cluster.env(fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20"))
+    env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20")
+    env = slurm_cluster.env(no_flock(env) or env)
     alone = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *RUN, "trainer.name=alone"], cwd=workdir,
                              env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "alone.out", "w"),
                              stderr=subprocess.STDOUT)
@@ -90,10 +106,14 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
     # profile asks for), resumed and ended bit for bit where the uninterrupted one did.
     stopped = [s for kind, s in events(requeued) if kind == "stop"]
     assert len(stopped) == 1 and events(requeued)[-2:] == [("resume", stopped[0]), ("end", STEPS)], events(requeued)
+    until(lambda: slurm_cluster.job(job1)["state"] != "RUNNING", timeout=60)  # its processes may still be exiting
     assert slurm_cluster.job(job1)["restarts"] == 1 and slurm_cluster.job(job1)["state"] == "COMPLETED"
     assert losses(requeued) == losses(uninterrupted)
     pa, pb = host_params(runs[0], STEPS), host_params(runs[1], STEPS)
     assert pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)
+    if "DEW_SIM_FLOCK_ERRNO" in env:  # where flock fails, the run lock was a lease of the SLURM job
+        lease = json.loads((runs[1] / ".lock").read_text())
+        assert lease["slurm_job_id"] == str(slurm_cluster.job(job1)["job_id"]), lease
 
 
 @pytest.mark.slow
@@ -116,6 +136,11 @@ def test_outside_an_srun_step_a_process_trains_alone_or_says_how_to_launch(workd
 
 def test_the_profile_real_sites_need():
     from hydra_plugins.dew_launchers import slurm_parameters
+    from tests.cli.test_launch import launcher
+
+    composed = launcher("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.gres=gpu:8")
+    assert (composed.gpus_per_node, composed.gres, composed.tasks_per_node) == (None, "gpu:8", None)
+    assert (composed.wckey, composed.requeue, composed.dry_run, composed.name) == (None, True, False, None)
 
     base = {"nodes": 2, "gpus_per_node": 8, "tasks_per_node": None, "cpus_per_task": 8, "gres": None, "wckey": None,
             "requeue": True, "name": None, "setup": ["module load cuda"], "additional_parameters": {}, "dry_run": False}
