@@ -138,7 +138,8 @@ class SlurmLauncher(_SweepInPickle, submitit_launcher.SlurmLauncher):
         print(compat.submitit_sbatch_script(folder, command, **params))
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             print(f"# job {idx}: {' '.join(overrides)}")
-        print(f"# dry run: nothing submitted (hydra.launcher.dry_run=true); runs would be in {self.config.hydra.sweep.dir}")
+        print(f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "
+              f"{self.config.hydra.sweep.dir}")
         return []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

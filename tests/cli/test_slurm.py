@@ -71,7 +71,8 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
                               "trainer.name=sl", "trainer.seed=0,0"], cwd=workdir, env=env,
                              stdout=open(workdir / "sweep.out", "w"), stderr=subprocess.STDOUT)
     try:
-        journal = lambda n: next(iter(sorted((workdir / "tracking").glob(f"sl-sweep-*/{n}-*/journal.jsonl"))), None)  # noqa: E731
+        def journal(n: int) -> Path | None:
+            return next(iter(sorted((workdir / "tracking").glob(f"sl-sweep-*/{n}-*/journal.jsonl"))), None)
         until(lambda: journal(1) is not None and logged(journal(1), 3) or sweep.poll() is not None, timeout=400)
         job1, = [j["key"] for j in slurm_cluster.jobs() if j["key"].endswith("_1")]
         sent = slurm_cluster.preempt(job1)
@@ -84,7 +85,8 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
         assert wait([alone], timeout=300) == [0], (workdir / "alone.out").read_text()
     finally:
         wait([sweep, alone], timeout=1)
-    print(f"SIGUSR2 to the requeued job's script starting again: {restarted:.1f} s; to its resume event: {resumed:.1f} s")
+    print(f"SIGUSR2 to the requeued job's script starting again: {restarted:.1f} s; "
+          f"to its resume event: {resumed:.1f} s")
 
     # The sweep's directory and job names are the launching process's, though no variable of its
     # environment reached the jobs (--export=NONE).
@@ -130,8 +132,8 @@ def test_outside_an_srun_step_a_process_trains_alone_or_says_how_to_launch(workd
     assert not (workdir / "ck" / "refused").exists()
     alone = dew(*RUN, "trainer.steps=1", "trainer.name=alone", cwd=workdir, env=batch)
     assert alone.returncode == 0, alone.stderr
-    assert "outside an srun step: training alone in this process" in (workdir / "ck" / "alone" / "train.log").read_text() \
-        + alone.stderr
+    said = (workdir / "ck" / "alone" / "train.log").read_text() + alone.stderr
+    assert "outside an srun step: training alone in this process" in said
 
 
 def test_the_profile_real_sites_need():

@@ -17,11 +17,11 @@ coordinator of an ``srun`` step, is reachable without a hosts file.
   ``SLURM_STEP_*``, ``CUDA_VISIBLE_DEVICES`` from the GPU options), pins each task to its CPUs as
   Slurm 22.05-23.02 does (``--cpus-per-task`` or ``SRUN_CPUS_PER_TASK``, never sbatch's value) and
   forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to its tasks.
-- ``scontrol requeue <id>`` (refused, as on a site with ``JobRequeue=0``, when
-  ``SLURM_STANDIN_JOB_REQUEUE=0`` and the job was not submitted with ``--requeue``) ends the running job (SIGTERM to all its processes, SIGKILL after
+- ``scontrol requeue <id>`` ends the running job (SIGTERM to all its processes, SIGKILL after
   ``SLURM_STANDIN_KILL_WAIT`` seconds, 30 by default, Slurm's KillWait) and runs the script again
-  under the same id with ``SLURM_RESTART_COUNT`` one higher; ``scontrol show job <id>`` prints the
-  record.
+  under the same id with ``SLURM_RESTART_COUNT`` one higher. With ``SLURM_STANDIN_JOB_REQUEUE=0`` (a
+  site's ``JobRequeue=0``) it is refused unless the job was submitted with ``--requeue``.
+  ``scontrol show job <id>`` prints the record.
 - ``sacct -o JobID,State,NodeList --parsable2 -j <id>`` and ``squeue`` report the states submitit's
   watcher reads: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED.
 - ``scancel [--signal=SIG] <id>`` signals the job's tasks, or cancels the job.
@@ -300,7 +300,9 @@ def srun(args: list[str]) -> int:
         if (gpus := task_gpus(env, options, local)) is not None:
             task_env["CUDA_VISIBLE_DEVICES"] = gpus
         log = open(output_name(options.get("output", "slurm-%j.out"), env, rank), "a")  # noqa: SIM115
-        err = open(output_name(options["error"], env, rank), "a") if "error" in options else subprocess.STDOUT  # noqa: SIM115
+        err = subprocess.STDOUT
+        if "error" in options:
+            err = open(output_name(options["error"], env, rank), "a")  # noqa: SIM115
         cores = sorted(os.sched_getaffinity(0))
         mine = {cores[(local * cpus + c) % len(cores)] for c in range(cpus)}
         procs.append(subprocess.Popen(command, env=task_env, stdout=log, stderr=err,
@@ -328,9 +330,10 @@ def scontrol(args: list[str]) -> int:
     if args[:2] == ["show", "job"]:
         for key in keys_of(args[2]):
             job = load(key)
+            nodes = int(job["options"].get("nodes", 1))
             print(f"JobId={job['job_id']} ArrayJobId={job['array_job_id']} ArrayTaskId={job['array_task_id']} "
                   f"JobName={job['options'].get('job-name', '')} JobState={job['state']} Restarts={job['restarts']} "
-                  f"NumNodes={job['options'].get('nodes', 1)} NodeList={node_list(int(job['options'].get('nodes', 1)))}")
+                  f"NumNodes={nodes} NodeList={node_list(nodes)}")
         return 0
     print(f"scontrol: error: the stand-in does not know {' '.join(args)!r}", file=sys.stderr)
     return 1
