@@ -143,7 +143,7 @@ def sbatch(args: list[str]) -> None:
                "pgid": None, "tasks": [], "steps": 0, "exit_code": None}
         with locked():
             save(job)
-        subprocess.Popen([sys.executable, __file__, "_run", key], start_new_session=True, env=os.environ,
+        subprocess.Popen([sys.executable, "-I", __file__, "_run", key], start_new_session=True, env=os.environ,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print(first if parsable else f"Submitted batch job {first}", flush=True)
 
@@ -225,7 +225,7 @@ def end_job(job: dict) -> None:
     if job["pgid"] is None:
         return
     wait = job["env"].get("SLURM_STANDIN_KILL_WAIT", "30")
-    subprocess.Popen([sys.executable, __file__, "_kill", str(job["pgid"]), wait], start_new_session=True,
+    subprocess.Popen([sys.executable, "-I", __file__, "_kill", str(job["pgid"]), wait], start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
