@@ -128,8 +128,9 @@ def _join_process_pool(multi_host: bool | None) -> None:
         jax.distributed.initialize(**args)
     except Exception as err:  # noqa: BLE001 - re-raised with the setting that asked for it
         raise RuntimeError(f"trainer.multi_host={multi_host}: could not join the JAX process pool: {err}") from err
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # the CPUs srun gave
     log.info("joined the JAX process pool: process %d of %d (local devices %s, %d CPUs)", jax.process_index(),
-             jax.process_count(), args.get("local_device_ids", "JAX's choice"), len(os.sched_getaffinity(0)))
+             jax.process_count(), args.get("local_device_ids", "JAX's choice"), cpus)
 
 
 def from_process_zero(key: str, value: Any, *, timeout_s: float = 3600) -> Any:
