@@ -143,12 +143,13 @@ def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> s
     return candidate
 
 
-def sweep_record(config: DictConfig) -> str:
+def sweep_record(config: DictConfig) -> str | None:
     """The sweep's record (its directory and swept keys) as ``_sweep_name`` decides it in the
     launching process: the launchers pickle it with every job, so a job that does not inherit the
-    environment (``--export=NONE``) agrees with the launching process."""
+    environment (``--export=NONE``) agrees with the launching process. None for a sweep directory
+    given on the command line (``hydra.sweep.dir=...``), which every job composes alike."""
     str(config.hydra.sweep.dir)  # resolving the directory records the sweep
-    return os.environ[SWEEP_ENV]
+    return os.environ.get(SWEEP_ENV)
 
 
 def _job_dirname(num: Any, overrides: Any) -> str:
