@@ -28,7 +28,7 @@ import pytest
 from dew.training.tracking import read_journal
 from tests.cli.test_docs import _jobs
 from tests.conftest import REPO, dew
-from tests.slurm_standin import slurm_cluster  # noqa: F401 - the fixture
+from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
 from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
 
@@ -134,6 +134,26 @@ def test_outside_an_srun_step_a_process_trains_alone_or_says_how_to_launch(workd
     assert alone.returncode == 0, alone.stderr
     said = (workdir / "ck" / "alone" / "train.log").read_text() + alone.stderr
     assert "outside an srun step: training alone in this process" in said
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"slurm_gres": "gpu:4", "tasks_per_node": 2}, [[0, 1], [2, 3], [0, 1], [2, 3]]),  # --gres, 2 GPUs a task
+    ({"gpus_per_node": 2, "tasks_per_node": 1}, [[0, 1], [0, 1]]),  # one task per node: all its GPUs
+    ({"gpus_per_node": 2, "tasks_per_node": 2}, [[0], [1], [0], [1]]),  # one task per GPU
+    ({"slurm_gpus_per_task": 1, "tasks_per_node": 2}, [[0], [0], [0], [0]]),  # each sees its own, as 0
+])
+def test_each_task_gets_its_own_gpus_through_the_stand_in(slurm_cluster, monkeypatch, tmp_path, options,  # noqa: F811
+                                                          expected):
+    """The variables the stand-in's srun sets for each GPU option, read by dew's mapping in each task."""
+    import submitit
+
+    for key, value in slurm_cluster.env(fast_env()).items():
+        monkeypatch.setenv(key, value)
+    executor = submitit.AutoExecutor(folder=tmp_path / "log" / "%j", cluster="slurm")
+    executor.update_parameters(nodes=2, timeout_min=5, **options)
+    views = executor.submit(task_view).results()
+    assert views == [(rank, len(expected), devices) for rank, devices in enumerate(expected)]
 
 
 def test_the_profile_real_sites_need():

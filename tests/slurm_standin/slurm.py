@@ -168,6 +168,9 @@ def batch_env(job: dict) -> dict[str, str]:
     if gpus := gpus_per_node(options):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(gpus)))
         env["SLURM_GPUS_ON_NODE"] = str(gpus)
+    for option in ("gpus-per-node", "gpus-per-task", "gpu-bind"):
+        if option in options:
+            env[f"SLURM_{option.upper().replace('-', '_')}"] = options[option]
     if job["array_job_id"] is not None:
         env.update(SLURM_ARRAY_JOB_ID=str(job["array_job_id"]), SLURM_ARRAY_TASK_ID=str(job["array_task_id"]),
                    SLURM_ARRAY_TASK_COUNT=str(job["array_count"]))
