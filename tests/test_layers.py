@@ -34,14 +34,6 @@ ALLOWED_CIRCLES: dict[frozenset[str], str] = {
         "RunConfig.load imports dew.recipe (importlib) so that a Recipe record it cannot read names Recipe",
     frozenset({"dew.data.specs", "dew.data.digits", "dew.data.flowers", "dew.data.stream", "dew.data.tokens"}):
         "each spec's load imports its loader; each loader imports its spec back",
-    frozenset({"dew.models.transformer", "dew.models.decoder"}): "decoder annotates with TransformerFields",
-    frozenset({"dew.models.simple_dit", "dew.models.dit"}): "dit annotates with SimpleDiTFields",
-    frozenset({"dew.objectives.next_token", "dew.objectives.autoregressive"}):
-        "autoregressive takes NextTokenKnobs and NextTokenSpec.name",
-    frozenset({"dew.objectives.flow_matching", "dew.objectives.rectified_flow"}):
-        "rectified_flow takes FlowMatchingKnobs and FlowMatchingSpec.name",
-    frozenset({"dew.objectives.masked_diffusion", "dew.objectives.mdlm"}):
-        "mdlm takes MaskedDiffusionKnobs and MaskedDiffusionSpec.name",
 }
 """Circles still to break (the modules of each), with the names that tie them."""
 
