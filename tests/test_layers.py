@@ -152,3 +152,33 @@ def test_the_arrow_up_exists(source: tuple[str, str]) -> None:
     names = {t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
              for t in imported(n, source[0], False)}
     assert source[1] in names
+
+
+READER_REACHES_WRITER = {
+    ("dew.runs.status", "dew.training.lock"):
+        "whether a live process holds a run's lock is the lock's own code (fcntl), not a name of the format",
+}
+"""Imports from the run directory's readers (``dew.runs``) into its writer (``dew.training``), each
+with why; the list can only shrink."""
+
+
+def between(edges: dict[str, set[str]], source: str, target: str) -> set[tuple[str, str]]:
+    return {(a, b) for a, bs in edges.items() if a.startswith(source) for b in bs if b.startswith(target)}
+
+
+def test_the_run_directory_format_is_a_leaf() -> None:
+    """``dew.rundir_format`` is what the writer and the readers share; it depends on neither (nor
+    on JAX: it imports nothing but the standard library)."""
+    tree = ast.parse(modules()["dew.rundir_format"].read_text())
+    names = {t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+             for t in imported(n, "dew.rundir_format", False)}
+    assert names <= {"__future__", "__future__.annotations"}, names
+
+
+def test_writer_and_readers_meet_in_the_format() -> None:
+    """The run directory's writer (``dew.training``) and its readers (``dew.runs``) take what they
+    share from ``dew.rundir_format``, never from each other."""
+    edges = graph()
+    assert between(edges, "dew.training.", "dew.runs.") == set()
+    assert between(edges, "dew.runs.", "dew.training.") == set(READER_REACHES_WRITER)
+    assert {"dew.rundir_format"} <= edges["dew.runs.journal"] & edges["dew.training.tracking"]
