@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from dew.data.specs import DataSpec, datasets
 from dew.registry import AttentionImpl, DtypeName, MatmulPrecision
+from dew.rundir_format import RUN_RECORD
 from dew.training.schedules import ScheduleSpec
 from dew.typed import ConfigError, JsonString, from_json, to_json
 
@@ -40,8 +41,6 @@ JsonDict = Annotated[dict[str, Any], JsonString]
 """The fields a model is built from, written as a single JSON string on the command line
 (``model.config='{"depth": 4}'``) or with Hydra's dict syntax. The registry knows which architecture
 takes which field and narrows each one where it builds it, so the values are read there."""
-
-RUN_RECORD = "run.json"
 
 
 def json_list_argument(cls: type) -> JsonString:

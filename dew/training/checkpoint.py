@@ -34,9 +34,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-log = logging.getLogger("dew")
+from dew.rundir_format import BEST_METRIC
 
-BEST_METRIC = "eval/loss"
+log = logging.getLogger("dew")
 
 
 DAMAGED = "damaged"

@@ -21,9 +21,9 @@ import socket
 import time
 from typing import Any
 
-log = logging.getLogger("dew")
+from dew.rundir_format import LOCK_FILE
 
-LOCK_FILE = ".lock"
+log = logging.getLogger("dew")
 
 
 class RunLockedError(RuntimeError):
