@@ -232,3 +232,30 @@ def test_flock_respects_a_live_lease(tmp_path: Path, monkeypatch):
         RunLock(tmp_path).acquire()
     _write_lease(tmp_path, released=time.time())
     RunLock(tmp_path).acquire().release()
+
+
+@pytest.mark.slow
+def test_dew_train_on_a_filesystem_whose_flock_fails(workdir: Path):
+    """dew-train on a simulated Lustre without -o flock: the run takes a lease; SIGKILLed, it leaves
+    the lease behind, which neither refuses the same command's resume nor reads as running."""
+    from tests.conftest import dew
+    from tests.fs_sim import noflock_env
+
+    env = noflock_env(fast_env())
+    args = [*TINY, "trainer.name=r", "trainer.steps=20", "trainer.eval_every=null", "trainer.checkpoint_every=10",
+            "trainer.checkpoint_dir=ck"]
+    run = workdir / "ck" / "r"
+    assert dew_train(*args, cwd=workdir, env=env, kill_when=lambda w: (run / "10").is_dir()) is None
+    killed = _lease(run)
+    assert "released" not in killed and killed["host"] == socket.gethostname()  # a lease, not a flock record
+    listed = dew("ck", cwd=workdir, env=env, script="dew.cli.runs", timeout=120)
+    assert listed.returncode == 0 and " running " not in listed.stdout, listed.stdout + listed.stderr
+
+    resumed = dew_train(*args, cwd=workdir, env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resuming r from step 10" in resumed.stdout and "Traceback" not in resumed.stdout
+    assert f"taking over the run lock of process {killed['pid']} on {killed['host']}" in resumed.stdout
+    assert "released" in _lease(run)
+    listed = dew("ck", cwd=workdir, env=env, script="dew.cli.runs", timeout=120)
+    row = listed.stdout.splitlines()[1].split()
+    assert row[:3] == ["r", "finished", "20/20"], listed.stdout
