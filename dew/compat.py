@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8"}
+WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8", "orbax-checkpoint": "0.12.8"}
 """The versions whose internals the functions below were written against."""
 
 
@@ -79,3 +79,45 @@ def qwix_qt_provider_private() -> dict[str, Callable[..., Any]]:
     import qwix
 
     return {name: getattr(qwix.QtProvider, name) for name in QT_PROVIDER_PRIVATE}
+
+
+# ---------------------------------------------------------------------------------------- orbax
+
+
+def _settling_loop_runner(coro: Any) -> Any:
+    """orbax's ``_run_sync_via_new_loop``, except that the loop, before it closes, lets the tasks
+    the coroutine left running finish (they end or fail on their own: each is one read)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        pending = asyncio.all_tasks(loop)
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+@contextlib.contextmanager
+def orbax_reads_settle() -> Iterator[None]:
+    """Within: a restore that fails part-way (a damaged checkpoint) lets its other reads finish
+    before orbax closes the event loop they report to.
+
+    orbax-checkpoint 0.12.8 runs each restore with ``asyncio_utils.run_sync``, which (outside a
+    running loop) runs the coroutine on a fresh loop (``_run_sync_via_new_loop``) and closes it as
+    soon as the coroutine ends. When one array's read fails, the gather over all reads raises at
+    once and the loop closes with the other reads still in flight; tensorstore completes them later
+    on its own threads, into the closed loop, and Python prints ``RuntimeError: Event loop is
+    closed`` as an unraisable exception, once per read. ``run_sync`` reads the module global at
+    every call, so the replacement is a patch of that global, restored on exit."""
+    from orbax.checkpoint._src import asyncio_utils
+
+    original = asyncio_utils._run_sync_via_new_loop
+    asyncio_utils._run_sync_via_new_loop = _settling_loop_runner
+    try:
+        yield
+    finally:
+        asyncio_utils._run_sync_via_new_loop = original

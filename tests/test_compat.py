@@ -48,3 +48,61 @@ def test_qwix_qt_provider_private_methods_exist():
     source = inspect.getsource(qwix.QtProvider)
     for name in compat.QT_PROVIDER_PRIVATE:
         assert f"self.{name}" in source, name
+
+
+def _restore_that_fails_with_a_read_in_flight(run_sync) -> tuple[list, list]:
+    """What a damaged checkpoint does to orbax's restore: one read fails while another (a tensorstore
+    future, completed by tensorstore's thread a moment later) is still in flight. (reads that
+    finished, unraisable exceptions printed)."""
+    import asyncio
+    import threading
+    import time
+
+    import tensorstore as ts
+
+    promise, future = ts.Promise.new()
+    finished, unraisable = [], []
+
+    async def other_read():
+        finished.append(await future)
+
+    async def restore():
+        asyncio.get_running_loop().create_task(other_read())
+        await asyncio.sleep(0)
+        raise ValueError("OUT_OF_RANGE: a cut-short array")
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(repr(u.exc_value))
+    try:
+        threading.Timer(0.2, promise.set_result, args=(7,)).start()
+        try:
+            run_sync(restore())
+        except ValueError:
+            pass
+        time.sleep(0.5)  # the other read completes, into whatever loop is left
+    finally:
+        sys.unraisablehook = hook
+    return finished, unraisable
+
+
+def test_orbax_reads_settle_before_the_loop_closes():
+    from orbax.checkpoint._src import asyncio_utils
+
+    original = asyncio_utils._run_sync_via_new_loop
+    with compat.orbax_reads_settle():
+        assert asyncio_utils._run_sync_via_new_loop is not original
+        assert _restore_that_fails_with_a_read_in_flight(asyncio_utils.run_sync) == ([7], [])
+    assert asyncio_utils._run_sync_via_new_loop is original
+    # what the patch mends: orbax closes the loop under the read ("Event loop is closed")
+    finished, unraisable = _restore_that_fails_with_a_read_in_flight(asyncio_utils.run_sync)
+    assert finished == [] and unraisable == ["RuntimeError('Event loop is closed')"]
+
+
+def test_orbax_restores_run_through_run_sync():
+    """The orbax calls dew's restores make go through ``asyncio_utils.run_sync``, which runs the
+    loop ``orbax_reads_settle`` replaces."""
+    from orbax.checkpoint._src import asyncio_utils
+    from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler as handler
+
+    assert "asyncio_utils.run_sync(" in inspect.getsource(handler.BasePyTreeCheckpointHandler.restore)
+    assert "_run_sync_via_new_loop(" in inspect.getsource(asyncio_utils.run_sync)
