@@ -106,3 +106,52 @@ def test_orbax_restores_run_through_run_sync():
 
     assert "asyncio_utils.run_sync(" in inspect.getsource(handler.BasePyTreeCheckpointHandler.restore)
     assert "_run_sync_via_new_loop(" in inspect.getsource(asyncio_utils.run_sync)
+
+
+def test_hydra_args_parser_reads_overrides_and_flags():
+    args, unknown = compat.hydra_args_parser().parse_known_args(["-m", "trainer.steps=3", "model=dit", "--cfg", "job"])
+    assert (args.overrides, args.multirun, args.cfg, unknown) == (["trainer.steps=3", "model=dit"], True, "job", [])
+
+
+def test_submitit_requeue_signal_is_the_preemption_signal():
+    import signal
+
+    from submitit.core.job_environment import JobEnvironment
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    assert compat.submitit_requeue_signal() == compat.submitit_requeue_signal(SlurmJobEnvironment) == signal.SIGUSR2
+
+    class Usr1(JobEnvironment):  # what SUBMITIT_PREEMPT_SIGNAL=USR1 sets, read by the same method
+        USR_SIG = "USR1"
+
+    assert compat.submitit_requeue_signal(Usr1) == signal.SIGUSR1
+
+
+def test_qwix_convert_rules_sees_each_rule_after_the_base_prepared_it():
+    import qwix
+
+    seen = []
+
+    class Provider(qwix.QtProvider):
+        pass
+
+    compat.qwix_convert_rules(Provider, lambda rule: seen.append(rule) or "converted")
+    provider = Provider([qwix.QtRule(module_path="a", weight_qtype="int8"), qwix.QtRule(module_path="b")])
+    assert [r.module_path for r in seen] == ["a", "b"] and all(isinstance(r, qwix.QtRule) for r in seen)
+    assert provider._rules == ["converted", "converted"]  # what qwix's matmuls then read
+    with_base_check = Provider.__mro__[1]._init_rule  # the base still validates first (QtProvider's own)
+    assert with_base_check is qwix.QtProvider._init_rule
+
+
+def test_xla_cpu_client_child_refuses_an_unknown_flag():
+    import os
+
+    import jaxlib._jax
+
+    assert callable(jaxlib._jax.get_tfrt_cpu_client)  # the fast path, not the fallback
+    env = {**os.environ, "XLA_FLAGS": "--xla_no_such_flag=1", "TF_CPP_MIN_LOG_LEVEL": "0", "JAX_PLATFORMS": "cpu"}
+    child = subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode != 0 and "Unknown flag" in child.stderr and "xla_no_such_flag" in child.stderr
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+    assert subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, timeout=120).returncode == 0
