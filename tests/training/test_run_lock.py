@@ -130,6 +130,9 @@ def test_lease_is_taken_held_and_released_where_flock_fails(tmp_path: Path, no_f
 
     monkeypatch.setenv("SLURM_JOB_ID", "991")
     run = tmp_path / "run"
+    run.mkdir()
+    (run / ".lock").write_text("")  # what a failed flock left behind before the lease
+    assert holder(run) is None  # not running (it read as "in use by process ? on ?")
     lock = RunLock(run).acquire()
     lease = _lease(run)
     assert (lease["host"], lease["pid"], lease["slurm_job_id"]) == (socket.gethostname(), os.getpid(), "991")
@@ -186,8 +189,7 @@ def test_a_stale_lease_is_taken_over_with_a_line(tmp_path: Path, no_flock, caplo
     assert holder(tmp_path) is None  # stale reads as not running
     with caplog.at_level("WARNING", logger="dew"), RunLock(tmp_path):
         assert _lease(tmp_path)["pid"] == os.getpid()
-    line = f"taking over the run lock of process 4242 on node-17"
-    assert line in caplog.text and "heartbeat is 120 s old (a lease is stale after 60 s" in caplog.text
+    assert "taking over the run lock of process 4242 on node-17" in caplog.text and "heartbeat is 120 s old (a lease is stale after 60 s" in caplog.text
     # a fresh one from another host is not
     _write_lease(tmp_path, heartbeat=time.time() - 30)
     with pytest.raises(RuntimeError, match="in use by process 4242 on node-17"):
@@ -259,3 +261,32 @@ def test_dew_train_on_a_filesystem_whose_flock_fails(workdir: Path):
     listed = dew("ck", cwd=workdir, env=env, script="dew.cli.runs", timeout=120)
     row = listed.stdout.splitlines()[1].split()
     assert row[:3] == ["r", "finished", "20/20"], listed.stdout
+
+
+@pytest.mark.parametrize("no_flock", ["ENOSYS"], indirect=True)
+def test_one_of_several_racing_processes_takes_a_stale_lease(tmp_path: Path, no_flock):
+    """Four processes released at the same instant at one stale lease: exactly one takes it, the
+    others are refused naming the winner."""
+    from tests.fs_sim import noflock_env
+
+    run, go = tmp_path / "run", tmp_path / "go"
+    _write_lease(run, heartbeat=time.time() - 120)
+    code = ("import os, sys, time; from dew.training.lock import RunLock, RunLockedError\n"
+            "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
+            "try: RunLock(sys.argv[1]).acquire()\n"
+            "except RunLockedError as err: print('refused', err, flush=True); sys.exit(0)\n"
+            "print('took', flush=True); time.sleep(1)")
+    env = noflock_env(dict(os.environ), no_flock)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(run), str(go)], stdout=subprocess.PIPE, text=True,
+                              env=env) for _ in range(4)]
+    try:
+        time.sleep(0.3)  # all started and waiting
+        go.touch()
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    winners = [p.pid for p, out in zip(procs, outs, strict=True) if out.startswith("took")]
+    assert len(winners) == 1, outs
+    assert all(f"in use by process {winners[0]} on" in out for out in outs if out.startswith("refused")), outs
