@@ -275,18 +275,18 @@ def test_one_of_several_racing_processes_takes_a_stale_lease(tmp_path: Path, no_
             "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
             "try: RunLock(sys.argv[1]).acquire()\n"
             "except RunLockedError as err: print('refused', err, flush=True); sys.exit(0)\n"
-            "print('took', flush=True); time.sleep(1)")
+            "print('took', flush=True); sys.stdin.read()")  # held until every process has answered
     env = noflock_env(dict(os.environ), no_flock)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(run), str(go)], stdout=subprocess.PIPE, text=True,
-                              env=env) for _ in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(run), str(go)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
     try:
-        time.sleep(0.3)  # all started and waiting
+        time.sleep(0.3)  # most started and waiting (one that starts late finds the winner's lease)
         go.touch()
-        outs = [p.communicate(timeout=60)[0] for p in procs]
+        outs = [p.stdout.readline() for p in procs]
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
+            p.kill()
+            p.wait()
     winners = [p.pid for p, out in zip(procs, outs, strict=True) if out.startswith("took")]
     assert len(winners) == 1, outs
     assert all(f"in use by process {winners[0]} on" in out for out in outs if out.startswith("refused")), outs
