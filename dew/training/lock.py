@@ -185,12 +185,13 @@ class _Lease:
         """Link a complete lease to ``.lock`` if there is none: True if this took it."""
         temp = self._staged(heartbeat=time.time())
         try:
-            os.link(temp, self.path)
-            return True
-        except FileExistsError:
-            return False
-        except OSError:  # a filesystem without hard links: create-exclusive, then write
-            return self._create_exclusive(temp)
+            try:
+                os.link(temp, self.path)
+            except FileExistsError:
+                pass  # on NFS possibly a retransmitted link that did succeed: the link count tells
+            except OSError:  # a filesystem without hard links: create-exclusive, then write
+                return self._create_exclusive(temp)
+            return os.stat(temp).st_nlink == 2  # open(2)'s NFS-safe test: the link is ours
         finally:
             os.unlink(temp)
 

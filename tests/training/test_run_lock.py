@@ -224,6 +224,17 @@ def test_the_heartbeat_is_renewed(tmp_path: Path, no_flock, monkeypatch):
     assert holder(tmp_path) is None
 
 
+def test_a_bad_bound_is_named_and_the_default_used(monkeypatch, caplog):
+    from dew.training.lock import STALE_S, stale_after
+
+    monkeypatch.setenv("DEW_LEASE_STALE_S", "-5")
+    with caplog.at_level("WARNING", logger="dew"):
+        assert stale_after() == STALE_S == 60
+    assert "DEW_LEASE_STALE_S='-5' is not a positive number of seconds: using 60" in caplog.text
+    monkeypatch.setenv("DEW_LEASE_STALE_S", "90")
+    assert stale_after() == 90
+
+
 def test_flock_respects_a_live_lease(tmp_path: Path, monkeypatch):
     """A node that can flock the directory is refused while a node that cannot holds its lease."""
     from dew.training.lock import RunLock
