@@ -146,7 +146,8 @@ def not_live(record: dict[str, Any], *, writer: bool) -> str | None:
         return f"it was held by an earlier run of this SLURM job ({job}), now requeued"
     if _gone(record):
         return f"its holder, process {record.get('pid')} on this host, is gone"
-    bound = record.get("stale_after") or STALE_S
+    bound = record.get("stale_after")
+    bound = bound if isinstance(bound, (int, float)) and bound > 0 else STALE_S
     age = time.time() - float(record["heartbeat"])
     if age > bound:
         return f"its last heartbeat is {age:.0f} s old (a lease is stale after {bound:g} s, {STALE_ENV})"
