@@ -8,8 +8,10 @@ Two kinds, one file, ``<run dir>/.lock``:
   lock blocks the resume that follows; the file itself stays and only names the last holder. On
   NFS the lock lives on the server: a client that dies for good (never reboots to tell the server's
   lock manager) can leave its lock held until the server drops it (NFSv4: its lease, ~90 s; NFSv3:
-  when ``statd`` learns of the client's reboot, or an administrator clears it). dew relies on that;
-  the refusal names the host that held it.
+  when ``statd`` learns of the client's reboot, or an administrator clears it). dew relies on that,
+  with one exception: the file records the holder's SLURM job id, and a requeue of that same job
+  (which SLURM starts only after ending the job's processes) sets the locked file aside and locks a
+  new one. Anyone else is refused, naming the host that held it.
 * **a lease**, where ``flock`` fails with ENOSYS (Lustre without ``-o flock``), ENOLCK (NFS without
   a lock manager), EOPNOTSUPP or any other error but "held": the file holds the holder's host, PID,
   SLURM job id and a heartbeat time that a daemon thread renews every ``STALE_S / 6`` seconds by
@@ -135,15 +137,22 @@ def _gone(record: dict[str, Any]) -> bool:
     return False
 
 
+def _own_earlier_run(record: dict[str, Any]) -> bool:
+    """Whether ``record`` was written by another process of this process's own SLURM job: the
+    job's run before a requeue (SLURM ends a job's processes before it requeues the job)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    me = (socket.gethostname(), os.getpid())
+    return bool(job) and str(record.get("slurm_job_id")) == job and (record.get("host"), record.get("pid")) != me
+
+
 def not_live(record: dict[str, Any], *, writer: bool) -> str | None:
     """Why a lock file's ``record`` does not hold the run directory ("" when it never held anything
     worth a word: no lease, a released one), or None when it is a live lease. ``writer``: asked by a
     process about to take it, for which an earlier run of its own SLURM job does not count."""
     if not isinstance(record.get("heartbeat"), (int, float)) or record.get("released"):
         return ""
-    job = os.environ.get("SLURM_JOB_ID")
-    if writer and job and str(record.get("slurm_job_id")) == job:
-        return f"it was held by an earlier run of this SLURM job ({job}), now requeued"
+    if writer and _own_earlier_run(record):
+        return f"it was held by an earlier run of this SLURM job ({record['slurm_job_id']}), now requeued"
     if _gone(record):
         return f"its holder, process {record.get('pid')} on this host, is gone"
     bound = record.get("stale_after")
@@ -290,21 +299,34 @@ class RunLock:
                         "second writer", self.directory)
             return self
         os.makedirs(local, exist_ok=True)
-        fd = os.open(os.path.join(local, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        self._take(local, requeued=False)
+        return self
+
+    def _take(self, local: str, *, requeued: bool) -> None:
+        """flock ``.lock``, or take a lease where the filesystem cannot; ``requeued``: the file an
+        earlier run of this SLURM job still locked has just been set aside."""
+        path = os.path.join(local, LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             holder = _read_holder(fd)
             os.close(fd)
+            if err.errno in HELD and not requeued and _own_earlier_run(holder):
+                # NFS can keep a dead node's flock: the requeued job moves that file aside and locks anew
+                log.warning("%s: taking over the run lock of %s: it was held by an earlier run of this SLURM "
+                            "job, now requeued, whose flock outlived it", local, describe(holder))
+                _set_aside(path, f"{path}.{uuid.uuid4().hex}.aside")
+                self._take(local, requeued=True)
+                return
             if err.errno in HELD:
                 raise _busy(local, holder) from None
             log.info("%s: the filesystem cannot flock (%s): the run lock is a lease renewed every %g s",
                      local, errno.errorcode.get(err.errno, err.errno), stale_after() / RENEWALS_PER_BOUND)
             self._lease = _Lease(local)
             self._lease.acquire()
-            return self
+            return
         self._claim(fd, local)
-        return self
 
     def _claim(self, fd: int, local: str) -> None:
         """Write this process into the flocked file, unless it holds a live lease (a process on a
@@ -316,8 +338,10 @@ class RunLock:
             raise _busy(local, found)
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                 "started": time.time()}).encode())
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        if os.environ.get("SLURM_JOB_ID"):  # a requeue of the job may take over (see _take)
+            record["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
+        os.write(fd, json.dumps(record).encode())
         os.fsync(fd)
         self._fd = fd
 
@@ -351,7 +375,17 @@ def holder(directory: str | os.PathLike, *, writer: bool = False) -> dict[str, A
         return None
     if isinstance(found[0].get("heartbeat"), (int, float)):
         return found[0] if not_live(found[0], writer=writer) is None else None
-    return _flock_holder(path)
+    held = _flock_holder(path)
+    return None if held is not None and writer and _own_earlier_run(held) else held
+
+
+def _set_aside(path: str, aside: str) -> None:
+    """Remove ``path`` by renaming it first (a file another client still locks or reads goes at once)."""
+    try:
+        os.rename(path, aside)
+        os.unlink(aside)
+    except FileNotFoundError:
+        pass
 
 
 def _read_file_quietly(path: str) -> tuple[dict[str, Any], bytes] | None:

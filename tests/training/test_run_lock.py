@@ -301,3 +301,37 @@ def test_one_of_several_racing_processes_takes_a_stale_lease(tmp_path: Path, no_
     winners = [p.pid for p, out in zip(procs, outs, strict=True) if out.startswith("took")]
     assert len(winners) == 1, outs
     assert all(f"in use by process {winners[0]} on" in out for out in outs if out.startswith("refused")), outs
+
+
+def test_a_requeued_job_takes_over_a_flock_its_earlier_run_left(tmp_path: Path, monkeypatch, caplog):
+    """NFS can keep a dead node's flock: a requeued job (same SLURM job id) sets that file aside and
+    locks a new one; another job is still refused. (The earlier run here is alive, holding its flock
+    as a dead node's lock manager would.)"""
+    from dew.training.lock import RunLock, RunLockedError
+    from dew.training.rundir import refuse_if_held
+
+    run = tmp_path / "run"
+    holding = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.training.lock import RunLock; "
+                                "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)",
+                                str(run)], stdout=subprocess.PIPE, text=True, env={**os.environ, "SLURM_JOB_ID": "55"})
+    try:
+        assert holding.stdout.readline().strip() == "held"
+        monkeypatch.setenv("SLURM_JOB_ID", "56")
+        with pytest.raises(RunLockedError, match=f"in use by process {holding.pid} on .* in SLURM job 55"):
+            refuse_if_held(run)
+        with pytest.raises(RunLockedError, match=f"in use by process {holding.pid} on .* in SLURM job 55"):
+            RunLock(run).acquire()
+        monkeypatch.setenv("SLURM_JOB_ID", "55")
+        refuse_if_held(run)
+        assert holder(run)["pid"] == holding.pid  # a reader still sees the earlier run
+        with caplog.at_level("WARNING", logger="dew"), RunLock(run):
+            assert holder(run)["pid"] == os.getpid()
+            assert f"taking over the run lock of process {holding.pid} on {socket.gethostname()} in SLURM job 55" \
+                   in caplog.text and "an earlier run of this SLURM job, now requeued, whose flock outlived it" in caplog.text
+            monkeypatch.setenv("SLURM_JOB_ID", "56")
+            with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()} on"):
+                RunLock(run).acquire()
+        assert holder(run) is None and sorted(p.name for p in run.iterdir()) == [".lock"]
+    finally:
+        os.kill(holding.pid, signal.SIGKILL)
+        holding.wait()
