@@ -38,15 +38,13 @@ class QLoraRule(qwix.LoraRule, qwix.QtRule):
 class _QtBase(qwix.PtqProvider):
     """``QtProvider``'s matmuls under ``PtqProvider``'s name, for ``QLoraProvider``'s MRO."""
 
-    def _init_rule(self, rule: Any) -> Any:
-        rule = super()._init_rule(rule)
-        return rule if isinstance(rule, qwix.QtRule) else qwix.QtRule(**dataclasses.asdict(rule))
-
     dot_general = qwix.QtProvider.dot_general
     einsum = qwix.QtProvider.einsum
     conv_general_dilated = qwix.QtProvider.conv_general_dilated
 
 
+compat.qwix_convert_rules(  # each rule a QtRule, as QtProvider's matmuls expect
+    _QtBase, lambda rule: rule if isinstance(rule, qwix.QtRule) else qwix.QtRule(**dataclasses.asdict(rule)))
 for _name, _method in compat.qwix_qt_provider_private().items():  # the private methods those matmuls call
     setattr(_QtBase, _name, _method)
 

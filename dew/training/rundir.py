@@ -174,7 +174,7 @@ def refuse_if_held(path: str | os.PathLike) -> None:
     key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
     if key in _held:
         return
-    who = holder(path)
+    who = holder(path, writer=True)  # a requeue of the same SLURM job takes its own lease
     if who is not None:
         raise RunLockedError(f"{key} is in use by {describe(who)}; a run directory takes one writer "
                              "at a time. Wait for it to finish or stop it, or name another run with "
