@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -449,6 +450,11 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.init_from is not None and "://" not in self.init_from:
             object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
+        for pattern in self.init_skip:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"trainer.init_skip pattern {pattern!r} is not a regular expression: {err}") from None
         if self.init_skip and self.init_from is None:
             raise ValueError(f"trainer.init_skip={list(self.init_skip)} needs trainer.init_from: "
                              "there is nothing to skip when every parameter starts from the seed")

@@ -168,7 +168,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
     from dew.training import warmstart
 
-    _, rest = warmstart.load(recipe, params, rest, None, resuming=True)  # a LoRA run's base: its init_from's
+    _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, use_ema, params, tuple(damaged))
 

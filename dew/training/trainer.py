@@ -180,7 +180,8 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     mesh = sharding.make_mesh(t)
     stages = t.stages()
     graphdef, params, rest = adapt.init_model(run, objective)
-    params, rest = warmstart.load(run, params, rest, mesh, resuming=checkpoints.latest_step() is not None)
+    params, rest = warmstart.load(run, params, rest, mesh, resuming=checkpoints.latest_step() is not None,
+                                  run_dir=path)  # trainer.init_from
     optimizer = _optimizer(run, dataset, params, total_steps)
 
     def init_state(params: Any) -> TrainState:

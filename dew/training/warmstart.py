@@ -20,7 +20,8 @@ Two moments:
   trainer holds outside the train state (``TrainState.rest``, closed over by the compiled step, as a
   seed-initialised base is): it is read whole on each process. A resume of a warm-started run takes
   its parameters from its own checkpoint, so ``load`` reads nothing then, except the LoRA base, which
-  the run's checkpoints do not hold.
+  the run's checkpoints do not hold: that is read from the source step the run started from, which
+  ``<run>/init_from.json`` (``PIN``) records.
 """
 
 from __future__ import annotations
@@ -80,9 +81,8 @@ def _steps(run_dir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(run_dir) if n.isdigit())
 
 
-def base_filter(run: RunConfig) -> Any:
-    """The nnx filter of the parameters a warm start loads: every parameter, LoRA's factors aside."""
-    return nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+"""The nnx filter of the parameters a warm start loads: every parameter, LoRA's factors aside."""
 
 
 def skipped(run: RunConfig, key: str) -> bool:
@@ -105,7 +105,7 @@ def check(run: RunConfig, abstract: nnx.Module) -> None:
         return
     source = resolve(run.trainer.init_from)
     theirs = source_shapes(run, source)
-    ours = shapes_of(nnx.state(abstract, base_filter(run)))
+    ours = shapes_of(nnx.state(abstract, BASE))
     for pattern in run.trainer.init_skip:
         if not any(re.fullmatch(pattern, k) for k in ours):
             raise ValueError(f"trainer.init_skip pattern {pattern!r} matches no parameter; the parameters: "
@@ -187,25 +187,44 @@ class _ParamsOnly(Checkpoints):
         return {p: by_name[tuple(map(str, p))] for p in abstract_state}, {}
 
 
-def load(run: RunConfig, params: nnx.State, rest: nnx.State, mesh: jax.sharding.Mesh, *,
-         resuming: bool) -> tuple[nnx.State, nnx.State]:
+PIN = "init_from.json"
+"""The file in a warm-started run's directory that names the source step its parameters came from
+(``{"source": ..., "step": ...}``), so that a resume and ``dew-sample`` of a LoRA run rebuild the
+base from that step, not from whatever the source's latest step has become since."""
+
+
+def load(run: RunConfig, params: nnx.State, rest: nnx.State, mesh: jax.sharding.Mesh | None, *,
+         resuming: bool, run_dir: str | os.PathLike[str] | None = None) -> tuple[nnx.State, nnx.State]:
     """``(params, rest)`` of ``adapt.init_model`` with the source's parameters in place of the seed's
     (the trainable ones laid out on ``mesh`` as the run lays them out). Without ``trainer.init_from``,
-    or on a resume of a run without LoRA, they are returned as they are."""
-    if run.trainer.init_from is None:
+    or on a resume of a run without LoRA, they are returned as they are. A fresh start writes
+    ``PIN`` into ``run_dir`` (process 0); a resume reads the LoRA base from the step it names."""
+    if run.trainer.init_from is None or (run.lora is None and resuming):
         return params, rest
+    step = pinned_step(run_dir) if resuming and run_dir is not None else None
     if run.lora is None:
-        if resuming:
-            return params, rest
-        return _loaded(run, params, mesh), rest
-    base, other = nnx.split_state(rest, base_filter(run), ...)
-    return params, nnx.merge_state(_loaded(run, base, None), other)
+        params, used = _loaded(run, params, mesh, step)
+    else:
+        base, other = nnx.split_state(rest, BASE, ...)
+        base, used = _loaded(run, base, None, step)
+        rest = nnx.merge_state(base, other)
+    if not resuming and run_dir is not None and jax.process_index() == 0:
+        epath.Path(run_dir, PIN).write_text(json.dumps({"source": run.trainer.init_from, "step": used}) + "\n")
+    return params, rest
 
 
-def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None) -> nnx.State:
-    """``state`` with every leaf not in ``trainer.init_skip`` read from the source: laid out over
-    ``mesh`` as the run lays its parameters out, or, with no mesh, whole on this process's first device.
-    The skipped leaves move to the same layout, so that the state is one kind of array throughout."""
+def pinned_step(run_dir: str | os.PathLike[str]) -> int | None:
+    """The source step ``PIN`` in ``run_dir`` names, None without one (or for a Hugging Face source)."""
+    path = epath.Path(run_dir, PIN)
+    return json.loads(path.read_text()).get("step") if path.exists() else None
+
+
+def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None,
+            step: int | None) -> tuple[nnx.State, int | None]:
+    """``state`` with every leaf not in ``trainer.init_skip`` read from the source (at ``step``, when
+    given), and the step read: laid out over ``mesh`` as the run lays its parameters out, or, with no
+    mesh, whole on this process's first device. The skipped leaves move to the same layout, so that
+    the state is one kind of array throughout."""
     from dew.training import sharding
 
     flat = {path: v for path, v in nnx.to_flat_state(state)}
@@ -216,7 +235,7 @@ def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None) ->
         where = {p: jax.sharding.SingleDeviceSharding(jax.local_devices()[0]) for p in flat}
     wanted = {p: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where[p])
               for p, v in flat.items() if not skipped(run, "/".join(map(str, p)))}
-    values = _read(run, wanted)
+    values, used = _read(run, wanted, step)
     fresh = {p: v.get_value() for p, v in flat.items() if p not in wanted}
     if fresh:
         paths = list(fresh)
@@ -225,7 +244,7 @@ def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None) ->
         log.info("init_from: %s keep the seed's initialisation (trainer.init_skip)",
                  ", ".join("/".join(map(str, p)) for p in fresh))
     nnx.replace_by_pure_dict(state, _nested(values))
-    return state
+    return state, used
 
 
 def _nested(flat: dict[tuple[Any, ...], Any], into: dict[Any, Any] | None = None) -> dict[Any, Any]:
@@ -239,22 +258,24 @@ def _nested(flat: dict[tuple[Any, ...], Any], into: dict[Any, Any] | None = None
     return tree
 
 
-def _read(run: RunConfig, target: dict[tuple[Any, ...], Any]) -> dict[tuple[Any, ...], Any]:
+def _read(run: RunConfig, target: dict[tuple[Any, ...], Any],
+          step: int | None) -> tuple[dict[tuple[Any, ...], Any], int | None]:
     """The source's values for ``target``, a flat ``{path: ShapeDtypeStruct}`` whose leaves carry
-    their sharding."""
+    their sharding, and the step they are from (None for a Hugging Face directory). ``step`` (or the
+    one ``init_from`` names) is read as it is; otherwise the newest step that restores."""
     source = resolve(run.trainer.init_from)
     if source.kind == "hf":
         from dew.training import hf_llama
 
-        return hf_llama.read(run, source.path, target)
+        return hf_llama.read(run, source.path, target), None
+    step = step if step is not None else source.step
     checkpoints = _ParamsOnly(epath.Path(source.path))
     try:
-        if source.step is not None:
-            step = source.step
+        if step is not None:
             values, _ = checkpoints.restore(step, target)
         else:
             step, values, _, _ = checkpoints.restore_intact(target, move_damaged=False)
     finally:
         checkpoints.close()
     log.info("init_from: parameters of %s at step %d", source.path, step)
-    return values
+    return values, step

@@ -118,3 +118,31 @@ def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value
     with pytest.raises(ValueError, match=f"model.config.{field}=true"):
         hf_llama.write(fields, {}, str(tmp_path / "hf"))
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
+    from dew.build import build_run
+    from dew.cli import export
+    from tests.training.conftest import journal, losses
+    from tests.training.mesh_runs import compose
+
+    rng = np.random.default_rng(0)
+    for name in ("train", "val"):
+        rng.integers(0, 64, 4096).astype(np.uint16).tofile(tmp_path / f"{name}.bin")
+    common = ["model=transformer", "data=token_windows", f"data.path={tmp_path / 'train.bin'}",
+              f"data.val_path={tmp_path / 'val.bin'}", "data.seq_len=16", "data.vocab_size=64",
+              "model.config={hidden_size: 32, depth: 2, num_heads: 4, num_kv_heads: 2}", "model.dtype=float32",
+              "trainer.batch_size=8", "trainer.log_every=1", "optim.schedule.warmup_steps=1",
+              "trainer.compilation_cache_dir=null", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
+
+    def train(name: str, *overrides: str) -> dict[int, float]:
+        recipe, objective, dataset = build_run(compose(*common, *overrides))
+        recipe.train(objective, dataset, name=name)
+        return losses(journal(tmp_path, name), "eval/loss")
+
+    trained = train("lm", "trainer.steps=10", "trainer.eval_every=10", "trainer.checkpoint_every=10")
+    export.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}  # byte tokens
+    # The warm-up's first learning rate is 0: step 1 evaluates the parameters read from the directory.
+    warm = train("warm", "trainer.steps=1", "trainer.eval_every=1", f"trainer.init_from={tmp_path / 'hf'}")
+    assert warm[1] == pytest.approx(trained[10], abs=1e-5)

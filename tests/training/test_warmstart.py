@@ -4,6 +4,7 @@ says, and two processes warm-start as one does. One source run, trained once, se
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -34,28 +35,40 @@ def source(tmp_path_factory) -> tuple[Path, float]:
     return run, losses(log, "eval/loss")[SOURCE_STEPS]
 
 
-def test_a_warm_start_begins_at_the_source_eval_loss_and_its_ema(tmp_path: Path, source):
-    src, src_loss = source
-    # A learning rate of 0: the one step moves nothing, so the evaluation after it is of the
-    # parameters the run started from.
-    _, run, log = train_tiny(tmp_path, "trainer.steps=1", "trainer.eval_every=1", "optim.learning_rate=0",
-                             f"trainer.init_from={src}", name="warm")
-    warm_loss = losses(log, "eval/loss")[1]
-    assert warm_loss == pytest.approx(src_loss, abs=1e-6)
-    assert abs(warm_loss - 1.711) > 0.05  # the seed's random initialisation evaluates at 1.711
-    theirs, ours = load_params(src, SOURCE_STEPS), load_params(run, 1)
-    assert theirs.keys() == ours.keys() and all(np.array_equal(theirs[k], ours[k]) for k in theirs)
+def test_a_warm_start_begins_at_the_source_and_resumes_from_its_own_checkpoints(tmp_path: Path, source):
+    import shutil
+
+    import jax
     import orbax.checkpoint as ocp
 
-    ema = ocp.StandardCheckpointer().restore(run / "1" / "state")["ema"]  # the EMA started from them too
-    import jax
+    from dew.recipe import Recipe
 
+    src, src_loss = source
+    copy = tmp_path / "src"
+    shutil.copytree(src, copy)
+    args = ("trainer.steps=3", "trainer.eval_every=1", "trainer.checkpoint_every=1", "trainer.keep=5",
+            f"trainer.init_from={copy}")
+    _, run, log = train_tiny(tmp_path, *args, name="warm")
+    # The warm-up's first learning rate is 0: step 1 evaluates the parameters the run started from.
+    assert losses(log, "eval/loss")[1] == pytest.approx(src_loss, abs=1e-6)
+    theirs, ours = load_params(src, SOURCE_STEPS), load_params(run, 1)
+    assert theirs.keys() == ours.keys() and all(np.array_equal(theirs[k], ours[k]) for k in theirs)
+    ema = ocp.StandardCheckpointer().restore(run / "1" / "state")["ema"]  # the EMA started from them too
     flat = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(ema)[0]}
     # d·p + (1 - d)·p is p up to rounding
     assert flat.keys() == theirs.keys() and all(np.allclose(flat[k], theirs[k], rtol=1e-6, atol=1e-7) for k in theirs)
-    from dew.recipe import Recipe
+    assert Recipe.load(str(run)).trainer.init_from == str(copy)  # the record names the source
+    final = load_params(run, 3)
 
-    assert Recipe.load(str(run)).trainer.init_from == str(src)  # the record names the source
+    # The run stopped after step 1, and the source's step 20 now holds other parameters: the resume
+    # reads the run's own checkpoint, so it ends where the uninterrupted run ended, bit for bit.
+    shutil.rmtree(copy / str(SOURCE_STEPS))
+    shutil.copytree(run / "2", copy / str(SOURCE_STEPS))
+    shutil.rmtree(run / "3"), shutil.rmtree(run / "2")
+    train_tiny(tmp_path, *args, name="warm")
+    again = load_params(run, 3)
+    assert all(np.array_equal(final[k], again[k]) for k in final)
+    assert not all(np.array_equal(final[k], ours[k]) for k in final)  # it trained
 
 
 def test_init_skip_keeps_the_seed_initialisation_where_it_says(source):
@@ -118,7 +131,8 @@ def test_lora_on_a_loaded_base_trains_only_its_factors_and_merges(tmp_path: Path
     evals = losses(log, "eval/loss")
     assert evals[1] == pytest.approx(src_loss, abs=1e-6) and evals[3] != evals[1]
 
-    adapted = restore(str(run), latest=True, ema=False)  # the base comes from the source again
+    assert json.loads((run / "init_from.json").read_text()) == {"source": str(src), "step": SOURCE_STEPS}
+    adapted = restore(str(run), latest=True, ema=False)  # the base comes from the source step again
     state = {"/".join(map(str, p)): np.asarray(jax.device_get(v.get_value()))
              for p, v in nnx.to_flat_state(nnx.state(adapted.model, nnx.Param))}
     saved = {k.replace("']['", "/").strip("[']").removesuffix("/value"): v
