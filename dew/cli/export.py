@@ -69,7 +69,7 @@ def write_hf(r: Any, out: str) -> str:
     else:
         params = {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(r.model, nnx.Param))}
     try:
-        hf_llama.write(r.recipe.model.fields(), params, out)
+        hf_llama.write(hf_llama.fields_of(r.recipe), params, out)
     except ValueError as err:
         raise merge.MergeError(str(err)) from None
     record = getattr(r.objective, "tokenizer", None) or {}

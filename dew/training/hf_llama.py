@@ -35,8 +35,13 @@ CONFIG, WEIGHTS = "config.json", "model.safetensors"
 Layout = Callable[[Any], Any]
 
 
-def _fields_of(run: Any) -> Any:
-    return run.model.fields() if hasattr(run, "model") else run
+def fields_of(run: Any) -> Any:
+    """The ``transformer`` fields of a run (or the fields themselves)."""
+    if not hasattr(run, "model"):
+        return run
+    from dew.models.registry import of
+
+    return of(run.model.architecture, run.model.fields()).fields
 
 
 def refuse_unmappable(f: Any, where: str) -> None:
@@ -155,7 +160,7 @@ def dew_shapes(run: Any, path: str) -> dict[str, tuple[int, ...]]:
     if getattr(run, "model", None) is not None and run.model.architecture != "transformer":
         raise ValueError(f"{FIELD}={path!r}: a Hugging Face Llama directory starts a 'transformer' run, "
                          f"not {run.model.architecture!r}")
-    f = _fields_of(run)
+    f = fields_of(run)
     check_config(f, path)
     with safe_open(os.path.join(path, WEIGHTS), "np") as fh:
         header = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
@@ -179,7 +184,7 @@ def read(run: Any, path: str, target: dict[tuple[Any, ...], Any]) -> dict[tuple[
     shardings), each built on the devices its sharding names from the slices they hold."""
     from safetensors import safe_open
 
-    f = _fields_of(run)
+    f = fields_of(run)
     spec, scale = table(f), factors(f)
     out = {}
     with safe_open(os.path.join(path, WEIGHTS), "np") as fh:

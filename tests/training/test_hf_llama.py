@@ -132,7 +132,7 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     common = ["model=transformer", "data=token_windows", f"data.path={tmp_path / 'train.bin'}",
               f"data.val_path={tmp_path / 'val.bin'}", "data.seq_len=16", "data.vocab_size=64",
               "model.config={hidden_size: 32, depth: 2, num_heads: 4, num_kv_heads: 2}", "model.dtype=float32",
-              "trainer.batch_size=8", "trainer.log_every=1", "optim.schedule.warmup_steps=1",
+              "trainer.batch_size=8", "trainer.log_every=1",
               "trainer.compilation_cache_dir=null", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
 
     def train(name: str, *overrides: str) -> dict[int, float]:
@@ -143,6 +143,7 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     trained = train("lm", "trainer.steps=10", "trainer.eval_every=10", "trainer.checkpoint_every=10")
     export.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
     assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}  # byte tokens
-    # The warm-up's first learning rate is 0: step 1 evaluates the parameters read from the directory.
-    warm = train("warm", "trainer.steps=1", "trainer.eval_every=1", f"trainer.init_from={tmp_path / 'hf'}")
+    # A learning rate of 0: step 1 evaluates the parameters read from the directory.
+    warm = train("warm", "trainer.steps=1", "trainer.eval_every=1", "optim.learning_rate=0",
+                 f"trainer.init_from={tmp_path / 'hf'}")
     assert warm[1] == pytest.approx(trained[10], abs=1e-5)
