@@ -42,11 +42,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> str:
     """Export as ``args`` say; returns the directory written."""
-    from dew.cli.sample import restore
+    from dew.cli.sample import load_recipe, restore
     from dew.training import merge
 
     if os.path.exists(args.to):
         raise merge.MergeError(f"--to {args.to}: it exists; dew-export writes a new directory")
+    check(load_recipe(args.run_dir), merge_lora=args.merge_lora)  # before the slow rebuild
     r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
     if args.merge_lora:
         params = merge.merged(r.model, r.recipe)
@@ -55,15 +56,29 @@ def run(args: argparse.Namespace) -> str:
     return write_hf(r, args.to)
 
 
+def check(recipe: Any, *, merge_lora: bool) -> None:
+    """Refuse, from the run's record alone, what the export cannot write."""
+    from dew.training import hf_llama, merge
+
+    if merge_lora:
+        if recipe.lora is None:
+            raise merge.MergeError("--merge-lora: the run has no lora: its checkpoint already holds the full model")
+        return
+    if recipe.model.architecture != "transformer":
+        raise merge.MergeError(f"the Hugging Face Llama layout holds a 'transformer'; the run is a "
+                               f"{recipe.model.architecture!r}")
+    try:
+        hf_llama.refuse_unmappable(hf_llama.fields_of(recipe), "dew-export")
+    except ValueError as err:
+        raise merge.MergeError(str(err)) from None
+
+
 def write_hf(r: Any, out: str) -> str:
     """The restored run ``r`` in the Hugging Face Llama layout at ``out``."""
     from flax import nnx
 
     from dew.training import hf_llama, merge
 
-    if r.recipe.model.architecture != "transformer":
-        raise merge.MergeError(f"the Hugging Face Llama layout holds a 'transformer'; the run is a "
-                               f"{r.recipe.model.architecture!r}")
     if r.recipe.lora is not None:
         params = merge.merged(r.model, r.recipe)
     else:

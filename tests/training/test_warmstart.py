@@ -149,3 +149,11 @@ def test_lora_on_a_loaded_base_trains_only_its_factors_and_merges(tmp_path: Path
     c = sample_images(base, count=2, seed=3, guidance_scale=None, steps=None, sampler=None)[0]
     # x·(W + s·A·B) against x·W + s·(x·A)·B: the same map in another order, equal to rounding.
     assert np.abs(a - b).max() < 1e-5 and np.abs(a - c).max() > 1e-3, (np.abs(a - b).max(), np.abs(a - c).max())
+
+
+def test_dew_export_refuses_what_it_cannot_write_and_writes_nothing(workdir: Path, source):
+    src, _, _ = source
+    result = dew(str(src), "--to", "hf", cwd=workdir, script="dew.cli.export")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "holds a 'transformer'; the run is a 'simple_dit'" in result.stderr, result.stderr
+    assert tree(workdir) == []
