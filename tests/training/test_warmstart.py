@@ -105,11 +105,13 @@ def test_a_shape_mismatch_is_refused_naming_both_shapes_before_anything_is_writt
     assert tree(workdir) == []
 
 
-def test_two_processes_warm_start_as_one_does(workdir: Path, source):
+def test_two_processes_on_a_sharded_mesh_warm_start_as_one_does(workdir: Path, source):
     src, _, _ = source
     args = ["trainer.steps=4", "trainer.eval_every=null", "trainer.checkpoint_every=null", f"trainer.init_from={src}"]
     a = losses(train_tiny(workdir, *args, name="one")[2])  # this process: one process, its devices
-    assert wait(pool([*TINY, *args, "trainer.checkpoint_dir=ck", "trainer.name=two"], workdir, tasks=2,
+    # Two processes of one device, every parameter split over both (FSDP): each restores its half.
+    sharded = ["trainer.mesh.data=1", "trainer.mesh.fsdp=2", "trainer.layout.min_shard_size=0"]
+    assert wait(pool([*TINY, *args, *sharded, "trainer.checkpoint_dir=ck", "trainer.name=two"], workdir, tasks=2,
                      devices=1)) == [0, 0], (workdir / "rank0.out").read_text() + (workdir / "rank1.out").read_text()
     b = losses(journal(workdir, "two"))
     assert len(a) == 4 and a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]) for s in a), (a, b)
