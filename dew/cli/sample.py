@@ -168,6 +168,9 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         # Non-parameter state (none in dew's models today) is rebuilt concretely from the seed.
         concrete = adapt.build_model(recipe, objective)
         _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
+    from dew.training import warmstart
+
+    _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, use_ema, params, tuple(damaged))
 
