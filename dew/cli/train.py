@@ -353,7 +353,7 @@ def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     register_configs()
-    from hydra._internal.utils import get_args_parser  # Hydra's own command line, to read the overrides
+    from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 
     from dew.cli.overrides import check_overrides
 
