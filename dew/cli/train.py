@@ -199,6 +199,10 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
     if debugging() and error is not None:
         raise error
     print(f"dew-train: error: {message}", file=sys.stderr)
+    from dew.cli.trial import TrialFailed, in_a_search
+
+    if in_a_search():  # the sweeper records a failed trial and goes on
+        raise TrialFailed(message)
     sys.exit(status)
 
 
@@ -295,7 +299,20 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         fail(str(err), status)
     if is_main:
         print(f"dew-train: run {name!r} is in {run_path}", flush=True)
-    return state
+    from dew.cli.trial import in_a_search
+
+    return reported_value(recipe, objective, name) if in_a_search() and is_main else state
+
+
+def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
+    """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
+    from dew.cli.trial import selection_value
+    from dew.objectives.metrics import builtin_metrics
+    from dew.training.tracking import tracking_dir
+    from dew.training.trainer import best_criterion
+
+    metric, higher_is_better = best_criterion(builtin_metrics(objective))
+    return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
 
 
 def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
