@@ -26,9 +26,10 @@ import json
 import logging
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import optuna
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
@@ -67,6 +68,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         if len(directions) != 1:
             raise ValueError(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection "
                              "value); give one direction, minimize or maximize")
+        self._check_space(space)
         self._record_searched_keys(space)
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         study = optuna.create_study(study_name=self.study_name or Path(self.sweep_dir).name,
@@ -99,6 +101,17 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             self.n_trials = min(self.n_trials, math.prod(len(v) for v in grid.values()))
         return space, fixed
 
+    def _check_space(self, space: dict[str, Any]) -> None:
+        """Refuse a search space that sets a field of a record this run leaves unset (a warmup with
+        no schedule chosen): every trial would fail in Hydra's composition, before dew could say why."""
+        from dew.cli.overrides import unset_record
+        from dew.cli.train import conf_dir
+        from dew.recipe import Recipe
+
+        for key in space:
+            if problem := unset_record(key, self.config, Recipe, conf_dir()):
+                stop(f"hydra.sweeper.params: {problem}")
+
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.cli.train.SWEEP_ENV``)
         the sweep directory's name wrote lists the command line's sweeps, not the search space."""
@@ -125,19 +138,25 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 continue
             study.tell(trial.number, value)
         if failures and len(failures) / len(returns) > self.max_failure_rate:
-            raise RuntimeError(f"{len(failures)} of {len(returns)} trials failed, more than "
-                               f"hydra.sweeper.max_failure_rate={self.max_failure_rate}; the first: {failures[0]}")
+            stop(f"{len(failures)} of {len(returns)} trials failed, more than hydra.sweeper.max_failure_rate="
+                 f"{self.max_failure_rate}; the study stops (the first: {failures[0]})")
 
     def _report(self, study: optuna.Study) -> None:
         """Log the best trial and write it to ``optimization_results.yaml`` in the sweep directory,
         as the plugin does; a study with no completed trial is an error."""
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if not done:
-            raise RuntimeError(f"no trial of study {study.study_name} completed; dew-runs {self.sweep_dir} says why")
+            stop(f"no trial of study {study.study_name} completed; dew-runs {self.sweep_dir} says why")
         best = study.best_trial
         log.info("best trial %d: %s = %s", best.number, best.params, best.value)
         OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
                        Path(self.sweep_dir) / "optimization_results.yaml")
+
+
+def stop(message: str) -> NoReturn:
+    """End the sweep with one line and exit status 1 (the trials' own errors are in the log above)."""
+    print(f"dew-train: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def _overrides(params: dict[str, Any], fixed: dict[str, Any]) -> tuple[str, ...]:

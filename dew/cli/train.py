@@ -352,13 +352,13 @@ def main() -> None:
     register_configs()
     from hydra._internal.utils import get_args_parser  # Hydra's own command line, to read the overrides
 
-    from dew.cli.overrides import check_overrides
+    from dew.cli.overrides import check_overrides, check_unset_records
 
     try:
         overrides = get_args_parser().parse_known_args()[0].overrides
     except SystemExit:
         overrides = []  # Hydra reports its own usage errors
-    if problem := check_overrides(overrides, Recipe):
+    if problem := check_overrides(overrides, Recipe) or check_unset_records(overrides, Recipe, conf_dir()):
         fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 
