@@ -134,9 +134,9 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             except Exception as err:  # noqa: BLE001 - any failure of a trial is that trial's
                 log.warning("trial %d failed: %s", trial.number, err)
                 failures.append(err)
-                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                _tell(study, trial.number, state=optuna.trial.TrialState.FAIL)
                 continue
-            study.tell(trial.number, value)
+            _tell(study, trial.number, value)
         if failures and len(failures) / len(returns) > self.max_failure_rate:
             stop(f"{len(failures)} of {len(returns)} trials failed, more than hydra.sweeper.max_failure_rate="
                  f"{self.max_failure_rate}; the study stops (the first: {failures[0]})")
@@ -157,6 +157,17 @@ def stop(message: str) -> NoReturn:
     """End the sweep with one line and exit status 1 (the trials' own errors are in the log above)."""
     print(f"dew-train: error: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def _tell(study: optuna.Study, number: int, *args: Any, **kwargs: Any) -> None:
+    """``study.tell``, which records the trial and then runs the sampler's ``after_trial``; the grid
+    sampler's calls ``study.stop()`` once the grid is covered, which raises outside
+    ``study.optimize`` (the trial is recorded by then, and the trial count ends the sweep anyway)."""
+    try:
+        study.tell(number, *args, **kwargs)
+    except RuntimeError as err:
+        if "Study.stop" not in str(err):
+            raise
 
 
 def _overrides(params: dict[str, Any], fixed: dict[str, Any]) -> tuple[str, ...]:
