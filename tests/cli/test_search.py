@@ -37,7 +37,7 @@ def best_eval_loss(work: Path, sweep: Path, job: str) -> float:
 
 
 def jobs(sweep: Path) -> dict[int, str]:
-    return {int(p.name.split("-", 1)[0]): p.name for p in sweep.iterdir() if p.is_dir()}
+    return {int(p.name.split("-", 1)[0]): p.name for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit()}
 
 
 # ------------------------------------------------------------------------------- fast: no training
@@ -70,29 +70,43 @@ UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosi
          "trainer.quantization.weight_qtype=int8": "trainer.quantization='{weight_qtype: int8}'"}
 
 
-@pytest.mark.parametrize("override", list(UNSET))
-def test_an_override_into_an_unset_record_says_how_to_set_it(override):
+@pytest.fixture(scope="module")
+def default_config():
+    """The config plain ``dew-train`` composes (every optional record unset), composed once."""
+    from hydra import compose, initialize_config_dir
+
     from dew.cli.train import conf_dir, register_configs
 
     register_configs()
-    key = override.partition("=")[0]
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        return compose(config_name="config")
+
+
+@pytest.mark.parametrize("override", list(UNSET))
+def test_an_override_into_an_unset_record_says_how_to_set_it(override, default_config):
+    from dew.cli.train import conf_dir
+
+    key, _, value = override.partition("=")
     record = key.rsplit(".", 1)[0]
     assert nullable_record(key, Recipe)[0] == record
-    problem = check_unset_records([override], Recipe, conf_dir())
+    problem = unset_record(key, default_config, Recipe, conf_dir(), value)
     assert problem is not None and problem.startswith(f"{key}: {record} is unset in this run (null)"), problem
     assert UNSET[override] in problem, problem
 
 
-def test_an_override_into_a_record_the_command_sets_passes():
+@pytest.mark.slow  # three compositions: ~4 s on a busy machine
+def test_the_command_line_check_composes_what_the_command_chooses():
+    from omegaconf import OmegaConf
+
     from dew.cli.train import conf_dir, register_configs
 
     register_configs()
+    assert check_unset_records(["optim.schedule.warmup_steps=15"], Recipe, conf_dir()).startswith(
+        "optim.schedule.warmup_steps: optim.schedule is unset")
     assert check_unset_records(["experiment=digits", "optim.schedule.warmup_steps=15"], Recipe, conf_dir()) is None
     assert check_unset_records(["optim/schedule=linear,cosine", "optim.schedule.warmup_steps=1"], Recipe,
                                conf_dir()) is None  # a sweep over the group chooses one
     assert nullable_record("optim.learning_rate", Recipe) is None and nullable_record("lora", Recipe) is None
-    from omegaconf import OmegaConf
-
     chosen = OmegaConf.create({"optim": {"schedule": {"warmup_steps": 1}}})
     assert unset_record("optim.schedule.warmup_steps", chosen, Recipe) is None
 
@@ -185,21 +199,75 @@ def test_dew_runs_shows_the_study_best_first_and_plots_it(interrupted_study, tmp
 def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(workdir: Path):
     from dew.cli.runs import run
 
-    grid = ["hydra/launcher=local", "hydra.launcher.tasks_per_node=1", "hydra/sweeper/sampler=grid",
-            "hydra.sweeper.n_jobs=2", "optim.learning_rate=choice(1e6,0.001,0.002,0.003)", "optim.weight_decay=0.0"]
-    result = dew_train(*SEARCH, *grid, *SHORT, cwd=workdir, timeout=600)
+    # The preset's TPE sampler (seed 0) draws 0.001, 1e6, 0.001, 0.001 from this choice: the second
+    # trial of the first batch of two diverges, and the second batch runs all the same.
+    local = ["hydra/launcher=local", "hydra.launcher.tasks_per_node=1", "hydra.sweeper.n_jobs=2",
+             "optim.learning_rate=choice(1e6,0.001)", "optim.weight_decay=0.05"]
+    result = dew_train(*SEARCH, *local, *SHORT, cwd=workdir, timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
     study = study_of(sweep)
-    by_rate = {t.params["optim.learning_rate"]: t for t in study.trials}
-    assert sorted(by_rate) == [0.001, 0.002, 0.003, 1e6] and len(study.trials) == 4
-    assert by_rate[1e6].state.name == "FAIL" and by_rate[1e6].value is None
+    assert [(t.state.name, t.params["optim.learning_rate"]) for t in study.trials] == [
+        ("COMPLETE", 0.001), ("FAIL", 1e6), ("COMPLETE", 0.001), ("COMPLETE", 0.001)]
     names = jobs(sweep)
-    for rate in (0.001, 0.002, 0.003):
-        t = by_rate[rate]
-        assert t.state.name == "COMPLETE"
-        assert t.value == pytest.approx(best_eval_loss(workdir, sweep, names[t.number]), rel=1e-6)
-    assert study.best_value == min(by_rate[r].value for r in (0.001, 0.002, 0.003))
+    assert sorted(names) == [0, 1, 2, 3]
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            assert t.value == pytest.approx(best_eval_loss(workdir, sweep, names[t.number]), rel=1e-6)
+    assert study.best_value == min(t.value for t in study.trials if t.value is not None)
     text = run([str(sweep), "--tracking", str(workdir / "tracking")])
     [failed] = [line for line in text.splitlines() if line.split()[1:2] == ["fail"]]
-    assert "(run failed: nonfinite: the loss or the gradients became non-finite" in failed
+    assert failed.startswith("1 ") and "(run failed: nonfinite: the loss or the gradients became non-finite" in failed
+
+
+# ------------------------------------------------------------------------ the documented commands
+
+DOCUMENTED = {
+    "dew-train -m experiment=digits hparams_search=digits": "interrupted_study",
+    "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=40": "interrupted_study",
+    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1":
+        "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",
+    "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'":
+        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+    "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin":
+        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+}
+"""Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
+same overrides plus a tiny model, a few steps and a few trials)."""
+
+
+def test_every_documented_search_is_run_by_a_test():
+    from tests.cli.test_docs import documented_commands
+
+    searches = {c for _, c in documented_commands() if "hparams_search=" in c or "hydra/sweeper=optuna" in c}
+    assert searches == set(DOCUMENTED)
+
+
+@pytest.mark.slow
+def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Path):
+    import shlex
+
+    from dew.data.prepare import prepare
+
+    one = ["hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1", "trainer.steps=2", "trainer.eval_every=2",
+           "trainer.checkpoint_every=null", "trainer.log_every=1", "trainer.compilation_cache_dir=null",
+           "trainer.checkpoint_dir=ck", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+    digits = shlex.split(next(c for c in DOCUMENTED if "tag(log" in c))[1:]
+    result = dew_train(*digits, *one, "trainer.batch_size=32", "optim.schedule.warmup_steps=1",
+                       "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", cwd=workdir, timeout=600)
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
+    [trial] = study_of(sweep).trials
+    assert trial.state.name == "COMPLETE" and 1e-4 <= trial.params["optim.learning_rate"] <= 1e-2
+    assert set(trial.params) == {"optim.learning_rate"}  # the command line's space, no preset's
+
+    (workdir / "a.txt").write_text("def f(x):\n    return x + 1\n" * 60)
+    prepare([str(workdir / "a.txt")], str(workdir / "data" / "tiny"))
+    lm = shlex.split(next(c for c in DOCUMENTED if "tiny_lm" in c))[1:]
+    result = dew_train(*lm, *one, "trainer.batch_size=4", "data.seq_len=16", "data.val_fraction=0.2",
+                       "optim.schedule.warmup_steps=1", cwd=workdir, timeout=600)
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    [sweep] = list((workdir / "ck").glob("tiny_lm-sweep-*"))
+    [trial] = study_of(sweep).trials
+    assert trial.state.name == "COMPLETE"
+    assert set(trial.params) == {"optim.learning_rate", "optim.weight_decay"}  # the preset's, less the fixed warmup
