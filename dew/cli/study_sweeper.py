@@ -66,8 +66,8 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         space, fixed = self._search_space(arguments)
         directions = self._get_directions()
         if len(directions) != 1:
-            raise ValueError(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection "
-                             "value); give one direction, minimize or maximize")
+            stop(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
+                 "give one direction, minimize or maximize")
         self._check_space(space)
         self._record_searched_keys(space)
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
