@@ -138,7 +138,8 @@ def check_unset_records(overrides: Sequence[str], root: type, conf: str) -> str 
     except HydraException:
         return None
     plain = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete() or o.package)]
-    suspects = [o for o in plain if nullable_record(o.key_or_group, root)]
+    suspects = [o for o in plain if (found := nullable_record(o.key_or_group, root))
+                and not _chosen(found[0], parsed, conf)]
     if not suspects:
         return None
     rest = [text for o in parsed if o not in suspects and (text := _one_value(o)) is not None]
@@ -149,6 +150,31 @@ def check_unset_records(overrides: Sequence[str], root: type, conf: str) -> str 
         return None
     return next((p for o in suspects
                  if (p := unset_record(o.key_or_group, cfg, root, conf, o.get_value_element_as_str()))), None)
+
+
+def _chosen(path: str, parsed: Sequence[Any], conf: str) -> bool:
+    """Whether the command line, or the experiment file it names, plainly gives the record at
+    ``path`` (its config group chosen, or the record set): then no composition is needed to know it
+    is set, which spares most commands (``experiment=digits optim.schedule.warmup_steps=1``) a second
+    composition. Anything less plain is left to the composition."""
+    from omegaconf import DictConfig, OmegaConf
+
+    group = path.replace(".", "/")
+    for o in parsed:
+        key = o.key_or_group
+        if key == path or key.split("@")[0] == group:
+            return True
+        if key == "experiment" and not o.is_sweep_override():
+            file = Path(conf, "experiment", f"{o.get_value_element_as_str()}.yaml")
+            if not file.is_file():
+                continue
+            experiment = OmegaConf.load(file)
+            entries = [e for e in experiment.get("defaults", []) if isinstance(e, DictConfig)]
+            if any(group in k.split("@")[0] and v is not None for e in entries for k, v in e.items()):
+                return True
+            if isinstance(OmegaConf.select(experiment, path), DictConfig):
+                return True
+    return False
 
 
 def _one_value(override: Any) -> str | None:
