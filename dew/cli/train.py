@@ -306,12 +306,13 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 
 def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
     """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
-    from dew.cli.trial import selection_value
+    from dew.cli.trial import check_direction, selection_value
     from dew.objectives.metrics import builtin_metrics
     from dew.training.tracking import tracking_dir
     from dew.training.trainer import best_criterion
 
     metric, higher_is_better = best_criterion(builtin_metrics(objective))
+    check_direction(metric, higher_is_better)
     return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
 
 

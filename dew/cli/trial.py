@@ -49,3 +49,15 @@ def selection_value(journal: str | os.PathLike, metric: str, higher_is_better: b
     if losses and math.isfinite(losses[-1]):
         return losses[-1]
     raise TrialFailed(f"{journal}: no finite {metric} nor train/loss to report")
+
+
+def check_direction(metric: str, higher_is_better: bool) -> None:
+    """Refuse a sweeper that would optimise the selection value the wrong way (minimising an
+    accuracy): every trial would run and the study would pick the worst."""
+    direction = HydraConfig.get().sweeper.get("direction")
+    name = str(getattr(direction, "name", direction)).rsplit(".", 1)[-1]
+    wanted = "maximize" if higher_is_better else "minimize"
+    if name in ("minimize", "maximize") and name != wanted:
+        raise TrialFailed(f"hydra.sweeper.direction={name}, but this run's selection value, the best {metric}, "
+                          f"is {'higher' if higher_is_better else 'lower'} for better runs: set "
+                          f"hydra.sweeper.direction={wanted}")

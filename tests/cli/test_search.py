@@ -62,6 +62,26 @@ def test_the_selection_value_is_the_best_of_the_metric_else_the_last_train_loss(
         selection_value(diverged, "eval/loss", False)
 
 
+def test_a_sweeper_direction_against_the_metric_fails_the_trial():
+    from hydra.core.hydra_config import HydraConfig
+    from hydra_plugins.hydra_optuna_sweeper.config import Direction
+    from omegaconf import OmegaConf
+
+    from dew.cli.trial import check_direction
+
+    try:
+        for direction in (Direction.minimize, "minimize"):  # as the plugin's schema stores it, and as text
+            HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": direction}}})
+            check_direction("eval/loss", False)
+            with pytest.raises(TrialFailed, match="the best eval/accuracy, is higher for better runs: set "
+                                                  "hydra.sweeper.direction=maximize"):
+                check_direction("eval/accuracy", True)
+        HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": Direction.maximize}}})
+        check_direction("eval/accuracy", True)
+    finally:
+        HydraConfig.instance().cfg = None
+
+
 UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
          "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
          "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
