@@ -301,7 +301,9 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         print(f"dew-train: run {name!r} is in {run_path}", flush=True)
     from dew.cli.trial import in_a_search
 
-    return reported_value(recipe, objective, name) if in_a_search() and is_main else state
+    if not in_a_search():
+        return state
+    return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
 
 
 def reported_value(recipe: Recipe, objective: Any, name: str) -> float:

@@ -147,15 +147,15 @@ def test_dew_train_names_the_unset_schedule_and_writes_nothing(workdir: Path):
 
 @pytest.fixture(scope="module")
 def interrupted_study(tmp_path_factory):
-    """One study of 4 trials under the basic launcher, SIGKILLed while its third trial trains and
-    then run again with the same command: (work dir, sweep dir, trial states after the kill, the
-    first two trials' journals as they were)."""
+    """One study of 4 trials under the basic launcher, SIGKILLed once its third trial has saved
+    step 2 (of 3) and then run again with the same command: (work dir, sweep dir, trial states after
+    the kill, the first two trials' journals as they were)."""
     work = tmp_path_factory.mktemp("study")
 
-    def third_trial_trains(cwd: Path) -> bool:
-        return any('"train/loss"' in p.read_text() for p in cwd.glob("tracking/*/2-*/journal.jsonl"))
+    def third_trial_saved_step_2(cwd: Path) -> bool:  # then it evaluates at step 3: seconds to catch it
+        return any((job / "2" / "_CHECKPOINT_METADATA").exists() for job in cwd.glob("ck/*/2-*"))
 
-    killed = dew_train(*SEARCH, *SHORT, cwd=work, kill_when=third_trial_trains, poll=0.05, timeout=600)
+    killed = dew_train(*SEARCH, *SHORT, cwd=work, kill_when=third_trial_saved_step_2, poll=0.05, timeout=600)
     assert killed is None, killed.stdout[-3000:]
     [sweep] = list((work / "ck").glob("digits-sweep-*"))
     states = [t.state.name for t in study_of(sweep).trials]
@@ -177,6 +177,9 @@ def test_an_interrupted_study_continues_to_the_trials_asked_for(interrupted_stud
         assert names[n] == f"{n}-" + ",".join(f"{k}={v}" for k, v in sorted(t.params.items()))
     for n in (0, 1):  # finished trials are kept as they were
         assert (work / "tracking" / sweep.name / names[n] / "journal.jsonl").read_text() == before[n]
+    resumed = journals.read(work / "tracking" / sweep.name / names[2] / "journal.jsonl")
+    assert [(e["event"], e["step"]) for e in resumed.events if e["event"] in ("start", "resume", "end")] == [
+        ("start", 0), ("resume", 2), ("end", 3)]  # trial 2 went on from its checkpoint
 
 
 @pytest.mark.slow
