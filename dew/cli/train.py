@@ -361,7 +361,10 @@ def main() -> None:
         overrides = get_args_parser().parse_known_args()[0].overrides
     except SystemExit:
         overrides = []  # Hydra reports its own usage errors
-    if problem := check_overrides(overrides, Recipe) or check_unset_records(overrides, Recipe, conf_dir()):
+    from dew.cli.trial import search_unavailable
+
+    if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
+                   or check_unset_records(overrides, Recipe, conf_dir())):
         fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 

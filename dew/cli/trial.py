@@ -61,3 +61,17 @@ def check_direction(metric: str, higher_is_better: bool) -> None:
         raise TrialFailed(f"hydra.sweeper.direction={name}, but this run's selection value, the best {metric}, "
                           f"is {'higher' if higher_is_better else 'lower'} for better runs: set "
                           f"hydra.sweeper.direction={wanted}")
+
+
+def search_unavailable(overrides: list[str]) -> str | None:
+    """A message when the command line asks for the Optuna sweeper (``hydra/sweeper=optuna``, a
+    ``hparams_search`` preset) and the ``dew[search]`` extra is not installed; Hydra alone would only
+    say that it cannot find the option."""
+    if not any(o.startswith(("hparams_search=", "hydra/sweeper=optuna")) for o in overrides):
+        return None
+    try:
+        import hydra_plugins.hydra_optuna_sweeper  # noqa: F401
+        import optuna  # noqa: F401
+    except ImportError as err:
+        return f"the Optuna sweeper is not installed ({err}): pip install 'dew[search]' (docs/search.md)"
+    return None

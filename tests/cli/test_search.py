@@ -82,6 +82,18 @@ def test_a_sweeper_direction_against_the_metric_fails_the_trial():
         HydraConfig.instance().cfg = None
 
 
+def test_a_search_without_the_extra_says_what_to_install(monkeypatch):
+    import sys
+
+    from dew.cli.trial import search_unavailable
+
+    assert search_unavailable(["hparams_search=digits"]) is None and search_unavailable(["trainer.steps=2"]) is None
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: importing it raises ImportError
+    assert search_unavailable(["trainer.steps=2"]) is None
+    for override in ("hparams_search=digits", "hydra/sweeper=optuna"):
+        assert search_unavailable([override]).endswith("pip install 'dew[search]' (docs/search.md)")
+
+
 UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
          "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
          "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
