@@ -127,8 +127,8 @@ def run(argv: Sequence[str]) -> str:
         from dew.runs.study_plot import draw_study
 
         width, height = draw_study(study, args.output)
-        return (f"wrote {args.output} ({width}x{height}): study {study.name}, {len(study.trials)} trials, the objective "
-                "against each searched parameter and the best so far")
+        return (f"wrote {args.output} ({width}x{height}): study {study.name}, {len(study.trials)} trials, "
+                "the objective against each searched parameter and the best so far")
     runs = load_runs(args.dirs, args.tracking)
     table.fill_fields(runs)
     runs = _select(runs, args.where)

@@ -32,7 +32,8 @@ def draw_study(study: Study, output: str) -> tuple[int, int]:
         shown = [t for t in done if key in t.params]
         ax.plot([t.params[key] for t in shown], [t.value for t in shown], "o", color="C0", label="trial")
         if best is not None and key in best.params:
-            ax.plot([best.params[key]], [best.value], "*", color="C3", markersize=14, label=f"best (trial {best.number})")
+            ax.plot([best.params[key]], [best.value], "*", color="C3", markersize=14,
+                    label=f"best (trial {best.number})")
         lost = [t.params[key] for t in failed if key in t.params]
         if lost:
             ax.plot(lost, [0] * len(lost), "x", color="C3", transform=ax.get_xaxis_transform(), clip_on=False,

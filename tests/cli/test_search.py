@@ -286,7 +286,8 @@ def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Pa
 
     one = ["hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1", "trainer.steps=2", "trainer.eval_every=2",
            "trainer.checkpoint_every=null", "trainer.log_every=1", "trainer.compilation_cache_dir=null",
-           "trainer.checkpoint_dir=ck", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+           "trainer.checkpoint_dir=ck", "model.config.depth=1", "model.config.hidden_size=32",
+           "model.config.num_heads=2"]
     digits = shlex.split(next(c for c in DOCUMENTED if "tag(log" in c))[1:]
     result = dew_train(*digits, *one, "trainer.batch_size=32", "optim.schedule.warmup_steps=1",
                        "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", cwd=workdir, timeout=600)
