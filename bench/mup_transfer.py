@@ -17,7 +17,8 @@ on a leading axis and the step is ``vmap``ped over it. The optimizer is built at
 copy's update multiplied by its rate, which is the optimizer at that rate exactly: AdamW's update,
 its decoupled decay and the schedule are all linear in the peak rate (docs/optimizers.md).
 
-    JAX_PLATFORMS=cpu python bench/mup_transfer.py [--widths 32,64,128,256 --base-width 256 --steps 150 --figure docs/images/mup_transfer.png]
+    JAX_PLATFORMS=cpu python bench/mup_transfer.py [--widths 32,64,128,256 --base-width 256 --steps 150
+                                                    --figure docs/images/mup_transfer.png]
 
 The last line printed is JSON: {"bench": "mup_transfer", "mup": {...}, "sp": {...}, ...}, with each
 parametrization's best rate and loss per width and the two criteria (the muP optimum within a factor
@@ -150,7 +151,8 @@ def summary(rates: list[float], results: dict[int, list[float]]) -> dict:
     base_rate = best[widths[0]][0]
     at_base = [results[w][rates.index(base_rate)] for w in widths]
     rises = any(not (b <= a) for a, b in zip(at_base, at_base[1:], strict=False))
-    return {"best_rate": {str(w): best[w][0] for w in widths}, "best_loss": {str(w): round(best[w][1], 4) for w in widths},
+    return {"best_rate": {str(w): best[w][0] for w in widths},
+            "best_loss": {str(w): round(best[w][1], 4) for w in widths},
             "best_rate_spread": max(b[0] for b in best.values()) / min(b[0] for b in best.values()),
             "base_rate": base_rate, "loss_at_base_rate": [round(x, 4) for x in at_base],
             "loss_rises_with_width": rises, "losses": {str(w): [round(x, 4) for x in results[w]] for w in widths}}
@@ -219,15 +221,17 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"mup_transfer: {label} width {width}: {time.perf_counter() - t0:.0f} s, held-out loss "
                   + " ".join(f"{x:.3f}" for x in results[label][width]), flush=True)
     record = {"bench": "mup_transfer", "widths": widths, "rates": rates,
-              "setup": {k: getattr(args, k) for k in ("depth", "heads", "seq_len", "batch", "steps", "weight_decay", "seed")},
+              "setup": {k: getattr(args, k) for k in ("base_width", "depth", "heads", "seq_len", "batch", "steps",
+                                                      "weight_decay", "seed")},
               "train_tokens": int(len(train_tokens)), "eval_tokens": int(len(eval_tokens)),
               "sp": summary(rates, results["sp"]), "mup": summary(rates, results["mup"])}
     record["mup_transfers"] = record["mup"]["best_rate_spread"] <= 2 and not record["mup"]["loss_rises_with_width"]
     record["seconds"] = round(time.perf_counter() - start, 1)
     if args.figure:
         draw(args.figure, rates, {"standard parametrization": results["sp"], "muP": results["mup"]},
-             f"dew transformer, depth {args.depth}, {args.heads} heads, {args.steps} steps of {args.batch}x{args.seq_len} "
-             f"byte tokens of Python source; the star is each width's best rate")
+             f"dew transformer, depth {args.depth}, {args.heads} heads, {args.steps} steps of "
+             f"{args.batch}x{args.seq_len} byte tokens of Python source; muP's base width {args.base_width}; "
+             "the star is each width's best rate")
         record["figure"] = args.figure
     print(json.dumps(record))
     return record

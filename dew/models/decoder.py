@@ -16,7 +16,7 @@ before RoPE), grouped-query attention (``num_kv_heads``) and an optional tied ou
 **muP (lm-engine's multipliers).** With ``mup``, the width multiplier is
 ``m = hidden_size / mup_base_width``: logits are divided by ``m``, attention is scaled by
 ``sqrt(b)/head_dim`` instead of ``1/sqrt(head_dim)`` (``b`` the head_dim at the base width,
-``mup_base_head_dim``; ``transformer.attention_scale``), and hidden matrices are initialised with
+``mup_base_head_dim``; ``attention_scale``), and hidden matrices are initialised with
 standard deviation ``init_std / sqrt(m)``: at the base width every multiplier is the standard
 model's. ``embedding_multiplier`` scales the token embedding's output and
 ``residual_multiplier`` (``r``) each branch before it joins the residual stream, with or without muP.
@@ -48,22 +48,45 @@ from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
-from dew.models.transformer import TransformerFields, attention_scale, width_multiplier
+
+Fields = Any
+"""The fields of ``transformer`` (``dew.models.transformer.TransformerFields``), read by attribute: the
+layers take them from the registration's ``build`` and do not import it back."""
 
 
-def head_dim(f: TransformerFields) -> int:
+def head_dim(f: Fields) -> int:
     return f.head_dim or f.hidden_size // f.num_heads
 
 
-def mlp_hidden(f: TransformerFields) -> int:
+def mlp_hidden(f: Fields) -> int:
     """The SwiGLU width: ``mlp_hidden``, or 8/3 · hidden_size rounded up to a multiple of 128."""
     return f.mlp_hidden or 128 * math.ceil(8 * f.hidden_size / 3 / 128)
+
+
+def width_multiplier(f: Fields) -> float:
+    """muP's ``m``; ``Transformer.mup_width_multiplier`` (``dew.models.transformer``) gives the
+    optimizer's groups the same number."""
+    return f.hidden_size / f.mup_base_width if f.mup else 1.0
+
+
+def attention_scale(f: Fields) -> float:
+    """The attention logits' scale: ``1/sqrt(head_dim)``, and under muP ``sqrt(base)/head_dim``
+    with ``base`` the head_dim at the base width (``mup_base_head_dim``). muP scales by
+    ``1/head_dim`` because trained queries and keys correlate, so their dot product grows with
+    head_dim rather than its square root; measured from the base, the scale equals the standard one
+    there, as every other muP multiplier does. Plain ``1/head_dim`` is ``sqrt(head_dim)`` times
+    cooler than the standard model at every width, the base included (docs/mup.md)."""
+    head = head_dim(f)
+    if not f.mup:
+        return 1.0 / head**0.5
+    base = f.mup_base_head_dim if f.mup_base_head_dim is not None else head / width_multiplier(f)
+    return base**0.5 / head
 
 
 class DecoderBlock(nnx.Module):
     """Pre-norm causal self-attention and SwiGLU MLP."""
 
-    def __init__(self, f: TransformerFields, precision: Precision, rngs: nnx.Rngs):
+    def __init__(self, f: Fields, precision: Precision, rngs: nnx.Rngs):
         D, H = f.hidden_size, mlp_hidden(f)
         std = f.init_std / math.sqrt(width_multiplier(f))
         init = nnx.initializers.normal(std)
@@ -110,7 +133,7 @@ class DecoderBlock(nnx.Module):
 class Transformer(nnx.Module):
     """Token embedding, a stack of decoder blocks, final RMSNorm and the output head."""
 
-    def __init__(self, f: TransformerFields, rngs: nnx.Rngs):
+    def __init__(self, f: Fields, rngs: nnx.Rngs):
         self.fields = f
         precision = Precision.of(f)
         self.precision = precision

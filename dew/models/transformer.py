@@ -90,27 +90,6 @@ class TransformerFields(PrecisionFields):
                              f"rope_theta={self.rope_theta} must be > 0")
 
 
-def width_multiplier(f: TransformerFields) -> float:
-    """muP's ``m = hidden_size / mup_base_width``; 1 without muP. The layers' multipliers
-    (``dew.models.decoder``) and the optimizer's groups (``dew.training.mup``) both read it here."""
-    return f.hidden_size / f.mup_base_width if f.mup else 1.0
-
-
-def attention_scale(f: TransformerFields) -> float:
-    """The attention logits' scale: ``1/sqrt(head_dim)``, and under muP ``sqrt(base)/head_dim``
-    with ``base`` the head_dim at the base width (``mup_base_head_dim``). muP scales by
-    ``1/head_dim`` because trained queries and keys correlate, so their dot product grows with
-    head_dim rather than its square root; measured from the base, the scale equals the standard one
-    there, as every other muP multiplier does. Plain ``1/head_dim`` is ``sqrt(head_dim)`` times
-    cooler than the standard model at every width, the base included (bench/mup_transfer.py,
-    docs/optimizers.md)."""
-    head = f.head_dim or f.hidden_size // f.num_heads
-    if not f.mup:
-        return 1.0 / head**0.5
-    base = f.mup_base_head_dim if f.mup_base_head_dim is not None else head / width_multiplier(f)
-    return base**0.5 / head
-
-
 @architectures.register("transformer")
 class Transformer(Architecture):
     """A decoder-only causal language model in the style current LM trainers use."""
@@ -132,7 +111,8 @@ class Transformer(Architecture):
         return self.fields.head_dim or self.fields.hidden_size // self.fields.num_heads
 
     def mup_width_multiplier(self) -> float | None:
-        return width_multiplier(self.fields) if self.fields.mup else None
+        # the layers' m (dew.models.decoder.width_multiplier), for the optimizer's groups
+        return self.fields.hidden_size / self.fields.mup_base_width if self.fields.mup else None
 
     def matmul_params(self) -> tuple[int, int, int]:
         """``(per-token weights, per-example weights, tokens)``; a tied head still multiplies."""

@@ -9,7 +9,7 @@ it is a different, untuned parametrization, so the switch brings both: with muP 
 multiplier the model itself reads (``Architecture.mup_width_multiplier``).
 
 The groups are resolved into the run where it is built (``dew.build.build_run``, which dew-train and
-dew-sample build through, and ``RunConfig.train`` for a run built in Python), so run.json lists the
+dew-sample build through, and ``dew.training.trainer.train`` for a run built in Python), so run.json lists the
 groups the optimizer actually uses, each by its exact parameter paths, and a resume compares them.
 Resolving a run that already holds them changes nothing.
 

@@ -106,7 +106,8 @@ def test_mup_divides_logits_by_the_width_multiplier(jitted):
     ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 1}, 1 / 8),  # lm-engine's plain 1/head_dim
 ])
 def test_mups_attention_scale_is_the_standard_one_at_the_base_head_dim(fields, scale):
-    from dew.models.transformer import TransformerFields, attention_scale
+    from dew.models.decoder import attention_scale
+    from dew.models.transformer import TransformerFields
 
     assert attention_scale(TransformerFields(**{**TINY, **fields})) == pytest.approx(scale, rel=1e-12)
 
