@@ -23,6 +23,7 @@ from typing import Any
 from etils import epath
 
 from dew.config import NoRunRecord, RunConfig, RunRecord, RunRecordError
+from dew.objectives.registry import summary_name
 from dew.training.lock import RunLock, RunLockedError, describe, holder
 from dew.typed import differences
 
@@ -103,8 +104,8 @@ def resume_changes(old: dict[str, Any], new: dict[str, Any], trains: str | None)
 
 def trained_objective(run: RunConfig, objective: Any) -> str | None:
     """The objective a run trains, by the name of its knob section: ``run.objective``, else the one
-    the built objective reports in its summary."""
-    return run.objective or objective.summary().get("objective")
+    the built objective reports in its summary (``summary_name``)."""
+    return run.objective or summary_name(objective)
 
 
 def read_record(path: epath.Path) -> dict[str, Any] | None:
