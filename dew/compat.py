@@ -131,6 +131,24 @@ def submitit_requeue_signal(environment: Any = None) -> int:
     return environment._usr_sig()
 
 
+def submitit_sbatch_script(folder: str, command: str, **parameters: Any) -> str:
+    """The batch script submitit's SLURM executor would submit for ``parameters`` (its own
+    names: ``job_name``, ``time``, ``ntasks_per_node``, ``mem`` ...), without a cluster: the
+    executor itself refuses to start where ``srun`` is missing, and has no public "show me the
+    script"."""
+    from submitit.slurm import slurm
+
+    return slurm._make_sbatch_string(command=command, folder=folder, **parameters)
+
+
+def submitit_slurm_parameter_names() -> dict[str, str]:
+    """submitit's generic parameter names (``timeout_min``, ``tasks_per_node`` ...) and the SLURM
+    executor's own for each (``time``, ``ntasks_per_node`` ...)."""
+    from submitit.slurm import slurm
+
+    return slurm.SlurmExecutor._equivalence_dict()
+
+
 # ---------------------------------------------------------------------------------------- orbax
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -435,8 +436,28 @@ class TrainerConfig:
     quantization: Quantization | None = None
     """Quantized-training spec, wrapped around the module the objective trains before the run
     initialises it; unset trains in the compute dtype."""
+    init_from: str | None = None
+    """Start from these parameters instead of the seed's (docs/weights.md): a dew run directory
+    (its latest intact step), ``<run>/<step>``, or a Hugging Face Llama directory (``dew-export``'s
+    layout). Parameters only: the optimizer, the step and the schedule start fresh. With ``lora``
+    the loaded parameters are the frozen base. A local path is recorded absolute. Unset starts
+    from the seed."""
+    init_skip: tuple[str, ...] = ()
+    """Regular expressions over parameter paths (``head/kernel``) that init_from leaves as the seed
+    initialised them: the parameters whose shape must differ from the source's (a new vocabulary
+    or class count). Every other parameter must match the source's shape."""
 
     def __post_init__(self) -> None:
+        if self.init_from is not None and "://" not in self.init_from:
+            object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
+        for pattern in self.init_skip:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"trainer.init_skip pattern {pattern!r} is not a regular expression: {err}") from None
+        if self.init_skip and self.init_from is None:
+            raise ValueError(f"trainer.init_skip={list(self.init_skip)} needs trainer.init_from: "
+                             "there is nothing to skip when every parameter starts from the seed")
         if self.steps is not None and self.epochs is not None:
             raise ValueError(f"trainer.steps={self.steps} and trainer.epochs={self.epochs}: "
                              "set exactly one (null the other)")

@@ -154,3 +154,12 @@ def test_xla_cpu_client_child_refuses_an_unknown_flag():
     assert child.returncode != 0 and "Unknown flag" in child.stderr and "xla_no_such_flag" in child.stderr
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
     assert subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, timeout=120).returncode == 0
+
+
+def test_submitit_sbatch_script_is_the_executors_and_names_map():
+    names = compat.submitit_slurm_parameter_names()
+    assert (names["timeout_min"], names["tasks_per_node"], names["name"]) == ("time", "ntasks_per_node", "job_name")
+    script = compat.submitit_sbatch_script("/f/%j", "python -m x", nodes=2, ntasks_per_node=4, wckey=None,
+                                           job_name="run", additional_parameters={"requeue": True})
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --requeue" in script
+    assert "--wckey" not in script and script.rstrip().endswith("python -m x")

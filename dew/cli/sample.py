@@ -168,6 +168,9 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     finally:
         checkpoints.close()
     rest = concrete(recipe, objective, rest)
+    from dew.training import warmstart
+
+    _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, ema_used, params, tuple(damaged))
 

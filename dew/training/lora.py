@@ -7,7 +7,7 @@ does until the first update (§4.1). The factors are ``nnx.LoRAParam`` attribute
 ``<weight>_lora_a`` / ``<weight>_lora_b`` next to the weight they adapt (``blocks/attn/q/kernel_lora_a``),
 in the weight's dtype; in a stack of blocks they are stacked on the leading ``depth`` axis like the
 weights. Only they train: ``trainable(lora)`` is ``nnx.LoRAParam`` and every ``nnx.Param`` stays what
-the seed initialised.
+the seed initialised, or what ``trainer.init_from`` loaded (``dew.training.warmstart``).
 
 With ``trainer.quantization`` as well, the frozen base matmul is the quantized-training one
 (``dew.training.quantization``: fake-quantized operands, straight-through gradients, so gradients
