@@ -109,21 +109,22 @@ def rebuild(recipe: Any, record: str) -> tuple[Any, Any]:
     return objective, dataset
 
 
-def use_ema(objective: Any, ema: bool | None) -> bool:
-    """Whether to sample with the EMA: as asked, else when the run kept one (the trainer keeps it
-    when the objective's ema_decay is positive)."""
-    kept = objective.ema_decay > 0
+def read_step(checkpoints: Any, step: int, abstract_params: Any, ema: bool | None) -> tuple[bool, Any]:
+    """(EMA used, parameters) of ``step``: the EMA when asked for (``ema``), else when the step kept
+    one. The parameters are None when ``ema`` asks for an EMA the run did not keep."""
+    kept = "ema" in checkpoints.saved(step)
     if ema and not kept:
-        raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
-                          f"{objective.ema_decay}); sample without --ema")
-    return kept if ema is None else ema
+        return False, None
+    key = "ema" if (kept if ema is None else ema) else "params"
+    state, _ = checkpoints.restore_part(step, {key: abstract_params})
+    return key == "ema", state[key]
 
 
-def read_params(checkpoints: Any, run_dir: str, chosen: int, target: dict[str, Any], *,
-                asked: bool) -> tuple[int, Any, list[tuple[int, str]]]:
-    """``(step, parameters, damaged steps passed over)``: ``target``'s one entry (``params`` or
-    ``ema``) from step ``chosen`` or, when it is damaged and was not ``asked`` for by number, from the
-    newest intact step before it (``Checkpoints.first_intact``)."""
+def read_params(checkpoints: Any, run_dir: str, chosen: int, abstract_params: Any, *, ema: bool | None,
+                asked: bool) -> tuple[int, bool, Any, list[tuple[int, str]]]:
+    """``(step, EMA used, parameters, damaged steps passed over)`` (``read_step``) of step ``chosen``
+    or, when it is damaged and was not ``asked`` for by number, of the newest intact step before it
+    (``Checkpoints.first_intact``)."""
     from dew.training.checkpoint import CheckpointDamagedError
 
     def say(bad: int, problem: str) -> None:
@@ -132,16 +133,16 @@ def read_params(checkpoints: Any, run_dir: str, chosen: int, target: dict[str, A
 
     earlier = [] if asked else sorted((s for s in checkpoints.all_steps() if s < chosen), reverse=True)
     try:
-        step, (state, _), damaged = checkpoints.first_intact(
-            [chosen, *earlier], lambda s: checkpoints.restore_part(s, target), on_damaged=None if asked else say)
+        step, (used, params), damaged = checkpoints.first_intact(
+            [chosen, *earlier], lambda s: read_step(checkpoints, s, abstract_params, ema),
+            on_damaged=None if asked else say)
     except CheckpointDamagedError as err:
         if asked:
             raise SampleError(f"--step {chosen}: checkpoint step {chosen} in {checkpoints.step_path(chosen)} is "
                               f"damaged: {err.damaged[0][1]}") from None
         raise SampleError(f"no checkpoint in {run_dir!r} can be read: "
                           + "; ".join(f"step {s}: {problem}" for s, problem in err.damaged)) from None
-    (key,) = target
-    return step, state[key], damaged
+    return step, used, params, damaged
 
 
 def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema: bool | None = None) -> Restored:
@@ -159,14 +160,16 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
         objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD))
-        ema_used = use_ema(objective, ema)
         # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
         abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
         graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
-        chosen, params, damaged = read_params(checkpoints, run_dir, chosen,
-                                              {"ema" if ema_used else "params": abstract_params}, asked=step is not None)
+        chosen, ema_used, params, damaged = read_params(checkpoints, run_dir, chosen, abstract_params, ema=ema,
+                                                        asked=step is not None)
     finally:
         checkpoints.close()
+    if params is None:
+        raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
+                          f"{objective.ema_decay}); sample without --ema")
     rest = concrete(recipe, objective, rest)
     from dew.training import warmstart
 

@@ -124,6 +124,13 @@ class Checkpoints:
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta
 
+    def saved(self, step: int) -> set[str]:
+        """The entries of the state saved at ``step`` that hold something (``params``, ``opt_state``,
+        ``ema`` when the run kept one), from its metadata alone: a reader chooses what to restore."""
+        with orbax_reads_settle():
+            tree = ocp.PyTreeCheckpointer().metadata(os.path.join(self.step_path(step), "state")).item_metadata.tree
+        return {key for key, value in tree.items() if value is not None}
+
     def restore_part(self, step: int, target: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Only the entries of the state saved at ``step`` that ``target`` names (``{"ema":
         abstract_params}``), laid out like it, and the step's record: what a reader that samples
