@@ -28,6 +28,7 @@ from dew.training.schedules import ScheduleSpec
 from dew.typed import ConfigError, JsonString, from_json, to_json
 
 if TYPE_CHECKING:
+    from etils import epath
     from flax import nnx
 
     from dew.data.base import Dataset
@@ -578,6 +579,78 @@ def _written_by(cls: type, values: object, directory: str) -> str:
     return ""
 
 
+NO_RECORD = (f"no {RUN_RECORD}: not a dew run directory (no run record: dew-train writes one before the first "
+             "step), or the record was deleted")
+"""What a directory without a run record is: the reason ``NoRunRecord`` gives."""
+
+
+class NoRunRecord(FileNotFoundError):
+    """A directory that holds no run record. ``reason`` says so without the directory, for a reader
+    that names the run already (a ``dew-runs`` row)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(f"{directory} holds {NO_RECORD}")
+        self.directory, self.reason = directory, NO_RECORD
+
+
+class RunRecordError(ConfigError):
+    """A run record that cannot be read: not JSON, not a run record, or not one of the class asked
+    for. ``path`` is the file, ``reason`` what is wrong with it; the message is both."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """A run's record (``run.json``) as read from its directory, by ``read``: the one reader of the
+    file. ``dew-runs`` and the resume rules compare the values as written; ``RunConfig.load`` and
+    ``dew-sample`` rebuild the run from the typed view."""
+
+    directory: str
+    """The run directory, local or any filesystem epath reaches (``gs://...``)."""
+    values: dict[str, Any]
+    """The record as written (``RunConfig.to_dict``): JSON values, a section per part of the run."""
+
+    @property
+    def path(self) -> str:
+        return os.fspath(_record_file(self.directory))
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> RunRecord:
+        """The record in ``directory``. Raises ``NoRunRecord`` when there is none and
+        ``RunRecordError`` when the file is not JSON (cut off mid-write, edited) or not a run record
+        (no trainer section)."""
+        directory = os.fspath(directory)
+        file = _record_file(directory)
+        if not file.exists():
+            raise NoRunRecord(directory)
+        try:
+            values = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RunRecordError(os.fspath(file), f"not a JSON run record ({err}): cut off mid-write, or edited"
+                                 ) from None
+        if not isinstance(values, dict) or not isinstance(values.get("trainer"), dict):
+            raise RunRecordError(os.fspath(file), "not a dew run record (no trainer section)")
+        return cls(directory, values)
+
+    def typed[C: RunConfig](self, cls: type[C]) -> C:
+        """The record as ``cls`` (``RunConfig`` or a subclass such as ``Recipe``); a record ``cls``
+        cannot read raises ``RunRecordError`` naming the field, and the class that wrote it when
+        that is another."""
+        try:
+            return cls.from_dict(self.values)
+        except ConfigError as err:
+            raise RunRecordError(self.path, f"{err}{_written_by(cls, self.values, self.directory)}") from None
+
+
+def _record_file(directory: str) -> epath.Path:
+    from etils import epath
+
+    return epath.Path(directory) / RUN_RECORD
+
+
 
 @dataclasses.dataclass(frozen=True)
 class LoRA:
@@ -648,20 +721,8 @@ class RunConfig:
 
     @classmethod
     def load(cls, directory: str) -> Self:
-        """Read the config a run in ``directory`` was built from, as this class."""
-        from etils import epath
-
-        path = epath.Path(directory) / RUN_RECORD
-        if not path.exists():
-            raise FileNotFoundError(f"{os.fspath(path)}: no run record; is {directory!r} a dew run directory?")
-        try:
-            values = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ConfigError(f"{os.fspath(path)}: not a JSON run record ({err})") from None
-        try:
-            return cls.from_dict(values)
-        except ConfigError as err:
-            raise ConfigError(f"{os.fspath(path)}: {err}{_written_by(cls, values, directory)}") from None
+        """Read the config a run in ``directory`` was built from, as this class (``RunRecord``)."""
+        return RunRecord.read(directory).typed(cls)
 
     def train(self, objective: Any, dataset: Dataset, *, name: str, metrics: Sequence[Any] = (),
               summary: Mapping[str, object] | None = None) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 import typing
@@ -272,6 +273,32 @@ def test_load_errors_name_the_file(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps({**RunConfig().to_dict(), "extra": 1}))
     with pytest.raises(ConfigError, match=r"run.json: extra: unknown field"):
         RunConfig.load(str(tmp_path))
+
+
+def test_one_reader_gives_the_record_as_written_and_typed(tmp_path):
+    """``RunRecord.read`` is the one reader of run.json: the values as written (what dew-runs and the
+    resume rules compare) and the typed view (what RunConfig.load and dew-sample rebuild from), and
+    each way a record cannot be read as one error with a reason that leaves the path out."""
+    from dew.config import NoRunRecord, RunRecord, RunRecordError
+
+    recipe = Recipe(trainer=TrainerConfig(steps=7))
+    with pytest.raises(NoRunRecord) as missing:
+        RunRecord.read(tmp_path)
+    assert missing.value.reason.startswith("no run.json: not a dew run directory")
+    recipe.save(str(tmp_path))
+    record = RunRecord.read(tmp_path)
+    assert record.values == json.loads((tmp_path / "run.json").read_text()) == recipe.to_dict()
+    assert record.values["trainer"]["steps"] == 7 and record.typed(Recipe) == recipe
+    with pytest.raises(RunRecordError, match=r"written by dew\.recipe\.Recipe") as wrong_class:
+        record.typed(RunConfig)
+    assert wrong_class.value.path == str(tmp_path / "run.json")
+    for text, reason in [('{"model": {"arch', r"not a JSON run record \(.*\): cut off mid-write, or edited"),
+                         ('[1, 2]', r"not a dew run record \(no trainer section\)"),
+                         ('{"model": {}}', r"not a dew run record \(no trainer section\)")]:
+        (tmp_path / "run.json").write_text(text)
+        with pytest.raises(RunRecordError) as bad:
+            RunRecord.read(tmp_path)
+        assert re.fullmatch(reason, bad.value.reason) and str(bad.value) == f"{tmp_path / 'run.json'}: {bad.value.reason}"
 
 
 def test_trainer_lengths():

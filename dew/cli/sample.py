@@ -5,15 +5,17 @@
     dew-sample checkpoints/tiny --latest --temperature 0.8 --top-k 40 --count 4
     dew-sample checkpoints/tiny_lm --prompt "The " --max-new-tokens 500
 
-The run's ``run.json`` is read back with ``Recipe.load``; the dataset, the resolved model fields and
-the objective are rebuilt through ``dew.build`` (the path ``dew-train`` built them through), the
-model's parameters (and their EMA) are restored from the chosen orbax checkpoint, without the
-optimizer state, and the objective's sampler draws from them. Images become a PNG grid, one row per
+The run's ``run.json`` is read back as a ``Recipe`` (``dew.config.RunRecord``); the dataset, the
+resolved model fields and the objective are rebuilt through ``dew.build`` (the path ``dew-train``
+built them through), the model's parameters (and their EMA) are restored from the chosen checkpoint
+(``Checkpoints.restore_part``), without the optimizer state, and the objective's sampler draws from
+them. Images become a PNG grid, one row per
 class, and on request an ``.npz`` of the images (float32 NHWC in the data's [-1, 1]) and their
 labels; text is decoded with the tokenizer the dataset recorded, printed and written to a file.
 Samples drawn with the same seed are identical. A bad run directory ends with one message and exit
 status 2. A damaged checkpoint (files lost, cut short or altered) is reported with its step and what
-is wrong, and the newest intact step is sampled instead; ``--step N`` on a damaged step is an error.
+is wrong, and the newest intact step before it is sampled instead (``Checkpoints.first_intact``, the
+walk a resume takes); ``--step N`` on a damaged step is an error.
 dew-sample only reads: it takes no lock and moves nothing.
 """
 
@@ -26,6 +28,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from dew.rundir_format import RUN_RECORD
 
 EXIT_BAD_INPUT = 2
 
@@ -55,18 +59,19 @@ class Restored:
 
 
 def load_recipe(run_dir: str) -> Any:
-    """The run's record, or a SampleError that says what is wrong with the directory."""
+    """The run's record (``RunRecord``) as a ``Recipe``, or a SampleError that says what is wrong with
+    the directory."""
     import dew
+    from dew.config import NoRunRecord, RunRecord
     from dew.recipe import Recipe
     from dew.typed import ConfigError
 
     if not os.path.isdir(run_dir):
         raise SampleError(f"run directory {run_dir!r} does not exist")
-    if not os.path.isfile(os.path.join(run_dir, "run.json")):
-        raise SampleError(f"{run_dir!r} holds no run.json: not a dew run directory (dew-train writes "
-                          "run.json before the first step)")
     try:
-        return Recipe.load(run_dir)
+        return RunRecord.read(run_dir).typed(Recipe)
+    except NoRunRecord as err:
+        raise SampleError(str(err)) from None
     except (ConfigError, ValueError, TypeError) as err:
         raise SampleError(f"cannot read the run record: {err}. Was the run written by a different "
                           f"dew version? This is dew {dew.__version__}.") from None
@@ -87,92 +92,104 @@ def choose_step(checkpoints: Any, run_dir: str, *, step: int | None, latest: boo
     return best if best is not None else checkpoints.latest_step()
 
 
+def rebuild(recipe: Any, record: str) -> tuple[Any, Any]:
+    """(objective, dataset) built from the record as dew-train built them; refused when the data no
+    longer gives the model the run was trained with."""
+    from dew.build import build_run
+    from dew.typed import differences
+
+    try:
+        resolved, objective, dataset = build_run(recipe)
+    except (ValueError, FileNotFoundError) as err:
+        raise SampleError(f"cannot rebuild the run from {record}: {err}") from None
+    if resolved.to_dict() != recipe.to_dict():
+        diff = differences(recipe.to_dict(), resolved.to_dict())
+        raise SampleError("the data no longer gives the model the run was trained with (recorded -> "
+                          "now):\n  " + "\n  ".join(diff))
+    return objective, dataset
+
+
+def read_step(checkpoints: Any, step: int, abstract_params: Any, ema: bool | None) -> tuple[bool, Any]:
+    """(EMA used, parameters) of ``step``: the EMA when asked for (``ema``), else when the step kept
+    one. The parameters are None when ``ema`` asks for an EMA the run did not keep."""
+    kept = "ema" in checkpoints.saved(step)
+    if ema and not kept:
+        return False, None
+    key = "ema" if (kept if ema is None else ema) else "params"
+    state, _ = checkpoints.restore_part(step, {key: abstract_params})
+    return key == "ema", state[key]
+
+
+def read_params(checkpoints: Any, run_dir: str, chosen: int, abstract_params: Any, *, ema: bool | None,
+                asked: bool) -> tuple[int, bool, Any, list[tuple[int, str]]]:
+    """``(step, EMA used, parameters, damaged steps passed over)`` (``read_step``) of step ``chosen``
+    or, when it is damaged and was not ``asked`` for by number, of the newest intact step before it
+    (``Checkpoints.first_intact``)."""
+    from dew.training.checkpoint import CheckpointDamagedError
+
+    def say(bad: int, problem: str) -> None:
+        print(f"dew-sample: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
+              file=sys.stderr, flush=True)
+
+    earlier = [] if asked else sorted((s for s in checkpoints.all_steps() if s < chosen), reverse=True)
+    try:
+        step, (used, params), damaged = checkpoints.first_intact(
+            [chosen, *earlier], lambda s: read_step(checkpoints, s, abstract_params, ema),
+            on_damaged=None if asked else say)
+    except CheckpointDamagedError as err:
+        if asked:
+            raise SampleError(f"--step {chosen}: checkpoint step {chosen} in {checkpoints.step_path(chosen)} is "
+                              f"damaged: {err.damaged[0][1]}") from None
+        raise SampleError(f"no checkpoint in {run_dir!r} can be read: "
+                          + "; ".join(f"step {s}: {problem}" for s, problem in err.damaged)) from None
+    return step, used, params, damaged
+
+
 def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema: bool | None = None) -> Restored:
     """Rebuild the run in ``run_dir`` and restore its parameters at the best checkpoint (the
     latest with ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
     recipe = load_recipe(run_dir)
 
-    import jax
-    import orbax.checkpoint as ocp
     from etils import epath
     from flax import nnx
 
-    from dew.build import build_run
-    from dew.compat import orbax_reads_settle
     from dew.training import adapt
     from dew.training.checkpoint import Checkpoints
 
     checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
-        all_steps = checkpoints.all_steps()
+        objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD))
+        # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
+        abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
+        graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
+        chosen, ema_used, params, damaged = read_params(checkpoints, run_dir, chosen, abstract_params, ema=ema,
+                                                        asked=step is not None)
     finally:
         checkpoints.close()
-
-    try:
-        resolved, objective, dataset = build_run(recipe)
-    except (ValueError, FileNotFoundError) as err:
-        raise SampleError(f"cannot rebuild the run from {os.path.join(run_dir, 'run.json')}: {err}") from None
-    if resolved.to_dict() != recipe.to_dict():
-        from dew.training.rundir import differences
-
-        diff = differences(recipe.to_dict(), resolved.to_dict())
-        raise SampleError("the data no longer gives the model the run was trained with (recorded -> "
-                          "now):\n  " + "\n  ".join(diff))
-
-    # The module exactly as the trainer built it, then only the parameters (and their EMA) read back.
-    abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
-    graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
-    from dew.training.checkpoint import describe_damage
-
-    def read(step_: int) -> tuple[bool, Any]:
-        """(EMA used, parameters) of a step; raises what orbax raises on a damaged one."""
-        step_dir = os.path.join(os.path.abspath(run_dir), str(step_))
-        ocp.Checkpointer(ocp.JsonCheckpointHandler()).restore(os.path.join(step_dir, "meta"))  # the record too
-        checkpointer = ocp.PyTreeCheckpointer()
-        saved = checkpointer.metadata(os.path.join(step_dir, "state")).item_metadata.tree
-        kept_ema = saved.get("ema") is not None
-        if ema and not kept_ema:
-            raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
-                              f"{objective.ema_decay}); sample without --ema")
-        key = "ema" if (kept_ema if ema is None else ema) else "params"
-        target = {key: abstract_params}
-        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        restored = checkpointer.restore(os.path.join(step_dir, "state"), args=ocp.args.PyTreeRestore(
-            item=target, restore_args=restore_args, partial_restore=True))
-        return key == "ema", restored[key]
-
-    # The chosen step, or, when it is damaged (and was not asked for by number), the newest intact one.
-    damaged: list[tuple[int, str]] = []
-    candidates = [chosen] + ([] if step is not None else sorted((s for s in all_steps if s < chosen), reverse=True))
-    for candidate in candidates:
-        try:
-            with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
-                use_ema, params = read(candidate)
-        except SampleError:
-            raise
-        except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
-            damaged.append((candidate, describe_damage(err)))
-            if step is not None:
-                raise SampleError(f"--step {step}: checkpoint step {step} in {os.path.join(run_dir, str(step))} is "
-                                  f"damaged: {damaged[-1][1]}") from None
-            print(f"dew-sample: checkpoint step {candidate} is damaged ({damaged[-1][1]}); trying an earlier step",
-                  file=sys.stderr, flush=True)
-            continue
-        chosen = candidate
-        break
-    else:
-        raise SampleError(f"no checkpoint in {run_dir!r} can be read: "
-                          + "; ".join(f"step {s}: {problem}" for s, problem in damaged))
-    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):
-        # Non-parameter state (none in dew's models today) is rebuilt concretely from the seed.
-        concrete = adapt.build_model(recipe, objective)
-        _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
+    if params is None:
+        raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
+                          f"{objective.ema_decay}); sample without --ema")
+    rest = concrete(recipe, objective, rest)
     from dew.training import warmstart
 
     _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
-    return Restored(recipe, objective, dataset, model, chosen, use_ema, params, tuple(damaged))
+    return Restored(recipe, objective, dataset, model, chosen, ema_used, params, tuple(damaged))
+
+
+def concrete(recipe: Any, objective: Any, rest: Any) -> Any:
+    """The module's non-parameter state: as split off when it is concrete, else rebuilt from the seed
+    (none of dew's models has any today)."""
+    import jax
+    from flax import nnx
+
+    from dew.training import adapt
+
+    if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):
+        return rest
+    _, _, rest = nnx.split(adapt.build_model(recipe, objective), adapt.trainable(recipe.lora), ...)
+    return rest
 
 
 # ------------------------------------------------------------------------------------- sampling

@@ -16,7 +16,6 @@ The state comes from the files alone, in this order:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import statistics
@@ -24,6 +23,7 @@ from typing import Any
 
 from etils import epath
 
+from dew.config import NoRunRecord, RunRecord, RunRecordError
 from dew.runs import journal as journals
 from dew.runs.discover import checkpoint_steps, find_journal
 from dew.rundir_format import BEST_METRIC, FAILURES, RUN_RECORD
@@ -84,17 +84,13 @@ class Run:
 
 
 def read_record(path: epath.Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(record, problem): the run's ``run.json`` as a dict, or what is wrong with it."""
-    file = path / RUN_RECORD
-    if not file.exists():
-        return None, f"no {RUN_RECORD}: not written, or deleted (the directory holds {_contents(path)})"
+    """(record, problem): the run's ``run.json`` as written (``RunRecord``), or what is wrong with it."""
     try:
-        record = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return None, f"{RUN_RECORD} is unreadable ({err}): cut off mid-write or edited"
-    if not isinstance(record, dict) or not isinstance(record.get("trainer"), dict):
-        return None, f"{RUN_RECORD} is not a dew run record (no trainer section)"
-    return record, None
+        return RunRecord.read(path).values, None
+    except NoRunRecord as err:
+        return None, f"{err.reason} (the directory holds {_contents(path)})"
+    except RunRecordError as err:
+        return None, f"{RUN_RECORD} is unreadable: {err.reason}"
 
 
 def _contents(path: epath.Path) -> str:

@@ -28,6 +28,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -45,7 +46,12 @@ DAMAGED = "damaged"
 
 
 class CheckpointDamagedError(RuntimeError):
-    """No saved step of the run restores."""
+    """No saved step of the run restores; ``damaged`` holds each step tried and what is wrong with it."""
+
+    def __init__(self, directory: epath.Path, damaged: list[tuple[int, str]]) -> None:
+        super().__init__(f"no checkpoint in {directory} restores; nothing was moved or deleted. "
+                         + "; ".join(f"step {bad}: {problem}" for bad, problem in damaged))
+        self.damaged = damaged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +124,42 @@ class Checkpoints:
                 state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta
 
+    def saved(self, step: int) -> set[str]:
+        """The entries of the state saved at ``step`` that hold something (``params``, ``opt_state``,
+        ``ema`` when the run kept one), from its metadata alone: a reader chooses what to restore."""
+        with orbax_reads_settle():
+            tree = ocp.PyTreeCheckpointer().metadata(os.path.join(self.step_path(step), "state")).item_metadata.tree
+        return {key for key, value in tree.items() if value is not None}
+
+    def restore_part(self, step: int, target: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Only the entries of the state saved at ``step`` that ``target`` names (``{"ema":
+        abstract_params}``), laid out like it, and the step's record: what a reader that samples
+        needs, with the optimizer state left on disk."""
+        with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(item=target, partial_restore=True,
+                                             restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
+                meta=ocp.args.JsonRestore()))
+        return restored.state, restored.meta
+
+    def first_intact[T](self, steps: Iterable[int], read: Callable[[int], T], *,
+                        on_damaged: Callable[[int, str], None] | None = None) -> tuple[int, T, list[tuple[int, str]]]:
+        """The walk back over damaged steps: the first of ``steps`` that ``read`` (``restore``,
+        ``restore_part``) reads, as ``(step, what it read, the damaged steps passed over as (step,
+        what is wrong))``; ``on_damaged`` hears of each as it is passed over. When none reads, raises
+        ``CheckpointDamagedError`` with every step's problem."""
+        damaged: list[tuple[int, str]] = []
+        for step in steps:
+            try:
+                value = read(step)
+            except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
+                damaged.append((step, describe_damage(err)))
+                if on_damaged is not None:
+                    on_damaged(step, damaged[-1][1])
+                continue
+            return step, value, damaged
+        raise CheckpointDamagedError(self.directory, damaged)
+
     def restore_intact(self, abstract_state: Any, *, move_damaged: bool
                        ) -> tuple[int, Any, dict[str, Any], list[Fallback]]:
         """Restore the newest step that restores: ``(step, state, record, damaged steps passed over)``.
@@ -127,25 +169,18 @@ class Checkpoints:
         the code's than the files' (a model that changed shape), so nothing moves and this raises with
         every step's problem.
         """
-        damaged: list[tuple[int, str]] = []
-        for step in sorted(self.all_steps(), reverse=True):
-            try:
-                state, meta = self.restore(step, abstract_state)
-            except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
-                damaged.append((step, describe_damage(err)))
-                log.error("checkpoint step %d in %s is damaged: %s", step, self.step_path(step), damaged[-1][1])
-                continue
-            fallbacks = [Fallback(bad, problem, self._move_aside(bad) if move_damaged else None)
-                         for bad, problem in damaged]
-            for f in fallbacks:
-                log.warning("falling back from damaged step %d to step %d%s", f.damaged_step, step,
-                            f"; the damaged step is kept as {f.moved_to}" if f.moved_to else "")
-            if fallbacks and move_damaged:
-                self.manager.reload()  # forget the moved steps: the run saves those numbers again
-            return step, state, meta, fallbacks
-        raise CheckpointDamagedError(
-            f"no checkpoint in {self.directory} restores; nothing was moved or deleted. "
-            + "; ".join(f"step {bad}: {problem}" for bad, problem in damaged))
+        step, (state, meta), damaged = self.first_intact(
+            sorted(self.all_steps(), reverse=True), lambda s: self.restore(s, abstract_state),
+            on_damaged=lambda bad, problem: log.error("checkpoint step %d in %s is damaged: %s", bad,
+                                                      self.step_path(bad), problem))
+        fallbacks = [Fallback(bad, problem, self._move_aside(bad) if move_damaged else None)
+                     for bad, problem in damaged]
+        for f in fallbacks:
+            log.warning("falling back from damaged step %d to step %d%s", f.damaged_step, step,
+                        f"; the damaged step is kept as {f.moved_to}" if f.moved_to else "")
+        if fallbacks and move_damaged:
+            self.manager.reload()  # forget the moved steps: the run saves those numbers again
+        return step, state, meta, fallbacks
 
     def _move_aside(self, step: int) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")

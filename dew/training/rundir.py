@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import posixpath
 from collections.abc import Iterator
@@ -23,8 +22,8 @@ from typing import Any
 
 from etils import epath
 
-from dew.config import RunConfig
-from dew.rundir_format import RUN_RECORD
+from dew.config import NoRunRecord, RunConfig, RunRecord, RunRecordError
+from dew.objectives.registry import summary_name
 from dew.training.lock import RunLock, RunLockedError, describe, holder
 from dew.typed import differences
 
@@ -105,19 +104,18 @@ def resume_changes(old: dict[str, Any], new: dict[str, Any], trains: str | None)
 
 def trained_objective(run: RunConfig, objective: Any) -> str | None:
     """The objective a run trains, by the name of its knob section: ``run.objective``, else the one
-    the built objective reports in its summary."""
-    return run.objective or objective.summary().get("objective")
+    the built objective reports in its summary (``summary_name``)."""
+    return run.objective or summary_name(objective)
 
 
 def read_record(path: epath.Path) -> dict[str, Any] | None:
-    """The run record in run directory ``path``, None when there is none."""
-    record = path / RUN_RECORD
-    if not record.exists():
-        return None
+    """The run record in run directory ``path`` as written (``RunRecord``), None when there is none."""
     try:
-        return json.loads(record.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise RunDirError(f"{record}: unreadable run record ({err}); refusing to touch the run") from None
+        return RunRecord.read(path).values
+    except NoRunRecord:
+        return None
+    except RunRecordError as err:
+        raise RunDirError(f"{err.path}: unreadable run record, refusing to touch the run: {err.reason}") from None
 
 
 def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True, trains: str | None = None) -> epath.Path:

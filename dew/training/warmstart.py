@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from dew.config import RUN_RECORD, RunConfig
+from dew.config import RUN_RECORD, RunConfig, RunRecord
 from dew.training.checkpoint import Checkpoints
 
 log = logging.getLogger("dew")
@@ -132,7 +132,7 @@ def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
         from dew.training import hf_llama
 
         return hf_llama.dew_shapes(run, source.path)
-    record = json.loads(epath.Path(source.path, RUN_RECORD).read_text())
+    record = RunRecord.read(source.path).values
     theirs = record.get("model", {}).get("architecture")
     if theirs != run.model.architecture:
         raise ValueError(f"{FIELD}={run.trainer.init_from!r}: the source is a {theirs!r} model, this run "
