@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8"}
+WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8", "submitit": "1.5.4"}
 """The versions whose internals the functions below were written against."""
 
 
@@ -79,3 +79,50 @@ def qwix_qt_provider_private() -> dict[str, Callable[..., Any]]:
     import qwix
 
     return {name: getattr(qwix.QtProvider, name) for name in QT_PROVIDER_PRIVATE}
+
+
+# -------------------------------------------------------------------------------------- submitit
+
+
+def submitit_usr_sig() -> int:
+    """The signal submitit's jobs receive before a time limit and on preemption (SIGUSR2 unless
+    ``SUBMITIT_PREEMPT_SIGNAL`` says otherwise); submitit has no public accessor for it."""
+    from submitit.core.job_environment import JobEnvironment
+
+    return JobEnvironment._usr_sig()
+
+
+def submitit_requeue_handler(handler: Any) -> bool:
+    """Whether ``handler`` (a signal handler) is submitit's checkpoint-and-requeue handler."""
+    from submitit.core.job_environment import SignalHandler
+
+    return isinstance(getattr(handler, "__self__", None), SignalHandler)
+
+
+@contextlib.contextmanager
+def submitit_local_controllers(started: list[Any]) -> Iterator[None]:
+    """Within: submitit's local executor starts each job's controller with SIGINT ignored (inherited
+    by its tasks, whose runs install their own handler), so a Ctrl-C in the terminal reaches the
+    tasks, which save and stop, and not the controller, whose clean-up would send them a second
+    SIGINT and a SIGKILL a second later; each controller's process is appended to ``started``.
+    submitit calls the module global ``start_controller`` at every submission, so this patches it."""
+    import signal
+
+    from submitit.local import local
+
+    original = local.start_controller
+
+    def start_controller(*args: Any, **kwargs: Any) -> Any:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            process = original(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        started.append(process)
+        return process
+
+    local.start_controller = start_controller
+    try:
+        yield
+    finally:
+        local.start_controller = original
