@@ -105,10 +105,16 @@ class CheckedLaunch:
 
 
 def _leave_no_trace(sweep_dir: str) -> None:
-    """Remove the sweep directory Hydra's sweeper made for its ``multirun.yaml``, if that is all it holds."""
-    if os.path.isdir(sweep_dir) and os.listdir(sweep_dir) == ["multirun.yaml"]:
-        os.remove(os.path.join(sweep_dir, "multirun.yaml"))
-        os.rmdir(sweep_dir)
+    """Remove the sweep directory Hydra's sweeper made for its ``multirun.yaml``, if that is all it
+    holds, and the directories it made for it (those left empty, below the working directory)."""
+    if not (os.path.isdir(sweep_dir) and os.listdir(sweep_dir) == ["multirun.yaml"]):
+        return
+    os.remove(os.path.join(sweep_dir, "multirun.yaml"))
+    os.rmdir(sweep_dir)
+    parent = os.path.dirname(os.path.abspath(sweep_dir))
+    while parent.startswith(os.getcwd() + os.sep) and not os.listdir(parent):
+        os.rmdir(parent)
+        parent = os.path.dirname(parent)
 
 
 def refuse_live_jobs(sweep_dir: str, jobs: Sequence[Any]) -> None:

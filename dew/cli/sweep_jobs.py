@@ -80,14 +80,15 @@ def compose_jobs(config: DictConfig, hydra_context: Any, job_overrides: Sequence
 def check_job(job: SweepJob, device_count: int | None) -> None:
     """Raise ``ConfigError``/``ValueError``/``OSError`` with the message a single run would print,
     for any problem the job's run would find before writing anything."""
-    from dew.build import build_run
     from dew.recipe import Recipe
-    from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-    from dew.training.trainer import check
 
     with _hydra_config(job.hydra):
         container = OmegaConf.to_container(job.config, resolve=True)
-    recipe = job.recipe = Recipe.from_dict(container)
+    recipe = job.recipe = Recipe.from_dict(container)  # before JAX is imported: a typo fails at once
+    from dew.build import build_run
+    from dew.training.preflight import check_checkpoint_dir, check_xla_flags
+    from dew.training.trainer import check
+
     check_xla_flags(recipe.trainer)
     recipe, objective, dataset = build_run(recipe)
     check(recipe, objective, dataset, device_count=device_count or _known_devices(recipe))
