@@ -151,7 +151,8 @@ class SubmititLaunch(CheckedLaunch):
                 raise  # a job that failed without stopping: submitit's report is the one to read
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+        """hydra-submitit-launcher's ``launch``: submit the jobs, wait for them, return their results."""
+        return super(CheckedLaunch, self).launch(job_overrides, initial_job_idx)  # type: ignore[misc]
 
     def interrupted(self) -> None:
         """Ctrl-C in the launching process: pass it on and wait for the jobs' saves (where the

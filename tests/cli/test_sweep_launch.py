@@ -95,7 +95,7 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
     assert "the same command run again would start them twice" in again.stderr
 
 
-STEPS = 12
+STEPS = 40
 LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY, f"trainer.steps={STEPS}",
          "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck"]
 
@@ -118,7 +118,13 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
 
 
 def tasks(proc: subprocess.Popen) -> list[int]:
-    return [pid for pid in descendants(proc.pid) if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    """The job's task processes, by rank."""
+    found = {}
+    for pid in descendants(proc.pid):
+        if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+            found[int(env[b"SUBMITIT_LOCAL_GLOBALID"])] = pid
+    return [found[rank] for rank in sorted(found)]
 
 
 def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
@@ -129,7 +135,7 @@ def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
     # (1) SIGUSR2 to rank 1 alone: rank 0 learns of it from JAX's notifier and requeues the job.
     cut = launch(workdir, "cut", "cut1.out")
     until(lambda: journal() is not None and logged(journal(), 2) or cut.poll() is not None)
-    os.kill(sorted(tasks(cut))[1], signal.SIGUSR2)
+    os.kill(tasks(cut)[1], signal.SIGUSR2)
     until(lambda: ("resume", ) in [e[:1] for e in events(read_journal(journal()))] or cut.poll() is not None)
 
     # (2) Then Ctrl-C in the terminal: every process of the group gets SIGINT; the tasks agree on a
