@@ -6,6 +6,7 @@ SIGUSR2 that reached one rank only (rank 0 requeues)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -96,14 +97,16 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
 
 
 STEPS = 40
-LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY, f"trainer.steps={STEPS}",
-         "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck"]
+LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
+         "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck",
+         "trainer.compilation_cache_dir=cache"]  # every launch after the first compiles nothing
+assert TINY[-1] == "trainer.compilation_cache_dir=null"
 
 
-def launch(workdir: Path, name: str, log: str) -> subprocess.Popen:
+def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
     """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group
     (as a terminal's foreground job)."""
-    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}"], cwd=workdir,
+    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra], cwd=workdir,
                             env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(workdir / log, "a"),
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -171,3 +174,31 @@ def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
     assert losses(read_journal(journal())) == losses(read_journal(whole_journal))
     a, b = host_params(whole, STEPS), host_params(run(), STEPS)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_killed_launcher_takes_its_local_tasks_with_it(workdir: Path):
+    proc, ranks = launch(workdir, "orphan", "orphan.out", "trainer.steps=100000"), []
+    journal = lambda: next((workdir / "tracking").glob("orphan-sweep-*/*/journal.jsonl"), None)  # noqa: E731
+    try:
+        until(lambda: journal() is not None and logged(journal(), 2) or proc.poll() is not None)
+        ranks = tasks(proc)
+        os.kill(proc.pid, signal.SIGKILL)  # the launching process alone
+        proc.wait()
+        killed = time.monotonic()
+        until(lambda: not any(Path(f"/proc/{pid}").exists() and b"Z" != _state(pid) for pid in ranks), 300)
+        print(f"tasks gone {time.monotonic() - killed:.1f} s after the launcher")
+    finally:
+        for pid in [proc.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    run, = (p.parent for p in (workdir / "ck").rglob("run.json"))
+    assert holder(run) is None  # nothing holds the run's lock
+    stop = [s for kind, s in events(read_journal(journal())) if kind == "stop"]
+    assert len(stop) == 1 and (run / str(stop[0])).is_dir()  # the tasks saved before they ended
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return b"Z"
