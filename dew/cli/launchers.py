@@ -3,10 +3,11 @@ free coordinator port per local job, and the exit after a run stopped on a signa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 from dew import compat
@@ -63,6 +64,12 @@ def _barrier(name: str, timeout_s: float = 120) -> None:
         client.wait_at_barrier(name, int(timeout_s * 1000))
 
 
+SWEEP_LOCK_DIR = ".launch"
+"""Where in a sweep's directory the launching process holds the run lock while its jobs run (a
+hidden directory of its own: a ``.lock`` beside the jobs would make ``dew-runs`` take the sweep
+for a run)."""
+
+
 class CheckedLaunch:
     """What every dew launcher does with a sweep's job list before it starts any job: refuse a
     sweep whose jobs are alive (exit 4: the same command run again would submit them twice), check
@@ -80,7 +87,6 @@ class CheckedLaunch:
         from dew.cli.sweep_jobs import compose_jobs, failures
         from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
         from dew.training.lock import RunLockedError
-        from dew.training.rundir import hold
 
         sweep_dir = str(self.config.hydra.sweep.dir)
         jobs = compose_jobs(self.config, self.hydra_context, job_overrides, initial_job_idx)
@@ -93,7 +99,7 @@ class CheckedLaunch:
                       file=sys.stderr, flush=True)
                 _leave_no_trace(sweep_dir)
                 sys.exit(EXIT_BAD_INPUT)
-            with hold(sweep_dir):
+            with holding_the_sweep(sweep_dir):
                 return self.run_jobs(jobs, job_overrides, initial_job_idx)
         except RunLockedError as err:
             print(f"dew-train: error: {err}", file=sys.stderr, flush=True)
@@ -102,6 +108,24 @@ class CheckedLaunch:
     def run_jobs(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """Start the jobs, as the launcher class after this mixin does, and return their results."""
         return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def holding_the_sweep(sweep_dir: str) -> Iterator[None]:
+    """Hold the sweep's lock for the block (``RunLockedError`` if another process holds it), and
+    leave no trace of it after: the sweep's directory then holds its jobs alone."""
+    import shutil
+
+    from dew.training.rundir import hold
+
+    lock_dir = os.path.join(sweep_dir, SWEEP_LOCK_DIR)
+    held = hold(lock_dir)
+    held.__enter__()  # raises, leaving the other process's lock as it is, when one holds it
+    try:
+        yield
+    finally:
+        held.__exit__(None, None, None)
+        shutil.rmtree(lock_dir, ignore_errors=True)
 
 
 def _leave_no_trace(sweep_dir: str) -> None:
@@ -122,7 +146,7 @@ def refuse_live_jobs(sweep_dir: str, jobs: Sequence[Any]) -> None:
     its jobs' run directories is in use."""
     from dew.training.lock import RunLockedError, describe, holder
 
-    if (who := holder(sweep_dir)) is not None:
+    if (who := holder(os.path.join(sweep_dir, SWEEP_LOCK_DIR))) is not None:
         raise RunLockedError(f"the sweep {sweep_dir} is being run by {describe(who)}: its jobs are alive, and "
                              "the same command run again would start them twice. Wait for it to end (it "
                              "resumes what it did not finish when run again) or stop it")

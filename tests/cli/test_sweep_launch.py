@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dew.cli.launchers import SWEEP_LOCK_DIR
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.training.lock import holder
 from dew.training.tracking import read_journal
@@ -85,7 +86,7 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
     first = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=workdir, env=fast_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        until(lambda: any(holder(p) for p in (workdir / "ck").glob("twice-sweep-*")) or first.poll() is not None, 300)
+        until(lambda: any(holder(p / SWEEP_LOCK_DIR) for p in (workdir / "ck").glob("twice-sweep-*")) or first.poll() is not None, 300)
         again = dew(*args, cwd=workdir, env=fast_env())
     finally:
         os.kill(first.pid, signal.SIGKILL)
