@@ -1,5 +1,7 @@
-"""What dew's submitit launchers (``hydra_plugins/dew_launchers``) share with ``dew-train``: a
-free coordinator port per local job, and the exit after a run stopped on a signal."""
+"""What dew's launchers (``hydra_plugins/dew_launchers``) share with ``dew-train``: every job of a
+sweep checked before any starts and a sweep whose jobs are alive refused (``CheckedLaunch``), the
+end of a sweep whose jobs stopped on a signal (``SubmititLaunch``), a free coordinator port per
+local job, a local task that ends with its launcher, and the exit after a run stopped on a signal."""
 
 from __future__ import annotations
 
@@ -168,7 +170,11 @@ class SubmititLaunch(CheckedLaunch):
         try:
             return self.start_and_wait(job_overrides, initial_job_idx)
         except KeyboardInterrupt:
-            self.interrupted()
+            if not self.interrupted():
+                print(f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
+                      "logs); scancel stops them, and the same command resumes what they did not finish",
+                      file=sys.stderr, flush=True)
+                sys.exit(130)
             end_of_stopped(jobs, interrupted=True)
         except UncompletedJobError:
             if not end_of_stopped(jobs, interrupted=False):
@@ -178,9 +184,10 @@ class SubmititLaunch(CheckedLaunch):
         """hydra-submitit-launcher's ``launch``: submit the jobs, wait for them, return their results."""
         return super(CheckedLaunch, self).launch(job_overrides, initial_job_idx)  # type: ignore[misc]
 
-    def interrupted(self) -> None:
-        """Ctrl-C in the launching process: pass it on and wait for the jobs' saves (where the
-        launcher can); by default the jobs run on."""
+    def interrupted(self) -> bool:
+        """Ctrl-C in the launching process: pass it on and wait for the jobs' saves, where the
+        launcher can (True); by default (a cluster's queue) the jobs run on."""
+        return False
 
 
 def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
@@ -189,6 +196,7 @@ def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
     import shlex
 
     from dew.cli.sweep_jobs import stop_record
+    from dew.training.lock import holder
 
     stops = {job.num: stop_record(job) for job in jobs}
     if not interrupted and not any(r and r.get("event") == "stop" and r.get("reason") in ("preempted", "interrupted")
@@ -201,6 +209,8 @@ def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
             step = record["step"]
             print(f"dew-train: {job.describe()}: stopped at step {step}, checkpoint "
                   f"{os.path.join(job.run_dir, str(step))}; resume with: {command}", file=sys.stderr)
+        elif holder(job.run_dir) is not None:
+            print(f"dew-train: {job.describe()}: still running in {job.run_dir}", file=sys.stderr)
         elif not (record and record.get("event") == "end"):
             print(f"dew-train: {job.describe()}: stopped before its first checkpoint; resume with: {command}",
                   file=sys.stderr)

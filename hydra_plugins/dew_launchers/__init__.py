@@ -1,6 +1,8 @@
-"""dew's submitit launchers, as Hydra plugins (Hydra instantiates launchers only from the
-``hydra_plugins`` package): hydra-submitit-launcher's SLURM and local launchers, plus what a dew
-job needs in its own process. ``launch/hydra/launcher/{slurm,local}.yaml`` select them.
+"""dew's launchers, as Hydra plugins (Hydra instantiates launchers only from the ``hydra_plugins``
+package): Hydra's basic launcher and hydra-submitit-launcher's SLURM and local launchers, each of
+which checks every job of a sweep before it starts any (``dew.cli.launchers.CheckedLaunch``), plus
+what a dew job needs in its own process. ``launch/hydra/launcher/{dew_basic,slurm,local}.yaml``
+select them; ``dew_basic`` is dew's default.
 
 A submitit job runs in a fresh Python process that unpickles the launcher and composes the job's
 config again there. Two things do not travel in the pickle and are restored here: dew's OmegaConf
@@ -65,7 +67,8 @@ class LocalLauncher(SubmititLaunch, submitit_launcher.LocalLauncher):
         tasks = self.params.get("tasks_per_node")
         cpu_devices = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
         on_cpu = os.environ.get("JAX_PLATFORMS", "") == "cpu" or not self.params.get("gpus_per_node")
-        return tasks * cpu_devices if isinstance(tasks, int) and on_cpu and "JAX_NUM_CPU_DEVICES" in os.environ else None
+        known = isinstance(tasks, int) and on_cpu and "JAX_NUM_CPU_DEVICES" in os.environ
+        return tasks * cpu_devices if known else None
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         from dew import compat
@@ -77,10 +80,11 @@ class LocalLauncher(SubmititLaunch, submitit_launcher.LocalLauncher):
         with compat.submitit_local_controllers(self.controllers):
             return super().start_and_wait(job_overrides, initial_job_idx)
 
-    def interrupted(self) -> None:
+    def interrupted(self) -> bool:
         from dew.cli.launchers import wait_for_controllers
 
         wait_for_controllers(self.controllers)
+        return True
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "controllers"}  # processes do not pickle

@@ -86,7 +86,8 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
     first = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=workdir, env=fast_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        until(lambda: any(holder(p / SWEEP_LOCK_DIR) for p in (workdir / "ck").glob("twice-sweep-*")) or first.poll() is not None, 300)
+        held = lambda: any(holder(p / SWEEP_LOCK_DIR) for p in (workdir / "ck").glob("twice-sweep-*"))  # noqa: E731
+        until(lambda: held() or first.poll() is not None, 300)
         again = dew(*args, cwd=workdir, env=fast_env())
     finally:
         os.kill(first.pid, signal.SIGKILL)
@@ -100,15 +101,15 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
 STEPS = 40
 LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
          "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck",
-         "trainer.compilation_cache_dir=cache"]  # every launch after the first compiles nothing
+         "trainer.compilation_cache_dir=cache"]  # later launches reuse what the first compiled
 assert TINY[-1] == "trainer.compilation_cache_dir=null"
 
 
 def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
     """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group
     (as a terminal's foreground job)."""
-    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra], cwd=workdir,
-                            env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(workdir / log, "a"),
+    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra],
+                            cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(workdir / log, "a"),
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
@@ -154,7 +155,8 @@ def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
     assert [k for k, _ in kinds] == ["start", "stop", "resume", "stop"] and kinds[2][1] == requeued, kinds
     assert "Requeued job" in "".join(p.read_text() for p in (workdir / "ck").rglob("*_0_log.out"))
     last = out.strip().splitlines()[-1]
-    assert last.startswith("dew-train: job 0 (") and f"stopped at step {stopped}, checkpoint {run().relative_to(workdir)}/{stopped}" in last
+    checkpoint = f"{run().relative_to(workdir)}/{stopped}"
+    assert last.startswith("dew-train: job 0 (") and f"stopped at step {stopped}, checkpoint {checkpoint};" in last
     assert "resume with: dew-train -m hydra/launcher=local" in last
     assert str(stopped) in os.listdir(run()) and not [p for p in run().iterdir() if "tmp" in p.name]
 
