@@ -48,3 +48,21 @@ def test_qwix_qt_provider_private_methods_exist():
     source = inspect.getsource(qwix.QtProvider)
     for name in compat.QT_PROVIDER_PRIVATE:
         assert f"self.{name}" in source, name
+
+
+def test_submitit_internals_dew_uses_are_where_it_expects_them():
+    import signal
+
+    from submitit.core.job_environment import SignalHandler
+    from submitit.local import local
+
+    assert compat.submitit_usr_sig() == signal.SIGUSR2
+    handler = SignalHandler.__new__(SignalHandler)
+    assert compat.submitit_requeue_handler(handler.checkpoint_and_try_requeue)
+    assert not compat.submitit_requeue_handler(signal.default_int_handler)
+    # The local executor starts each job's controller through the module global dew patches.
+    assert "start_controller(" in inspect.getsource(local.LocalExecutor._submit_command)
+    original = local.start_controller
+    with compat.submitit_local_controllers([]):
+        assert local.start_controller is not original
+    assert local.start_controller is original
