@@ -95,7 +95,7 @@ class StopSignals:
             return self  # Python delivers signals to the main thread only; a run in another cannot listen
         if _early is not None and _early is not self:  # take over what listened since the process began
             early, _early = _early, None
-            self.received, self._at = early.received, early._at
+            self.received, self._at, self._passed_on = early.received, early._at, early._passed_on
             for signum, handler in early._previous.items():
                 if not (signum == signal.SIGTERM and self._pool()):  # JAX's notifier holds it now
                     signal.signal(signum, handler)

@@ -137,9 +137,14 @@ def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
     journal = lambda: next((workdir / "tracking").glob("cut-sweep-*/*/journal.jsonl"), None)  # noqa: E731
     run = lambda: next((workdir / "ck").glob("cut-sweep-*/0*"))  # noqa: E731
 
-    # (1) SIGUSR2 to rank 1 alone: rank 0 learns of it from JAX's notifier and requeues the job.
+    # (1) SIGUSR2 to rank 1 alone while it is still setting up (in the pool, not yet trained a
+    # step): the run takes it at its first step boundary, and rank 0, which learns of it from JAX's
+    # notifier, requeues the job.
     cut = launch(workdir, "cut", "cut1.out")
-    until(lambda: journal() is not None and logged(journal(), 2) or cut.poll() is not None)
+    logs = lambda: (workdir / "ck").glob("cut-sweep-*/.submitit/*/*_1_log.out")  # noqa: E731
+    rank1 = lambda: "".join(p.read_text() for p in logs())  # noqa: E731
+    until(lambda: "joined the JAX process pool" in rank1() or cut.poll() is not None)
+    assert "compiled the train step" not in rank1()
     os.kill(tasks(cut)[1], signal.SIGUSR2)
     until(lambda: ("resume", ) in [e[:1] for e in events(read_journal(journal()))] or cut.poll() is not None)
 
