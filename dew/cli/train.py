@@ -143,6 +143,15 @@ def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> s
     return candidate
 
 
+def sweep_record(config: DictConfig) -> str | None:
+    """The sweep's record (its directory and swept keys) as ``_sweep_name`` decides it in the
+    launching process: the launchers pickle it with every job, so a job that does not inherit the
+    environment (``--export=NONE``) agrees with the launching process. None for a sweep directory
+    given on the command line (``hydra.sweep.dir=...``), which every job composes alike."""
+    str(config.hydra.sweep.dir)  # resolving the directory records the sweep
+    return os.environ.get(SWEEP_ENV)
+
+
 def _job_dirname(num: Any, overrides: Any) -> str:
     """A sweep job's directory: its number (unique in the sweep), then the swept keys with this
     job's values (``0-optim.learning_rate=0.001``), made safe as one path component. Fixed
@@ -199,6 +208,10 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
     if debugging() and error is not None:
         raise error
     print(f"dew-train: error: {message}", file=sys.stderr)
+    from dew.cli.trial import TrialFailed, in_a_search
+
+    if in_a_search():  # the sweeper records a failed trial and goes on
+        raise TrialFailed(message)
     sys.exit(status)
 
 
@@ -295,7 +308,23 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         fail(str(err), status)
     if is_main:
         print(f"dew-train: run {name!r} is in {run_path}", flush=True)
-    return state
+    from dew.cli.trial import in_a_search
+
+    if not in_a_search():
+        return state
+    return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
+
+
+def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
+    """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
+    from dew.cli.trial import check_direction, selection_value
+    from dew.objectives.metrics import builtin_metrics
+    from dew.training.tracking import tracking_dir
+    from dew.training.trainer import best_criterion
+
+    metric, higher_is_better = best_criterion(builtin_metrics(objective))
+    check_direction(metric, higher_is_better)
+    return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
 
 
 def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
@@ -329,19 +358,35 @@ def _gathered(model: Any) -> Any:
     return nnx.merge(graphdef, state)
 
 
+def launcher_without_multirun(args: Any) -> str | None:
+    """A launcher chosen on a single run, where Hydra would ignore it and train right here (on a
+    cluster's login node): the sentence that says so and how to launch. ``--cfg``, ``--info`` and
+    ``--help`` only show the config, and may."""
+    chosen = [o for o in args.overrides if re.fullmatch(r"\+*hydra/launcher=\S+", o)]
+    if not chosen or args.multirun or args.cfg or args.info or args.help or args.hydra_help:
+        return None
+    return (f"{chosen[0]} takes effect only on a multirun: without -m Hydra ignores the launcher and trains "
+            f"in this process; run: dew-train -m {' '.join(args.overrides)}")
+
+
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     register_configs()
-    from hydra._internal.utils import get_args_parser  # Hydra's own command line, to read the overrides
+    from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 
-    from dew.cli.overrides import check_overrides
+    from dew.cli.overrides import check_overrides, check_unset_records
 
     try:
-        overrides = get_args_parser().parse_known_args()[0].overrides
+        args = get_args_parser().parse_known_args()[0]
     except SystemExit:
-        overrides = []  # Hydra reports its own usage errors
-    if problem := check_overrides(overrides, Recipe):
+        args = None  # Hydra reports its own usage errors
+    overrides = args.overrides if args else []
+    from dew.cli.trial import search_unavailable
+
+    if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
+                   or (args and launcher_without_multirun(args))
+                   or check_unset_records(overrides, Recipe, conf_dir())):
         fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 

@@ -29,7 +29,7 @@ from dew.config import STEP_LIMIT, RunConfig
 from dew.data.base import Dataset
 from dew.models.registry import of
 from dew.objectives.base import Metric, Objective
-from dew.training import adapt, preflight, sharding
+from dew.training import adapt, preflight, sharding, warmstart
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.optim import build_optimizer
 from dew.training.preemption import Preempted, StopSignals
@@ -140,6 +140,7 @@ def _check(run: RunConfig, objective: Objective, dataset: Dataset,
         sharding.check_batch(batch // t.accumulation, mesh, t.layout,
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
+    warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides
     _optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
     return total_steps, eval_every, ckpt_every
@@ -185,6 +186,8 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
     mesh = sharding.make_mesh(t)
     stages = t.stages()
     graphdef, params, rest = adapt.init_model(run, objective)
+    params, rest = warmstart.load(run, params, rest, mesh, resuming=checkpoints.latest_step() is not None,
+                                  run_dir=path)  # trainer.init_from
     optimizer = _optimizer(run, dataset, params, total_steps)
 
     def init_state(params: Any) -> TrainState:

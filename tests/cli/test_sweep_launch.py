@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.cli.launchers import SWEEP_LOCK_DIR
+from dew.cli.sweep_launch import SWEEP_LOCK_DIR
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.training.lock import holder
 from dew.training.tracking import read_journal
@@ -146,7 +146,8 @@ def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
     until(lambda: "joined the JAX process pool" in rank1() or cut.poll() is not None)
     assert "compiled the train step" not in rank1()
     os.kill(tasks(cut)[1], signal.SIGUSR2)
-    until(lambda: ("resume", ) in [e[:1] for e in events(read_journal(journal()))] or cut.poll() is not None)
+    resumed = lambda: journal() is not None and "resume" in [e[0] for e in events(read_journal(journal()))]  # noqa: E731
+    until(lambda: resumed() or cut.poll() is not None)
 
     # (2) Then Ctrl-C in the terminal: every process of the group gets SIGINT; the tasks agree on a
     # step and save it, the launcher waits for them and ends with one line, status 130.
