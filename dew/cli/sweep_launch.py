@@ -123,6 +123,7 @@ class SubmititLaunch(CheckedLaunch):
                 sys.exit(130)
             end_of_stopped(jobs, interrupted=True)
         except UncompletedJobError:
+            wait_until_released(jobs)  # a cancelled job's tasks may still be saving (SLURM's KillWait)
             if not end_of_stopped(jobs, interrupted=False):
                 raise  # a job that failed without stopping: submitit's report is the one to read
 
@@ -134,6 +135,17 @@ class SubmititLaunch(CheckedLaunch):
         """Ctrl-C in the launching process: pass it on and wait for the jobs' saves, where the
         launcher can (True); by default (a cluster's queue) the jobs run on."""
         return False
+
+
+def wait_until_released(jobs: Sequence[Any], every_s: float = 0.5) -> None:
+    """Wait until no process holds any job's run directory: a job the scheduler reports ended
+    (cancelled) can still be saving its checkpoint, and only then says where it stopped."""
+    import time
+
+    from dew.training.lock import holder
+
+    while any(holder(job.run_dir) is not None for job in jobs):
+        time.sleep(every_s)
 
 
 def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
