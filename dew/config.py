@@ -167,7 +167,8 @@ class OptimConfig:
     """Decoupled weight decay; unset is the optimizer's own default (docs/optimizers.md)."""
     param_groups: Annotated[tuple[ParamGroup, ...], json_list_argument(ParamGroup)] = ()
     """Per-group learning-rate multipliers and weight decay, first match wins; empty moves every
-    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split."""
+    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split; with
+    ``model.config.mup`` on, the built run holds it here (``dew.training.mup``)."""
     clip_grads: float = 0.0
     """Global-norm gradient clipping threshold; 0 disables."""
     state_dtype: Literal["float32", "bfloat16"] = "float32"

@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from dew.cli.json_args import json_fields, quote_json_overrides
+from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.data.specs import datasets
 from dew.recipe import Recipe
@@ -372,6 +372,7 @@ def launcher_without_multirun(args: Any) -> str | None:
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
+    sys.argv[1:] = set_json_keys(sys.argv[1:], json_fields(Recipe))  # model.config.mup=true
     register_configs()
     from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 

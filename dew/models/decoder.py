@@ -15,8 +15,10 @@ before RoPE), grouped-query attention (``num_kv_heads``) and an optional tied ou
 
 **muP (lm-engine's multipliers).** With ``mup``, the width multiplier is
 ``m = hidden_size / mup_base_width``: logits are divided by ``m``, attention is scaled by
-``1/head_dim`` instead of ``1/sqrt(head_dim)``, and hidden matrices are initialised with standard
-deviation ``init_std / sqrt(m)``. ``embedding_multiplier`` scales the token embedding's output and
+``sqrt(b)/head_dim`` instead of ``1/sqrt(head_dim)`` (``b`` the head_dim at the base width,
+``mup_base_head_dim``; ``attention_scale``), and hidden matrices are initialised with
+standard deviation ``init_std / sqrt(m)``: at the base width every multiplier is the standard
+model's. ``embedding_multiplier`` scales the token embedding's output and
 ``residual_multiplier`` (``r``) each branch before it joins the residual stream, with or without muP.
 Output projections (``attn/o``, ``mlp_down``) are further divided by ``sqrt(2 · depth)`` (GPT-2).
 The matching per-group learning rates are the optimizer's (``dew.training.optim.mup_param_groups``).
@@ -62,7 +64,23 @@ def mlp_hidden(f: Fields) -> int:
 
 
 def width_multiplier(f: Fields) -> float:
+    """muP's ``m``; ``Transformer.mup_width_multiplier`` (``dew.models.transformer``) gives the
+    optimizer's groups the same number."""
     return f.hidden_size / f.mup_base_width if f.mup else 1.0
+
+
+def attention_scale(f: Fields) -> float:
+    """The attention logits' scale: ``1/sqrt(head_dim)``, and under muP ``sqrt(base)/head_dim``
+    with ``base`` the head_dim at the base width (``mup_base_head_dim``). muP scales by
+    ``1/head_dim`` because trained queries and keys correlate, so their dot product grows with
+    head_dim rather than its square root; measured from the base, the scale equals the standard one
+    there, as every other muP multiplier does. Plain ``1/head_dim`` is ``sqrt(head_dim)`` times
+    cooler than the standard model at every width, the base included (docs/mup.md)."""
+    head = head_dim(f)
+    if not f.mup:
+        return 1.0 / head**0.5
+    base = f.mup_base_head_dim if f.mup_base_head_dim is not None else head / width_multiplier(f)
+    return base**0.5 / head
 
 
 class DecoderBlock(nnx.Module):
@@ -78,7 +96,7 @@ class DecoderBlock(nnx.Module):
         self.attn_norm = nnx.RMSNorm(D, **norm)
         self.attn = Attention(D, f.num_heads, num_kv_heads=f.num_kv_heads, head_dim=head_dim(f),
                               use_bias=False, qk_norm=f.qk_norm, norm_eps=f.norm_eps,
-                              scale=1.0 / head_dim(f) if f.mup else None, impl=f.attention_impl,
+                              scale=attention_scale(f), impl=f.attention_impl,
                               precision=precision, kernel_init=init, out_init=out_init, rngs=rngs)
         self.mlp_norm = nnx.RMSNorm(D, **norm)
         linear = dict(use_bias=False, rngs=rngs, **precision.linear_kwargs)

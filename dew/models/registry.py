@@ -140,6 +140,13 @@ class Architecture:
         ``tokens``, ...); None where the fields do not say (the dataset decides)."""
         return None
 
+    def mup_width_multiplier(self) -> float | None:
+        """muP's width multiplier (the model's width over the base width its multipliers are
+        relative to) when these fields turn muP on; None when they do not, or the architecture has
+        no muP. The optimizer's muP groups (``dew.training.mup``) divide the hidden matrices' rate
+        by it, so the model and the optimizer read one number."""
+        return None
+
 
 architectures: Registry[type[Architecture]] = Registry(
     "architecture", builtins=("dew.models.simple_dit", "dew.models.transformer"))
@@ -161,6 +168,10 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
     arch = architecture(name)
     declared = arch.declared()
     unknown = sorted(set(values) - set(declared))
+    if "mup" in unknown:
+        with_mup = [n for n, a in architectures.items() if "mup" in a.declared()]
+        raise ConfigError(f"model.config.mup: architecture {name!r} has no muP parametrization; muP is "
+                          f"available on {', '.join(with_mup) or 'no registered architecture'}")
     if unknown:
         raise ConfigError(f"model.config: architecture {name!r} takes no field "
                           f"{', '.join(map(repr, unknown))}; it takes {', '.join(declared)}")

@@ -46,10 +46,19 @@ class TransformerFields(PrecisionFields):
     norm_eps: float = 1e-6
     """Epsilon of every RMSNorm."""
     mup: bool = False
-    """Apply lm-engine's muP multipliers: logits / width multiplier, attention scaled by 1/head_dim,
-    hidden matrices initialised with ``init_std / sqrt(width multiplier)``."""
+    """Apply muP's multipliers (lm-engine's, with the attention scale relative to the base width):
+    logits / width multiplier, attention scaled by ``sqrt(base head_dim) / head_dim``, hidden
+    matrices initialised with ``init_std / sqrt(width multiplier)``. At the base width the model is
+    the standard one; ``model.config.mup=true`` also brings the optimizer's muP groups
+    (``dew.training.mup``)."""
     mup_base_width: int = 256
     """The width the muP multipliers are relative to (width multiplier = hidden_size / this)."""
+    mup_base_head_dim: int | None = None
+    """The head_dim at the base width, which muP's attention scale ``sqrt(this) / head_dim`` is
+    relative to. Unset: ``head_dim / width multiplier``, the base width's head_dim when head_dim
+    grows with the width at a fixed number of heads (as it does unset). Set it to head_dim when the
+    heads grow instead (the scale is then the standard one at every width), or to 1 for
+    lm-engine's plain ``1/head_dim``."""
     embedding_multiplier: float = 1.0
     """Scale of the token embedding's output."""
     residual_multiplier: float = 1.0
@@ -64,6 +73,8 @@ class TransformerFields(PrecisionFields):
 
     def __post_init__(self) -> None:
         check_positive(self, "vocab_size", "seq_len", "hidden_size", "depth", "num_heads", "mup_base_width")
+        if self.mup_base_head_dim is not None:
+            check_positive(self, "mup_base_head_dim")
         if self.head_dim is None:
             check_divides(self, "num_heads", "hidden_size")
         head_dim = self.head_dim or self.hidden_size // self.num_heads
@@ -98,6 +109,10 @@ class Transformer(Architecture):
 
     def head_dim(self) -> int:
         return self.fields.head_dim or self.fields.hidden_size // self.fields.num_heads
+
+    def mup_width_multiplier(self) -> float | None:
+        # the layers' m (dew.models.decoder.width_multiplier), for the optimizer's groups
+        return self.fields.hidden_size / self.fields.mup_base_width if self.fields.mup else None
 
     def matmul_params(self) -> tuple[int, int, int]:
         """``(per-token weights, per-example weights, tokens)``; a tied head still multiplies."""

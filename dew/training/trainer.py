@@ -31,6 +31,7 @@ from dew.models.registry import of
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, preflight, sharding, warmstart
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
+from dew.training.mup import with_mup_groups
 from dew.training.optim import build_optimizer
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats, prepare_process
@@ -157,6 +158,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
           metrics: Sequence[Metric] = (), summary: Mapping[str, object] | None = None) -> TrainState:
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
     evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint."""
+    run = with_mup_groups(run, objective)  # muP's groups, for a run built in Python too (dew.training.mup)
     with contextlib.ExitStack() as held:  # the run directory's lock, released however the run ends
         return _train(run, objective, dataset, name=name, metrics=metrics, summary=summary, held=held)
 

@@ -87,14 +87,29 @@ def test_max_logits_equal_an_explicit_computation_per_block(jitted):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_mup_divides_logits_by_the_width_multiplier_and_scales_attention_by_one_over_head_dim(jitted):
+def test_mup_divides_logits_by_the_width_multiplier(jitted):
     tokens = jax.random.randint(jax.random.key(2), (2, 8), 0, 32)
-    wide = tiny(mup=True, mup_base_width=16)  # width multiplier 2
-    narrow = tiny(mup=True, mup_base_width=8)  # width multiplier 4, same parameters (same seed, scaled init)
-    assert wide.blocks.attn.scale == 1 / 8
+    # the same attention scale in both (the base head_dim given): only the logit multiplier differs
+    wide = tiny(mup=True, mup_base_width=16, mup_base_head_dim=4)  # width multiplier 2
+    narrow = tiny(mup=True, mup_base_width=8, mup_base_head_dim=4)  # width multiplier 4, same parameters
+    assert wide.blocks.attn.scale == narrow.blocks.attn.scale == 2 / 8
     # Same parameters, a twice larger width multiplier: exactly half the logits.
     nnx.update(narrow, nnx.state(wide))
     np.testing.assert_allclose(jitted(narrow)(tokens), jitted(wide)(tokens) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fields, scale", [
+    ({}, 1 / 8 ** 0.5),  # standard: 1/sqrt(head_dim), head_dim 32/4
+    ({"mup": True, "mup_base_width": 32}, 1 / 8 ** 0.5),  # muP at its base width: the standard model
+    ({"mup": True, "mup_base_width": 8}, 2 ** 0.5 / 8),  # width x4, head_dim x4: sqrt(base head_dim 2)/8
+    ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 8}, 1 / 8 ** 0.5),  # heads grew instead
+    ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 1}, 1 / 8),  # lm-engine's plain 1/head_dim
+])
+def test_mups_attention_scale_is_the_standard_one_at_the_base_head_dim(fields, scale):
+    from dew.models.decoder import attention_scale
+    from dew.models.transformer import TransformerFields
+
+    assert attention_scale(TransformerFields(**{**TINY, **fields})) == pytest.approx(scale, rel=1e-12)
 
 
 @pytest.mark.slow
