@@ -121,6 +121,15 @@ def hydra_args_parser() -> Any:
     return get_args_parser()
 
 
+def hydra_basic_launcher() -> type:
+    """Hydra's basic launcher (a sweep's jobs one after another, in this process), for dew's own to
+    derive from. hydra-core 1.3.8 keeps it in the private ``hydra._internal.core_plugins``, which
+    its config (``hydra/launcher=basic``) names; there is no public import."""
+    from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+    return BasicLauncher
+
+
 def submitit_requeue_signal(environment: Any = None) -> int:
     """The signal on which submitit's job environment (``environment``, a ``JobEnvironment``
     class; the base one by default) checkpoints and requeues a job: SIGUSR2 unless the job's
@@ -147,6 +156,45 @@ def submitit_slurm_parameter_names() -> dict[str, str]:
     from submitit.slurm import slurm
 
     return slurm.SlurmExecutor._equivalence_dict()
+
+
+def submitit_requeue_handler(handler: Any) -> bool:
+    """Whether ``handler`` (a signal handler) is submitit's checkpoint-and-requeue handler (a
+    method of submitit 1.5.4's ``SignalHandler``, which submitit installs in every job and does not
+    export)."""
+    from submitit.core.job_environment import SignalHandler
+
+    return isinstance(getattr(handler, "__self__", None), SignalHandler)
+
+
+@contextlib.contextmanager
+def submitit_local_controllers(started: list[Any]) -> Iterator[None]:
+    """Within: submitit's local executor starts each job's controller with SIGINT ignored (inherited
+    by its tasks, whose runs install their own handler), so a Ctrl-C in the terminal reaches the
+    tasks, which save and stop, and not the controller, whose clean-up (``Controller.run``'s
+    ``finally: kill_tasks()``) would send them a second SIGINT and a SIGKILL a second later; each
+    controller's process is appended to ``started``. submitit 1.5.4's ``LocalExecutor`` calls the
+    module global ``start_controller`` at every submission, so this patches that global."""
+    import signal
+
+    from submitit.local import local
+
+    original = local.start_controller
+
+    def start_controller(*args: Any, **kwargs: Any) -> Any:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            process = original(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        started.append(process)
+        return process
+
+    local.start_controller = start_controller
+    try:
+        yield
+    finally:
+        local.start_controller = original
 
 
 # ---------------------------------------------------------------------------------------- orbax

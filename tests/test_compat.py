@@ -163,3 +163,27 @@ def test_submitit_sbatch_script_is_the_executors_and_names_map():
                                            job_name="run", additional_parameters={"requeue": True})
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --requeue" in script
     assert "--wckey" not in script and script.rstrip().endswith("python -m x")
+
+
+def test_submitit_handler_and_local_controller_dew_uses_are_where_it_expects_them():
+    import signal
+
+    from submitit.core.job_environment import SignalHandler
+    from submitit.local import local
+
+    handler = SignalHandler.__new__(SignalHandler)
+    assert compat.submitit_requeue_handler(handler.checkpoint_and_try_requeue)
+    assert not compat.submitit_requeue_handler(signal.default_int_handler)
+    # The local executor starts each job's controller through the module global dew patches.
+    assert "start_controller(" in inspect.getsource(local.LocalExecutor._submit_command)
+    original = local.start_controller
+    with compat.submitit_local_controllers([]):
+        assert local.start_controller is not original
+    assert local.start_controller is original
+
+
+def test_hydra_basic_launcher_is_hydras_default():
+    from hydra.plugins.launcher import Launcher
+
+    launcher = compat.hydra_basic_launcher()
+    assert issubclass(launcher, Launcher) and launcher.__name__ == "BasicLauncher"

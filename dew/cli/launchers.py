@@ -1,5 +1,6 @@
 """What dew's submitit launchers (``hydra_plugins/dew_launchers``) share with ``dew-train``: a
-free coordinator port per local job, and the exit after a run stopped on a signal."""
+free coordinator port per local job, and the exit after a run stopped on a signal. What the
+launchers do with a sweep's job list is ``dew.cli.sweep_launch``."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def free_ports(count: int, *, first: int = 0) -> dict[int, int]:
 def exit_after_stop(signum: int | None) -> NoReturn:
     """Exit as the launcher expects once a run stopped on ``signum`` and saved its checkpoint.
 
-    In a submitit job stopped by submitit's own signal (SIGUSR2), submitit's handler, which the
+    In a submitit job stopped by submitit's own signal (SIGUSR2, to this process or to any other
+    of its pool: the processes agree on the signal, ``dew.training.preemption``), submitit's handler, which the
     trainer held back until the checkpoint was saved, now does what it always does: on rank 0 it
     dumps the job again (the launcher's ``checkpoint``: the same job, so the same run directory)
     and requeues it (``scontrol requeue`` on SLURM; exit status 144, which makes the local
@@ -45,9 +47,7 @@ def exit_after_stop(signum: int | None) -> NoReturn:
     signum = signum or signal.SIGTERM
     handler = signal.getsignal(signum)
     if os.environ.get("SUBMITIT_EXECUTOR"):
-        from submitit.core.job_environment import JobEnvironment, SignalHandler
-
-        if signum == compat.submitit_requeue_signal(JobEnvironment) and isinstance(getattr(handler, "__self__", None), SignalHandler):
+        if signum == compat.submitit_requeue_signal() and compat.submitit_requeue_handler(handler):
             try:
                 handler(signum, None)
             finally:

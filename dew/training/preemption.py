@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -43,22 +44,64 @@ class Preempted(Exception):
                          "command resumes the run")
 
 
+SIGNAL_KEY = "dew/stop_signal"
+"""Where, in a process pool's key-value store, the first process a signal reached records which
+signal it was: every process reads it at the agreed step, so all of them stop for the same reason
+and exit alike (rank 0 requeues a preempted submitit job whichever rank was signalled)."""
+
+ECHO_S = 3.0
+"""A second SIGINT this soon after the first is the same Ctrl-C delivered twice (the terminal's to
+every process of the group, and the launcher passing it on), not the user pressing it again."""
+
+_early: StopSignals | None = None
+
+
+def install_early() -> None:
+    """Listen from the start of a job process (a submitit task, before its set-up and restore): a
+    signal that comes early is recorded instead of reaching submitit's handler (which would requeue
+    before anything was saved, or, on a non-zero rank, swallow it), and the run's own
+    ``StopSignals`` takes it over at install and stops at its first step boundary."""
+    global _early
+    if _early is None:
+        _early = StopSignals().install(_signals=(signal.SIGUSR2, signal.SIGINT, signal.SIGTERM))
+
+
 class StopSignals:
     """Signal handlers for the duration of a run (``install`` ... ``restore``), asked at each step
-    boundary whether to stop there."""
+    boundary whether to stop there. Constructing and installing one opens no JAX backend, so it can
+    listen before the process joins its pool."""
 
     def __init__(self) -> None:
-        import jax
-
         self.received: int | None = None
-        self._pool = jax.process_count() > 1 and compat.jax_preemption_sync_manager() is not None
         self._previous: dict[int, Any] = {}
+        self._at = 0.0
+        self._passed_on = False
+        self._in_pool: bool | None = None
 
-    def install(self) -> StopSignals:
+    def _pool(self) -> bool:
+        """Whether this process is in a pool of more than one, where JAX's notifier agrees the step
+        (known once the pool is joined; False before)."""
+        if self._in_pool is None:
+            if compat.jax_preemption_sync_manager() is None:
+                return False
+            import jax
+
+            self._in_pool = jax.process_count() > 1
+        return self._in_pool
+
+    def install(self, _signals: tuple[int, ...] | None = None) -> StopSignals:
+        global _early
         if threading.current_thread() is not threading.main_thread():
             return self  # Python delivers signals to the main thread only; a run in another cannot listen
+        if _early is not None and _early is not self:  # take over what listened since the process began
+            early, _early = _early, None
+            self.received, self._at, self._passed_on = early.received, early._at, early._passed_on
+            for signum, handler in early._previous.items():
+                if not (signum == signal.SIGTERM and self._pool()):  # JAX's notifier holds it now
+                    signal.signal(signum, handler)
         # In a process pool, SIGTERM stays with JAX's preemption notifier.
-        for signum in (signal.SIGUSR2, signal.SIGINT) + (() if self._pool else (signal.SIGTERM,)):
+        signums = _signals or (signal.SIGUSR2, signal.SIGINT) + (() if self._pool() else (signal.SIGTERM,))
+        for signum in signums:
             self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -70,21 +113,47 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        if signum == signal.SIGINT and self.received == signal.SIGINT:
+        if signum == signal.SIGINT and self.received == signal.SIGINT and time.monotonic() - self._at > ECHO_S:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now, without the checkpoint
-        first = self.received is None
-        self.received = self.received or signum
+        if self.received is not None:
+            return
+        self.received, self._at = signum, time.monotonic()
         log.warning("%s received: the run saves a checkpoint at the next step boundary and stops%s",
                     signal.Signals(signum).name, " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
-        if self._pool and first:
-            os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier, which agrees on the step
+        self._pass_on()
+
+    def _pass_on(self) -> None:
+        """In a pool, tell every process which signal came and hand it to JAX's notifier as a
+        SIGTERM, which agrees on the step (before the pool is joined: at the first step boundary)."""
+        if self._passed_on or self.received is None or not self._pool():
+            return
+        self._passed_on = True
+        client = compat.jax_distributed_client()
+        try:
+            client.key_value_set(SIGNAL_KEY, str(int(self.received)))
+        except Exception:  # noqa: BLE001 - another process recorded its signal first: theirs stands
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _agreed_signal(self) -> None:
+        """At the agreed step: the signal the first signalled process recorded, else SIGTERM (JAX's
+        notifier was told directly: a scheduler's stop to every process)."""
+        try:
+            recorded = compat.jax_distributed_client().key_value_try_get(SIGNAL_KEY)
+        except Exception:  # noqa: BLE001 - not found
+            recorded = None
+        self.received = int(recorded) if recorded else (self.received or signal.SIGTERM)
 
     def stop_at(self, step: int) -> bool:
         """Whether the run stops after ``step``: called once per step, with increasing steps."""
-        if self._pool:
+        if self._pool():
             from jax.experimental import multihost_utils
 
-            return multihost_utils.reached_preemption_sync_point(step)
+            self._pass_on()  # a signal that came before the pool was joined
+            if multihost_utils.reached_preemption_sync_point(step):
+                self._agreed_signal()
+                return True
+            return False
         return self.received is not None
 
     @property

@@ -103,13 +103,18 @@ directory, then ``RunConfig.train`` asks again for the very same objects and get
 building the abstract model and the optimizer a second time."""
 
 
-def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, int | None, int | None]:
+def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
+          device_count: int | None = None) -> tuple[int, int | None, int | None]:
     """Everything about a run that can fail before it starts, checked without touching the disk or
     allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
     mesh and the batch split, and the optimizer over the model's (abstract) parameters.
 
-    Returns the run's total steps and its evaluation and checkpoint intervals.
+    Returns the run's total steps and its evaluation and checkpoint intervals. With
+    ``device_count``, the mesh is an abstract one over that many devices (the launching process of
+    a sweep checks its jobs so, without opening an accelerator).
     """
+    if device_count is not None:
+        return _check(run, objective, dataset, device_count)
     if _checked and all(x is y for x, y in zip(_checked[0][:3], (run, objective, dataset), strict=True)):
         return _checked[0][3]
     result = _check(run, objective, dataset)
@@ -117,7 +122,8 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
     return result
 
 
-def _check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, int | None, int | None]:
+def _check(run: RunConfig, objective: Objective, dataset: Dataset,
+           device_count: int | None = None) -> tuple[int, int | None, int | None]:
     t = run.trainer
     if dataset.batch_size != t.batch_size:
         raise ValueError(f"the dataset was loaded at batch {dataset.batch_size}, but trainer.batch_size="
@@ -130,7 +136,7 @@ def _check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int,
     preflight.check_attention(run)
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
-    mesh = sharding.make_mesh(t)
+    mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
     for batch, _ in t.stages():
         sharding.check_batch(batch // t.accumulation, mesh, t.layout,
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")

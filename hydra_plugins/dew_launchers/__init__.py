@@ -1,6 +1,8 @@
-"""dew's submitit launchers, as Hydra plugins (Hydra instantiates launchers only from the
-``hydra_plugins`` package): hydra-submitit-launcher's SLURM and local launchers, plus what a dew
-job needs in its own process. ``launch/hydra/launcher/{slurm,local}.yaml`` select them.
+"""dew's launchers, as Hydra plugins (Hydra instantiates launchers only from the ``hydra_plugins``
+package): Hydra's basic launcher and hydra-submitit-launcher's SLURM and local launchers, each of
+which checks every job of a sweep before it starts any (``dew.cli.sweep_launch.CheckedLaunch``), plus
+what a dew job needs in its own process. ``launch/hydra/launcher/{dew_basic,slurm,local}.yaml``
+select them; ``dew_basic`` is dew's default.
 
 A submitit job runs in a fresh Python process that unpickles the launcher and composes the job's
 config again there. Two things do not travel in the pickle and are restored here: dew's OmegaConf
@@ -36,11 +38,21 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
 
+from dew import compat
+from dew.cli.sweep_launch import CheckedLaunch, SubmititLaunch
+
 
 def _job_process_setup() -> None:
     from dew.cli.train import register_configs
+    from dew.training.preemption import install_early
 
+    install_early()  # a signal during set-up or restore is the run's, not submitit's (preemption.py)
     register_configs()
+
+
+class BasicLauncher(CheckedLaunch, compat.hydra_basic_launcher()):
+    """Hydra's basic launcher (the jobs one after another, in this process), every job checked
+    before the first starts: dew's default launcher (conf/config.yaml)."""
 
 
 class _SweepInPickle:
@@ -109,7 +121,7 @@ def slurm_parameters(params: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
     return params
 
 
-class SlurmLauncher(_SweepInPickle, submitit_launcher.SlurmLauncher):
+class SlurmLauncher(_SweepInPickle, SubmititLaunch, submitit_launcher.SlurmLauncher):
     """hydra-submitit-launcher's SLURM launcher, with dew's resolvers and sweep in the job process
     and the parameters real sites need (``slurm_parameters``)."""
 
@@ -142,27 +154,59 @@ class SlurmLauncher(_SweepInPickle, submitit_launcher.SlurmLauncher):
               f"{self.config.hydra.sweep.dir}")
         return []
 
+    def requested_devices(self) -> int | None:
+        """Every node's GPUs (``gpus_per_node``, or the count in ``gres``), where they are known."""
+        nodes = self.params.get("nodes")
+        gpus = self.params.get("gpus_per_node") or gpus_in_gres(self.params.get("gres"))
+        return nodes * gpus if isinstance(nodes, int) and isinstance(gpus, int) and gpus > 0 else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _job_process_setup()
         self.restore_sweep()
         return super().__call__(*args, **kwargs)
 
 
-class LocalLauncher(_SweepInPickle, submitit_launcher.LocalLauncher):
+class LocalLauncher(_SweepInPickle, SubmititLaunch, submitit_launcher.LocalLauncher):
     """hydra-submitit-launcher's local launcher, with dew's resolvers in the job process and one
-    coordinator port per job, chosen by the launching process."""
+    coordinator port per job, chosen by the launching process. Ctrl-C in the terminal reaches the
+    tasks, which save and stop, while the launcher waits for them (``interrupted``); a launcher
+    that dies takes its jobs with it (``dew.cli.sweep_launch.watch_launcher``)."""
 
     ports: dict[int, int]
+    launcher_pid: int
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+    def requested_devices(self) -> int | None:
+        tasks = self.params.get("tasks_per_node")
+        cpu_devices = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
+        on_cpu = os.environ.get("JAX_PLATFORMS", "") == "cpu" or not self.params.get("gpus_per_node")
+        known = isinstance(tasks, int) and on_cpu and "JAX_NUM_CPU_DEVICES" in os.environ
+        return tasks * cpu_devices if known else None
+
+    def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        from dew import compat
         from dew.cli.launchers import free_ports
 
         self.ports = free_ports(len(job_overrides), first=initial_job_idx)
         self.record_sweep()
-        return super().launch(job_overrides, initial_job_idx)
+        self.launcher_pid = os.getpid()
+        self.controllers: list[Any] = []
+        with compat.submitit_local_controllers(self.controllers):
+            return super().start_and_wait(job_overrides, initial_job_idx)
+
+    def interrupted(self) -> bool:
+        from dew.cli.sweep_launch import wait_for_controllers
+
+        wait_for_controllers(self.controllers)
+        return True
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "controllers"}  # processes do not pickle
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, *args: Any) -> Any:
+        from dew.cli.sweep_launch import watch_launcher
+
         _job_process_setup()
         self.restore_sweep()
+        watch_launcher(self.launcher_pid)
         os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{self.ports[job_num]}"
         return super().__call__(sweep_overrides, job_dir_key, job_num, *args)

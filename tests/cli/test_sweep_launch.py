@@ -1,0 +1,213 @@
+"""What dew's launchers do with a sweep's job list before and after its jobs run: every job's config
+checked before any is queued (nothing submitted, exit 2), a sweep whose jobs are alive refused
+rather than submitted twice (exit 4), and, under the local launcher, a stop that never loses the
+agreed checkpoint: Ctrl-C in the terminal, a scheduler's SIGTERM (one line per stopped job), and a
+SIGUSR2 that reached one rank only (rank 0 requeues)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dew.cli.sweep_launch import SWEEP_LOCK_DIR
+from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
+from dew.training.lock import holder
+from dew.training.tracking import read_journal
+from tests.conftest import dew, tree
+from tests.training.conftest import TINY, fast_env, losses
+from tests.training.test_multiprocess import descendants, events, host_params, logged, until
+
+pytestmark = pytest.mark.slow
+
+RECORDER = """#!/bin/bash
+# {name} stand-in: record that it was called, submit nothing.
+echo "{name} $*" >> "{calls}"
+echo "Submitted batch job 1"
+"""
+
+
+def recording_slurm(bin_dir: Path) -> Path:
+    """``sbatch`` and ``srun`` on PATH that only record their calls (in the returned file)."""
+    bin_dir.mkdir()
+    calls = bin_dir / "calls"
+    for name in ("sbatch", "srun"):
+        (bin_dir / name).write_text(RECORDER.format(name=name, calls=calls))
+        (bin_dir / name).chmod(0o755)
+    return calls
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_a_bad_job_submits_nothing(workdir: Path):
+    calls = recording_slurm(workdir.parent / "bin")
+    env = fast_env(PATH=f"{calls.parent}{os.pathsep}{os.environ['PATH']}")
+    began, cpu = time.monotonic(), _children_cpu()
+    bad = dew("-m", "hydra/launcher=slurm", *TINY, "trainer.checkpoint_dir=ck", "model.dtype=float33",
+              "optim.learning_rate=0.001,0.002", cwd=workdir, env=env)
+    took, cpu = time.monotonic() - began, _children_cpu() - cpu
+    print(f"refused in {took:.1f} s ({cpu:.1f} s of CPU)")
+    assert bad.returncode == EXIT_BAD_INPUT and "Traceback" not in bad.stderr, bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert lines[0].startswith("dew-train: error: job 0 (") and "optim.learning_rate=0.001" in lines[0]
+    assert "model.dtype: expected one of 'float32', 'bfloat16', 'float16', found str 'float33'" in lines[0]
+    assert lines[1].startswith("dew-train: error: job 1 (") and lines[-1].endswith("2 of 2 jobs would fail")
+    assert not calls.exists() and tree(workdir) == []
+    assert cpu < 5 and took < 20  # under 5 s on a quiet machine; the wall time grows with other work
+
+    # The mesh against the devices the job asks for: 1 node x 8 GPUs splits no batch of 36.
+    odd = dew("-m", "hydra/launcher=slurm", *TINY, "trainer.checkpoint_dir=ck", "trainer.batch_size=32,36",
+              cwd=workdir, env=env)
+    assert odd.returncode == EXIT_BAD_INPUT and not calls.exists() and tree(workdir) == [], odd.stderr
+    assert "job 1 (" in odd.stderr and "job 0 (" not in odd.stderr
+    assert "trainer.batch_size: a batch of 36 (per micro-batch) does not divide over the 8 devices" in odd.stderr
+
+    # The basic launcher runs its jobs here one after another: job 1's mistake stops job 0 too.
+    basic = dew("-m", *TINY, "trainer.checkpoint_dir=ck", "trainer.steps=2", "optim.learning_rate=0.001,-1",
+                cwd=workdir, env=env)
+    assert basic.returncode == EXIT_BAD_INPUT and tree(workdir) == [], basic.stderr
+    assert "job 1 (" in basic.stderr and "optim.learning_rate" in basic.stderr and "Traceback" not in basic.stderr
+
+
+def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path):
+    args = ["-m", *TINY, "trainer.checkpoint_dir=ck", "trainer.name=twice", "trainer.steps=100000",
+            "trainer.eval_every=null", "optim.learning_rate=0.001,0.002"]
+    first = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=workdir, env=fast_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        held = lambda: any(holder(p / SWEEP_LOCK_DIR) for p in (workdir / "ck").glob("twice-sweep-*"))  # noqa: E731
+        until(lambda: held() or first.poll() is not None, 300)
+        again = dew(*args, cwd=workdir, env=fast_env())
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    assert again.returncode == EXIT_BUSY and "Traceback" not in again.stderr, again.stderr
+    sweep, = (workdir / "ck").glob("twice-sweep-*")
+    assert f"the sweep ck/{sweep.name} is being run by process {first.pid} on " in again.stderr
+    assert "the same command run again would start them twice" in again.stderr
+
+
+STEPS = 100  # the host may run tens of steps ahead of a signal (until the loop bounds its lead)
+LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
+         "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck",
+         "trainer.compilation_cache_dir=cache"]  # later launches reuse what the first compiled
+assert TINY[-1] == "trainer.compilation_cache_dir=null"
+
+
+def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
+    """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group
+    (as a terminal's foreground job)."""
+    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra],
+                            cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(workdir / log, "a"),
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def tasks(proc: subprocess.Popen) -> list[int]:
+    """The job's task processes, by rank."""
+    found = {}
+    for pid in descendants(proc.pid):
+        if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+            found[int(env[b"SUBMITIT_LOCAL_GLOBALID"])] = pid
+    return [found[rank] for rank in sorted(found)]
+
+
+def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
+    assert finish(launch(workdir, "whole", "whole.out")) == 0, (workdir / "whole.out").read_text()
+    journal = lambda: next((workdir / "tracking").glob("cut-sweep-*/*/journal.jsonl"), None)  # noqa: E731
+    run = lambda: next((workdir / "ck").glob("cut-sweep-*/0*"))  # noqa: E731
+
+    # (1) SIGUSR2 to rank 1 alone while it is still setting up (in the pool, not yet trained a
+    # step): the run takes it at its first step boundary, and rank 0, which learns of it from JAX's
+    # notifier, requeues the job.
+    cut = launch(workdir, "cut", "cut1.out")
+    logs = lambda: (workdir / "ck").glob("cut-sweep-*/.submitit/*/*_1_log.out")  # noqa: E731
+    rank1 = lambda: "".join(p.read_text() for p in logs())  # noqa: E731
+    until(lambda: "joined the JAX process pool" in rank1() or cut.poll() is not None)
+    assert "compiled the train step" not in rank1()
+    os.kill(tasks(cut)[1], signal.SIGUSR2)
+    resumed = lambda: journal() is not None and "resume" in [e[0] for e in events(read_journal(journal()))]  # noqa: E731
+    until(lambda: resumed() or cut.poll() is not None)
+
+    # (2) Then Ctrl-C in the terminal: every process of the group gets SIGINT; the tasks agree on a
+    # step and save it, the launcher waits for them and ends with one line, status 130.
+    resumed_at = [s for kind, s in events(read_journal(journal())) if kind == "resume"][-1]
+    until(lambda: logged(journal(), resumed_at + 2) or cut.poll() is not None)
+    os.killpg(cut.pid, signal.SIGINT)
+    code, out = finish(cut), (workdir / "cut1.out").read_text()
+    assert code == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    kinds = events(read_journal(journal()))
+    requeued, stopped = kinds[1][1], kinds[-1][1]
+    assert [k for k, _ in kinds] == ["start", "stop", "resume", "stop"] and kinds[2][1] == requeued, kinds
+    assert "Requeued job" in "".join(p.read_text() for p in (workdir / "ck").rglob("*_0_log.out"))
+    last = out.strip().splitlines()[-1]
+    checkpoint = f"{run().relative_to(workdir)}/{stopped}"
+    assert last.startswith("dew-train: job 0 (") and f"stopped at step {stopped}, checkpoint {checkpoint};" in last
+    assert "resume with: dew-train -m hydra/launcher=local" in last
+    assert str(stopped) in os.listdir(run()) and not [p for p in run().iterdir() if "tmp" in p.name]
+
+    # (3) The same command resumes; SIGTERM to every task (a scheduler's stop, no requeue): one line.
+    cut = launch(workdir, "cut", "cut2.out")
+    until(lambda: logged(journal(), stopped + 2) or cut.poll() is not None)
+    for pid in tasks(cut):
+        os.kill(pid, signal.SIGTERM)
+    code, out = finish(cut), (workdir / "cut2.out").read_text()
+    assert code == 128 + signal.SIGTERM and "Traceback" not in out and "UncompletedJobError" not in out, out[-3000:]
+    termed = events(read_journal(journal()))[-1][1]
+    assert out.strip().splitlines()[-1].startswith("dew-train: job 0 (") and f"stopped at step {termed}," in out
+
+    # (4) Resumed to the end: the losses and parameters of the run that never stopped, bit for bit.
+    assert finish(launch(workdir, "cut", "cut3.out")) == 0, (workdir / "cut3.out").read_text()[-3000:]
+    whole = next((workdir / "ck").glob("whole-sweep-*/0*"))
+    whole_journal = next((workdir / "tracking").glob("whole-sweep-*/*/journal.jsonl"))
+    assert losses(read_journal(journal())) == losses(read_journal(whole_journal))
+    a, b = host_params(whole, STEPS), host_params(run(), STEPS)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_killed_launcher_takes_its_local_tasks_with_it(workdir: Path):
+    proc, ranks = launch(workdir, "orphan", "orphan.out", "trainer.steps=100000"), []
+    journal = lambda: next((workdir / "tracking").glob("orphan-sweep-*/*/journal.jsonl"), None)  # noqa: E731
+    try:
+        until(lambda: journal() is not None and logged(journal(), 2) or proc.poll() is not None)
+        ranks = tasks(proc)
+        os.kill(proc.pid, signal.SIGKILL)  # the launching process alone
+        proc.wait()
+        killed = time.monotonic()
+        until(lambda: not any(Path(f"/proc/{pid}").exists() and b"Z" != _state(pid) for pid in ranks), 300)
+        print(f"tasks gone {time.monotonic() - killed:.1f} s after the launcher")
+    finally:
+        for pid in [proc.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    run, = (p.parent for p in (workdir / "ck").rglob("run.json"))
+    assert holder(run) is None  # nothing holds the run's lock
+    stop = [s for kind, s in events(read_journal(journal())) if kind == "stop"]
+    assert len(stop) == 1 and (run / str(stop[0])).is_dir()  # the tasks saved before they ended
+
+
+def _state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return b"Z"
