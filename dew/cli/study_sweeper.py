@@ -43,17 +43,6 @@ STUDY_FILE = "study.db"
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 
 
-def store_config(base: type, target: str) -> None:
-    """Store dew's sweeper config as ``hydra/sweeper/optuna``: the plugin's fields and defaults, dew's
-    class, and failures that do not end the study."""
-    from hydra.core.config_store import ConfigStore
-
-    fields = [("_target_", str, dataclasses.field(default=target)),
-              ("max_failure_rate", float, dataclasses.field(default=1.0))]
-    node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(base,))
-    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="dew")
-
-
 def study_storage(sweep_dir: str) -> str:
     """The RDB URL of the study file in ``sweep_dir`` (absolute: jobs may run elsewhere)."""
     return f"sqlite:///{Path(sweep_dir).resolve() / STUDY_FILE}"

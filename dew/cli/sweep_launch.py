@@ -40,7 +40,10 @@ class CheckedLaunch:
         jobs = compose_jobs(self.config, self.hydra_context, job_overrides, initial_job_idx)
         try:
             refuse_live_jobs(sweep_dir, jobs)
-            if lines := failures(jobs, self.requested_devices()):
+            if (lines := failures(jobs, self.requested_devices())) and searching(self.config):
+                for line in lines:  # a search's trial that fails its checks is a failed trial, not the end
+                    print(f"dew-train: warning: {line}: the trial fails and the search goes on", file=sys.stderr)
+            elif lines:
                 for line in lines:
                     print(f"dew-train: error: {line}", file=sys.stderr)
                 print(f"dew-train: nothing was started: {len(lines)} of {len(jobs)} jobs would fail",
@@ -56,6 +59,17 @@ class CheckedLaunch:
     def run_jobs(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """Start the jobs, as the launcher class after this mixin does, and return their results."""
         return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+
+
+def searching(config: Any) -> bool:
+    """Whether the sweep is a search (a sweeper that chooses the next jobs from the last ones'
+    values, Optuna's), not Hydra's grid: a job of a grid that fails its checks stops the whole
+    sweep before anything starts, but a search's trial that does is reported to the sweeper as
+    failed (the job fails its own checks, ``dew.cli.trial``) and the study goes on."""
+    from omegaconf import OmegaConf
+
+    target = OmegaConf.select(config, "hydra.sweeper._target_", default="") or ""
+    return not target.endswith(".BasicSweeper")
 
 
 @contextlib.contextmanager

@@ -44,6 +44,18 @@ class OptunaConfig(SearchPathPlugin):
             from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
         except ImportError:
             return  # without the extra, hydra/sweeper=optuna is not an option, as Hydra says itself
-        from dew.cli.study_sweeper import store_config
-
         store_config(OptunaSweeperConf, TARGET)
+
+
+def store_config(base: type, target: str) -> None:
+    """Store dew's sweeper config as ``hydra/sweeper/optuna``: the plugin's fields and defaults, dew's
+    class, and failures that do not end the study. Here, not beside the sweeper, so that Hydra's
+    plugin scan at every ``dew-train`` start imports no Optuna (over a second)."""
+    import dataclasses
+
+    from hydra.core.config_store import ConfigStore
+
+    fields = [("_target_", str, dataclasses.field(default=target)),
+              ("max_failure_rate", float, dataclasses.field(default=1.0))]
+    node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(base,))
+    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="dew")

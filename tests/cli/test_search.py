@@ -307,3 +307,17 @@ def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Pa
     [trial] = study_of(sweep).trials
     assert trial.state.name == "COMPLETE"
     assert set(trial.params) == {"optim.learning_rate", "optim.weight_decay"}  # the preset's, less the fixed warmup
+
+
+@pytest.mark.slow
+def test_a_trial_that_fails_its_checks_is_a_failed_trial_and_the_study_goes_on(workdir: Path):
+    """The launcher checks a grid's jobs before any starts and refuses the whole grid for one bad job;
+    a search's trials are checked as well, but a sampled config that fails its checks is one failed
+    trial (the study's other trials run), not the end of the search."""
+    out = dew_train("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
+                    "hydra.sweeper.n_jobs=2", "model.dtype=choice(float32,float33)", *SHORT, cwd=workdir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "the trial fails and the search goes on" in out.stderr
+    [sweep] = (workdir / "ck").iterdir()
+    states = {t.params["model.dtype"]: t.state for t in study_of(sweep).trials}
+    assert states == {"float32": optuna.trial.TrialState.COMPLETE, "float33": optuna.trial.TrialState.FAIL}
