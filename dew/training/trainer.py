@@ -6,8 +6,10 @@ metrics one step late, evaluation, checkpoints, (6) the end: final evaluation an
 
 The step is a pure function of (state, batch), jitted once per batch shape with the state donated
 (docs/architecture.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
-happens, and it never waits on the device except to fetch metrics every ``log_every`` steps (one
-step late) and to evaluate or checkpoint.
+happens. It runs at most one step ahead of the devices: before it dispatches step s+1 it waits for
+step s-1 (a small output of it, never the donated state), so the devices always have a step queued
+and a signal is honoured within two steps of its arrival (preemption.py). Beyond that it waits on the
+device only to fetch metrics every ``log_every`` steps (one step late) and to evaluate or checkpoint.
 """
 
 from __future__ import annotations
@@ -146,6 +148,20 @@ def _optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) 
                            architecture=of(run.model.architecture, run.model.fields()))
 
 
+def compile_train_step(objective: Objective, optimizer: Any, t: Any, mesh: Any, state_sharding: Any,
+                       batch_sharding: NamedSharding) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
+    """The train step, jitted over the mesh with the state donated; traced under the layout's rules,
+    so the models' activation constraints (dew.models.axes) apply."""
+    graphdef, rest = state_sharding.graphdef, state_sharding.rest
+    return jax.jit(
+        sharding.under_rules(mesh, t.layout, make_train_step(
+            objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
+            accumulation=t.accumulation, dynamic_scale=t.dynamic_scale, extra_args=optimizer.extra_args)),
+        in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
+        compiler_options=COMPILER_OPTIONS or None,
+        donate_argnums=0)
+
+
 def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
           metrics: Sequence[Metric] = (), summary: Mapping[str, object] | None = None) -> TrainState:
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
@@ -194,13 +210,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
 
     # (3) The compiled step and evaluation. ----------------------------------------------------
     # Traced under the rules, so the models' activation constraints (dew.models.axes) apply.
-    train_step = jax.jit(
-        sharding.under_rules(mesh, t.layout, make_train_step(
-            objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
-            accumulation=t.accumulation, dynamic_scale=t.dynamic_scale, extra_args=optimizer.extra_args)),
-        in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
-        compiler_options=COMPILER_OPTIONS or None,
-        donate_argnums=0)
+    train_step = compile_train_step(objective, optimizer, t, mesh, state_sharding, batch_sharding)
     eval_step = jax.jit(sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
                         in_shardings=(state_sharding.params, batch_sharding, None),
                         compiler_options=COMPILER_OPTIONS or None)
@@ -274,6 +284,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
 
     # (5) The loop. ---------------------------------------------------------------------------------
     pending: tuple[int, int, dict[str, jax.Array]] | None = None  # (step, records, metrics) to fetch
+    previous: dict[str, jax.Array] = {}  # the metrics of the step before the one just dispatched
     meter = Throughput(flops_per_example=_flops_per_example(run), peak_flops=peak_flops(
         jax.devices()[0].device_kind, run.model.dtype, jax.device_count()))
     last_eval: dict[str, float] = {}
@@ -302,6 +313,10 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str,
             first = story.starting_step()
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 state, step_metrics = train_step(state, batch)
+            # Step s is queued behind s-1: wait for s-1, so the host leads the devices by one step
+            # and a stop, a save or a progress line is about steps the devices have run.
+            jax.block_until_ready(previous)
+            previous = step_metrics
             step, records = step + 1, records + batch_size
             if first:  # the first metrics come after the first step, whatever log_every is
                 story.first_step(step, jax.device_get(step_metrics), show=step % t.log_every != 0)

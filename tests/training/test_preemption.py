@@ -3,11 +3,13 @@ resumes from it and ends on the parameters an uninterrupted run ends on, bit for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,3 +59,61 @@ def test_ctrl_c_saves_stops_and_the_run_resumes_bit_for_bit(tmp_path: Path):
     assert losses(cut_journal) == losses(whole_journal)
     a, b = load_params(whole, 24), load_params(cut, 24)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+
+@dataclasses.dataclass
+class Slow:
+    """The objective with a few ms of extra device work per step (a chain of matmuls its loss adds
+    nothing of), so the host can dispatch steps far faster than they run, as on an accelerator."""
+
+    inner: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def ema_decay(self) -> float:
+        return self.inner.ema_decay
+
+    def build(self, rngs: Any) -> Any:
+        return self.inner.build(rngs)
+
+    def loss(self, model: Any, batch: Any, key: Any, **kwargs: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        out = self.inner.loss(model, batch, key, **kwargs)
+        x = jnp.ones((128, 128)) * batch["image"].reshape(-1)[0]  # data-dependent: not folded at compile time
+        x = jax.lax.fori_loop(0, 8, lambda i, x: jnp.tanh(x @ x), x)
+        return out._replace(total=out.total + 0.0 * x.sum())
+
+    def summary(self) -> Any:
+        return self.inner.summary()
+
+
+def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, monkeypatch):
+    """Before each dispatch, the steps dispatched whose metrics are not ready: at most the one the
+    devices run and the one queued behind it, so a signal lands within two steps. Metrics are
+    fetched every 100 steps only: nothing but the bound holds the host back."""
+    import jax
+
+    from dew.training import trainer
+
+    compile_real, dispatched, in_flight = trainer.compile_train_step, [], []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        step = compile_real(*args, **kwargs)
+
+        def run(state: Any, batch: Any) -> Any:
+            in_flight.append(sum(not all(x.is_ready() for x in jax.tree.leaves(m)) for m in dispatched))
+            out = step(state, batch)
+            dispatched.append(out[1])
+            return out
+
+        return run
+
+    monkeypatch.setattr(trainer, "compile_train_step", counted)
+    train_tiny(tmp_path, "trainer.steps=10", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+               "trainer.log_every=100", name="paced", objective=Slow)
+    assert len(in_flight) == 10 and max(in_flight) <= 1, in_flight
