@@ -117,3 +117,30 @@ def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, mon
     train_tiny(tmp_path, "trainer.steps=10", "trainer.eval_every=null", "trainer.checkpoint_every=null",
                "trainer.log_every=100", name="paced", objective=Slow)
     assert len(in_flight) == 10 and max(in_flight) <= 1, in_flight
+
+
+def test_a_signal_during_the_restore_stops_the_run_at_its_first_step(tmp_path: Path, monkeypatch):
+    """The stop handlers are installed before the set-up and the restore: a signal that comes while
+    the checkpoint restores is honoured at the first step boundary after it, with a checkpoint."""
+    from dew.training.checkpoint import Checkpoints
+    from tests.training.wrappers import Crash, Data
+
+    args = ("trainer.steps=24", "trainer.eval_every=null", "trainer.checkpoint_every=2", "trainer.keep=4")
+    with pytest.raises(Crash):  # the fourth batch never comes: a checkpoint at step 2 stays
+        train_tiny(tmp_path, *args, name="r", data=lambda d: Data(d, crash_at=4))
+    restore = Checkpoints.restore_intact
+
+    def slowed(self: Checkpoints, *a: Any, **k: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # while the restore is in progress
+        time.sleep(0.1)
+        return restore(self, *a, **k)
+
+    monkeypatch.setattr(Checkpoints, "restore_intact", slowed)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Preempted) as stopped:
+        train_tiny(tmp_path, *args, name="r")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert stopped.value.step == 3 and stopped.value.reason == "interrupted"
+    assert steps_on_disk(tmp_path / "ck" / "r") == [2, 3]
+    events = [r for r in journal(tmp_path, "r") if "event" in r]
+    assert [e["event"] for e in events[-3:]] == ["resume", "checkpoint", "stop"] and events[-1]["step"] == 3
