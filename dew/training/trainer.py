@@ -134,9 +134,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
         story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
         place = functools.partial(_global, batch_sharding=batch_sharding)
         parts = _parts(run, objective, dataset, setup, checkpoints, tracker, story, iterator, latest,
-                       train_step=train_step, evaluator=Evaluator(
-                           eval_step, lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
-                           place, seed=t.seed, derive=functools.partial(derived_metrics, objective)), place=place)
+                       train_step=train_step, eval_step=eval_step, place=place)
         return _run(parts, setup, t, state, Position(step, records))
     finally:
         checkpoints.close()
@@ -197,17 +195,22 @@ def _resume(checkpoints: Checkpoints, state: TrainState, iterator: Any,
 
 
 def _parts(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, checkpoints: Checkpoints,
-           tracker: Tracker, story: RunReport, iterator: Any, latest: int | None, **built: Any) -> Parts:
+           tracker: Tracker, story: RunReport, iterator: Any, latest: int | None, *, train_step: Callable,
+           eval_step: Callable, place: Callable) -> Parts:
+    """The loop's parts, each given what it reads."""
     t = run.trainer
+    derive = functools.partial(derived_metrics, objective)
+    evaluator = Evaluator(eval_step, lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
+                          place, seed=t.seed, derive=derive)
     meter = Throughput(flops_per_example=_flops_per_example(run), peak_flops=peak_flops(
         jax.devices()[0].device_kind, run.model.dtype, jax.device_count()))
     saver = Saver(checkpoints, tracker, data_state=lambda: iterator.get_state() if dataset.resumable else None,
                   stages=t.stages(), total_steps=setup.total_steps, last_saved=latest)
-    reporter = Reporter(tracker.metrics, derive=functools.partial(derived_metrics, objective),
-                        measure=meter.measure, on_nonfinite=saver.check_finite)
+    reporter = Reporter(tracker.metrics, derive=derive, measure=meter.measure, on_nonfinite=saver.check_finite)
     sample = (functools.partial(log_samples, tracker, objective, seed=t.seed) if t.wandb is not None else None)
-    return Parts(iterator=iterator, stages=t.stages(), story=story, tracker=tracker, meter=meter, reporter=reporter,
-                 saver=saver, profiler=Profiler(t.profile), stop=setup.stop, sample=sample, **built)
+    return Parts(train_step=train_step, place=place, iterator=iterator, stages=t.stages(), story=story,
+                 tracker=tracker, meter=meter, reporter=reporter, evaluator=evaluator, saver=saver,
+                 profiler=Profiler(t.profile), stop=setup.stop, sample=sample)
 
 
 @dataclasses.dataclass
