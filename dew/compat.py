@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-WRITTEN_FOR = {"jax": "0.12.0", "qwix": "0.1.8"}
+WRITTEN_FOR = {"jax": "0.12.0", "jaxlib": "0.12.0.1", "qwix": "0.1.8", "orbax-checkpoint": "0.12.8",
+               "hydra-core": "1.3.8", "submitit": "1.5.4"}
 """The versions whose internals the functions below were written against."""
 
 
@@ -40,6 +41,21 @@ def jax_preemption_sync_manager() -> Any:
     from jax._src import distributed
 
     return distributed.global_state.preemption_sync_manager
+
+
+XLA_CPU_CLIENT_CHILD = """
+try:
+    import jaxlib._jax as xla
+    xla.get_tfrt_cpu_client(asynchronous=False)
+except ImportError:  # an older jaxlib: start JAX's CPU backend instead
+    import jax
+    jax.devices("cpu")
+"""
+"""Python source that starts XLA's CPU client alone, which parses every flag in ``XLA_FLAGS`` (GPU
+ones included) and aborts the process on one it does not know: ``dew.training.preflight`` runs it
+in a child process. jaxlib 0.12.0.1 exposes the client only as ``jaxlib._jax.get_tfrt_cpu_client``
+(no public constructor); where that is missing, starting JAX's CPU backend parses the flags too,
+about a second slower."""
 
 
 # ------------------------------------------------------------------------------------------ qwix
@@ -79,3 +95,97 @@ def qwix_qt_provider_private() -> dict[str, Callable[..., Any]]:
     import qwix
 
     return {name: getattr(qwix.QtProvider, name) for name in QT_PROVIDER_PRIVATE}
+
+
+def qwix_convert_rules(provider: type, convert: Callable[[Any], Any]) -> None:
+    """Make ``provider`` (a subclass of a qwix provider) pass each of its rules through ``convert``
+    after its base classes prepared it. qwix 0.1.8's ``QuantizationProvider.__init__`` prepares every
+    rule with the private ``self._init_rule(rule)`` (``QtProvider``'s makes it a ``QtRule``), the only
+    hook a provider has on its rules; this overrides it on ``provider``."""
+
+    def _init_rule(self: Any, rule: Any) -> Any:
+        return convert(super(provider, self)._init_rule(rule))
+
+    provider._init_rule = _init_rule
+
+
+# ------------------------------------------------------------------------------- hydra, submitit
+
+
+def hydra_args_parser() -> Any:
+    """Hydra's own command-line parser (overrides, ``-m``, ``--cfg``...), to read a command's
+    overrides before Hydra runs it. hydra-core 1.3.8 builds it in ``hydra._internal.utils`` and
+    exposes no public way to parse a command line without running the app."""
+    from hydra._internal.utils import get_args_parser
+
+    return get_args_parser()
+
+
+def submitit_requeue_signal(environment: Any = None) -> int:
+    """The signal on which submitit's job environment (``environment``, a ``JobEnvironment``
+    class; the base one by default) checkpoints and requeues a job: SIGUSR2 unless the job's
+    ``SUBMITIT_PREEMPT_SIGNAL`` names another. submitit 1.5.4 reads it only in the private
+    ``JobEnvironment._usr_sig()``."""
+    if environment is None:
+        from submitit.core.job_environment import JobEnvironment as environment
+    return environment._usr_sig()
+
+
+def submitit_sbatch_script(folder: str, command: str, **parameters: Any) -> str:
+    """The batch script submitit's SLURM executor would submit for ``parameters`` (its own
+    names: ``job_name``, ``time``, ``ntasks_per_node``, ``mem`` ...), without a cluster: the
+    executor itself refuses to start where ``srun`` is missing, and has no public "show me the
+    script"."""
+    from submitit.slurm import slurm
+
+    return slurm._make_sbatch_string(command=command, folder=folder, **parameters)
+
+
+def submitit_slurm_parameter_names() -> dict[str, str]:
+    """submitit's generic parameter names (``timeout_min``, ``tasks_per_node`` ...) and the SLURM
+    executor's own for each (``time``, ``ntasks_per_node`` ...)."""
+    from submitit.slurm import slurm
+
+    return slurm.SlurmExecutor._equivalence_dict()
+
+
+# ---------------------------------------------------------------------------------------- orbax
+
+
+def _settling_loop_runner(coro: Any) -> Any:
+    """orbax's ``_run_sync_via_new_loop``, except that the loop, before it closes, lets the tasks
+    the coroutine left running finish (they end or fail on their own: each is one read)."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        pending = asyncio.all_tasks(loop)
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+@contextlib.contextmanager
+def orbax_reads_settle() -> Iterator[None]:
+    """Within: a restore that fails part-way (a damaged checkpoint) lets its other reads finish
+    before orbax closes the event loop they report to.
+
+    orbax-checkpoint 0.12.8 runs each restore with ``asyncio_utils.run_sync``, which (outside a
+    running loop) runs the coroutine on a fresh loop (``_run_sync_via_new_loop``) and closes it as
+    soon as the coroutine ends. When one array's read fails, the gather over all reads raises at
+    once and the loop closes with the other reads still in flight; tensorstore completes them later
+    on its own threads, into the closed loop, and Python prints ``RuntimeError: Event loop is
+    closed`` as an unraisable exception, once per read. ``run_sync`` reads the module global at
+    every call, so the replacement is a patch of that global, restored on exit."""
+    from orbax.checkpoint._src import asyncio_utils
+
+    original = asyncio_utils._run_sync_via_new_loop
+    asyncio_utils._run_sync_via_new_loop = _settling_loop_runner
+    try:
+        yield
+    finally:
+        asyncio_utils._run_sync_via_new_loop = original

@@ -17,11 +17,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from dew.data.specs import DataSpec, datasets
 from dew.registry import AttentionImpl, DtypeName, MatmulPrecision
+from dew.rundir_format import RUN_RECORD
 from dew.training.schedules import ScheduleSpec
 from dew.typed import ConfigError, JsonString, from_json, to_json
 
@@ -40,8 +42,6 @@ JsonDict = Annotated[dict[str, Any], JsonString]
 """The fields a model is built from, written as a single JSON string on the command line
 (``model.config='{"depth": 4}'``) or with Hydra's dict syntax. The registry knows which architecture
 takes which field and narrows each one where it builds it, so the values are read there."""
-
-RUN_RECORD = "run.json"
 
 
 def json_list_argument(cls: type) -> JsonString:
@@ -435,8 +435,28 @@ class TrainerConfig:
     quantization: Quantization | None = None
     """Quantized-training spec, wrapped around the module the objective trains before the run
     initialises it; unset trains in the compute dtype."""
+    init_from: str | None = None
+    """Start from these parameters instead of the seed's (docs/weights.md): a dew run directory
+    (its latest intact step), ``<run>/<step>``, or a Hugging Face Llama directory (``dew-export``'s
+    layout). Parameters only: the optimizer, the step and the schedule start fresh. With ``lora``
+    the loaded parameters are the frozen base. A local path is recorded absolute. Unset starts
+    from the seed."""
+    init_skip: tuple[str, ...] = ()
+    """Regular expressions over parameter paths (``head/kernel``) that init_from leaves as the seed
+    initialised them: the parameters whose shape must differ from the source's (a new vocabulary
+    or class count). Every other parameter must match the source's shape."""
 
     def __post_init__(self) -> None:
+        if self.init_from is not None and "://" not in self.init_from:
+            object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
+        for pattern in self.init_skip:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"trainer.init_skip pattern {pattern!r} is not a regular expression: {err}") from None
+        if self.init_skip and self.init_from is None:
+            raise ValueError(f"trainer.init_skip={list(self.init_skip)} needs trainer.init_from: "
+                             "there is nothing to skip when every parameter starts from the seed")
         if self.steps is not None and self.epochs is not None:
             raise ValueError(f"trainer.steps={self.steps} and trainer.epochs={self.epochs}: "
                              "set exactly one (null the other)")

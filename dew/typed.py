@@ -4,7 +4,8 @@
 its fields); ``from_json`` reads one back against the declared types and raises ``ConfigError``
 naming the dotted path, what was expected and what was found. It checks what OmegaConf cannot hold
 (``Literal``, unions of dataclasses, tuple lengths), so a config composed by Hydra goes through it
-exactly once, at the boundary.
+exactly once, at the boundary. ``differences`` lists where two such records differ (a resume
+refused, ``dew-runs compare``, ``dew-sample`` against its run).
 """
 
 from __future__ import annotations
@@ -243,3 +244,18 @@ def _registered_base(cls: type) -> type:
         if registry_of(base) is not None:
             return base
     return cls
+
+
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted paths where two JSON records differ, with both values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for key in sorted(set(old) | set(new), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in old or key not in new:
+                out.append(f"{path}: {'missing' if key not in old else old[key]!r} -> "
+                           f"{'missing' if key not in new else new[key]!r}")
+            else:
+                out.extend(differences(old[key], new[key], path))
+        return out
+    return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]

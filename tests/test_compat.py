@@ -48,3 +48,118 @@ def test_qwix_qt_provider_private_methods_exist():
     source = inspect.getsource(qwix.QtProvider)
     for name in compat.QT_PROVIDER_PRIVATE:
         assert f"self.{name}" in source, name
+
+
+def _restore_that_fails_with_a_read_in_flight(run_sync) -> tuple[list, list]:
+    """What a damaged checkpoint does to orbax's restore: one read fails while another (a tensorstore
+    future, completed by tensorstore's thread a moment later) is still in flight. (reads that
+    finished, unraisable exceptions printed)."""
+    import asyncio
+    import threading
+    import time
+
+    import tensorstore as ts
+
+    promise, future = ts.Promise.new()
+    finished, unraisable = [], []
+
+    async def other_read():
+        finished.append(await future)
+
+    async def restore():
+        asyncio.get_running_loop().create_task(other_read())
+        await asyncio.sleep(0)
+        raise ValueError("OUT_OF_RANGE: a cut-short array")
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: unraisable.append(repr(u.exc_value))
+    try:
+        threading.Timer(0.2, promise.set_result, args=(7,)).start()
+        try:
+            run_sync(restore())
+        except ValueError:
+            pass
+        time.sleep(0.5)  # the other read completes, into whatever loop is left
+    finally:
+        sys.unraisablehook = hook
+    return finished, unraisable
+
+
+def test_orbax_reads_settle_before_the_loop_closes():
+    from orbax.checkpoint._src import asyncio_utils
+
+    original = asyncio_utils._run_sync_via_new_loop
+    with compat.orbax_reads_settle():
+        assert asyncio_utils._run_sync_via_new_loop is not original
+        assert _restore_that_fails_with_a_read_in_flight(asyncio_utils.run_sync) == ([7], [])
+    assert asyncio_utils._run_sync_via_new_loop is original
+    # what the patch mends: orbax closes the loop under the read ("Event loop is closed")
+    finished, unraisable = _restore_that_fails_with_a_read_in_flight(asyncio_utils.run_sync)
+    assert finished == [] and unraisable == ["RuntimeError('Event loop is closed')"]
+
+
+def test_orbax_restores_run_through_run_sync():
+    """The orbax calls dew's restores make go through ``asyncio_utils.run_sync``, which runs the
+    loop ``orbax_reads_settle`` replaces."""
+    from orbax.checkpoint._src import asyncio_utils
+    from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler as handler
+
+    assert "asyncio_utils.run_sync(" in inspect.getsource(handler.BasePyTreeCheckpointHandler.restore)
+    assert "_run_sync_via_new_loop(" in inspect.getsource(asyncio_utils.run_sync)
+
+
+def test_hydra_args_parser_reads_overrides_and_flags():
+    args, unknown = compat.hydra_args_parser().parse_known_args(["-m", "trainer.steps=3", "model=dit", "--cfg", "job"])
+    assert (args.overrides, args.multirun, args.cfg, unknown) == (["trainer.steps=3", "model=dit"], True, "job", [])
+
+
+def test_submitit_requeue_signal_is_the_preemption_signal():
+    import signal
+
+    from submitit.core.job_environment import JobEnvironment
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    assert compat.submitit_requeue_signal() == compat.submitit_requeue_signal(SlurmJobEnvironment) == signal.SIGUSR2
+
+    class Usr1(JobEnvironment):  # what SUBMITIT_PREEMPT_SIGNAL=USR1 sets, read by the same method
+        USR_SIG = "USR1"
+
+    assert compat.submitit_requeue_signal(Usr1) == signal.SIGUSR1
+
+
+def test_qwix_convert_rules_sees_each_rule_after_the_base_prepared_it():
+    import qwix
+
+    seen = []
+
+    class Provider(qwix.QtProvider):
+        pass
+
+    compat.qwix_convert_rules(Provider, lambda rule: seen.append(rule) or "converted")
+    # QtProvider's own preparation turns a plain rule into a QtRule before convert sees it
+    provider = Provider([qwix.QtRule(module_path="a", weight_qtype="int8"), qwix.QuantizationRule(module_path="b")])
+    assert [r.module_path for r in seen] == ["a", "b"] and all(isinstance(r, qwix.QtRule) for r in seen)
+    assert provider._rules == ["converted", "converted"]  # what qwix's matmuls then read
+
+
+def test_xla_cpu_client_child_refuses_an_unknown_flag():
+    import os
+
+    import jaxlib._jax
+
+    assert callable(jaxlib._jax.get_tfrt_cpu_client)  # the fast path, not the fallback
+    env = {**os.environ, "XLA_FLAGS": "--xla_no_such_flag=1", "TF_CPP_MIN_LOG_LEVEL": "0", "JAX_PLATFORMS": "cpu"}
+    child = subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode != 0 and "Unknown flag" in child.stderr and "xla_no_such_flag" in child.stderr
+    env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+    assert subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, timeout=120).returncode == 0
+
+
+def test_submitit_sbatch_script_is_the_executors_and_names_map():
+    names = compat.submitit_slurm_parameter_names()
+    assert (names["timeout_min"], names["tasks_per_node"], names["name"]) == ("time", "ntasks_per_node", "job_name")
+    script = compat.submitit_sbatch_script("/f/%j", "python -m x", nodes=2, ntasks_per_node=4, wckey=None,
+                                           job_name="run", additional_parameters={"requeue": True})
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --requeue" in script
+    assert "--wckey" not in script and script.rstrip().endswith("python -m x")

@@ -47,7 +47,7 @@ def exit_after_stop(signum: int | None) -> NoReturn:
     if os.environ.get("SUBMITIT_EXECUTOR"):
         from submitit.core.job_environment import JobEnvironment, SignalHandler
 
-        if signum == JobEnvironment._usr_sig() and isinstance(getattr(handler, "__self__", None), SignalHandler):
+        if signum == compat.submitit_requeue_signal(JobEnvironment) and isinstance(getattr(handler, "__self__", None), SignalHandler):
             try:
                 handler(signum, None)
             finally:

@@ -98,6 +98,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     from flax import nnx
 
     from dew.build import build_run
+    from dew.compat import orbax_reads_settle
     from dew.training import adapt
     from dew.training.checkpoint import Checkpoints
 
@@ -146,7 +147,8 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     candidates = [chosen] + ([] if step is not None else sorted((s for s in all_steps if s < chosen), reverse=True))
     for candidate in candidates:
         try:
-            use_ema, params = read(candidate)
+            with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
+                use_ema, params = read(candidate)
         except SampleError:
             raise
         except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
@@ -166,6 +168,9 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         # Non-parameter state (none in dew's models today) is rebuilt concretely from the seed.
         concrete = adapt.build_model(recipe, objective)
         _, _, rest = nnx.split(concrete, adapt.trainable(recipe.lora), ...)
+    from dew.training import warmstart
+
+    _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, use_ema, params, tuple(damaged))
 

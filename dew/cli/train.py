@@ -143,6 +143,15 @@ def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> s
     return candidate
 
 
+def sweep_record(config: DictConfig) -> str | None:
+    """The sweep's record (its directory and swept keys) as ``_sweep_name`` decides it in the
+    launching process: the launchers pickle it with every job, so a job that does not inherit the
+    environment (``--export=NONE``) agrees with the launching process. None for a sweep directory
+    given on the command line (``hydra.sweep.dir=...``), which every job composes alike."""
+    str(config.hydra.sweep.dir)  # resolving the directory records the sweep
+    return os.environ.get(SWEEP_ENV)
+
+
 def _job_dirname(num: Any, overrides: Any) -> str:
     """A sweep job's directory: its number (unique in the sweep), then the swept keys with this
     job's values (``0-optim.learning_rate=0.001``), made safe as one path component. Fixed
@@ -325,19 +334,31 @@ def _gathered(model: Any) -> Any:
     return nnx.merge(graphdef, state)
 
 
+def launcher_without_multirun(args: Any) -> str | None:
+    """A launcher chosen on a single run, where Hydra would ignore it and train right here (on a
+    cluster's login node): the sentence that says so and how to launch. ``--cfg``, ``--info`` and
+    ``--help`` only show the config, and may."""
+    chosen = [o for o in args.overrides if re.fullmatch(r"\+*hydra/launcher=\S+", o)]
+    if not chosen or args.multirun or args.cfg or args.info or args.help or args.hydra_help:
+        return None
+    return (f"{chosen[0]} takes effect only on a multirun: without -m Hydra ignores the launcher and trains "
+            f"in this process; run: dew-train -m {' '.join(args.overrides)}")
+
+
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     register_configs()
-    from hydra._internal.utils import get_args_parser  # Hydra's own command line, to read the overrides
+    from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 
     from dew.cli.overrides import check_overrides
 
     try:
-        overrides = get_args_parser().parse_known_args()[0].overrides
+        args = get_args_parser().parse_known_args()[0]
     except SystemExit:
-        overrides = []  # Hydra reports its own usage errors
-    if problem := check_overrides(overrides, Recipe):
+        args = None  # Hydra reports its own usage errors
+    overrides = args.overrides if args else []
+    if problem := check_overrides(overrides, Recipe) or (args and launcher_without_multirun(args)):
         fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 

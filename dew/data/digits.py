@@ -9,13 +9,18 @@ not move with the run's seed; the run's seed shuffles the training records.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import sklearn.datasets
 import sklearn.model_selection
 
 from dew.data.base import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
-from dew.data.specs import Digits
+
+Spec = Any
+"""The ``digits`` spec (``dew.data.specs.Digits``), read by attribute: its ``load`` calls this
+module, which does not import it back."""
 
 NUM_CLASSES = 10
 SIDE = 8
@@ -36,7 +41,7 @@ def split_digits(eval_fraction: float, labels: np.ndarray | None = None
     return np.sort(train), np.sort(held_out)
 
 
-def load_digits(spec: Digits, batch_size: int, seed: int) -> RecordDataset:
+def load_digits(spec: Spec, batch_size: int, seed: int) -> RecordDataset:
     """The digits dataset at global batch ``batch_size``, shuffled from ``seed``."""
     bunch = sklearn.datasets.load_digits()
     images = bunch.images.astype(np.uint8)  # exact: the levels are integers 0..16
@@ -47,6 +52,6 @@ def load_digits(spec: Digits, batch_size: int, seed: int) -> RecordDataset:
         return ArrayRecords({"image": images[idx], "label": labels[idx]}, decode=_decode)
 
     return RecordDataset(
-        name=Digits.name, train=records(train), held_out=records(held_out),
+        name=spec.name, train=records(train), held_out=records(held_out),
         batch_size=batch_size, seed=seed,
         fields={"input_size": SIDE, "in_channels": 1, "num_classes": NUM_CLASSES})

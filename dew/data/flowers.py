@@ -28,6 +28,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zlib
+from typing import Any
 
 import numpy as np
 import scipy.io
@@ -35,7 +36,10 @@ from PIL import Image
 
 from dew.data.base import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
-from dew.data.specs import OxfordFlowers102
+
+Spec = Any
+"""The ``oxford_flowers102`` spec (``dew.data.specs.OxfordFlowers102``), read by attribute: its
+``load`` calls this module, which does not import it back."""
 
 NUM_CLASSES = 102
 BASE_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -50,10 +54,10 @@ _MEMBER = re.compile(r"^jpg/image_(\d{5})\.jpg$")
 _CACHE_VERSION = 1
 
 
-def cache_root(spec: OxfordFlowers102) -> str:
+def cache_root(spec: Spec) -> str:
     """Where this dataset's downloads and arrays live."""
     base = spec.cache_dir or os.environ.get("DEW_DATA_DIR") or "~/.cache/dew/datasets"
-    return os.path.join(os.path.expanduser(base), OxfordFlowers102.name)
+    return os.path.join(os.path.expanduser(base), spec.name)
 
 
 def md5sum(path: str) -> str:
@@ -92,7 +96,7 @@ def download(name: str, directory: str) -> str:
     return path
 
 
-def source_files(spec: OxfordFlowers102) -> dict[str, str]:
+def source_files(spec: Spec) -> dict[str, str]:
     """The three official files: from ``data.root``, else the cache, downloading what is missing."""
     if spec.root is not None:
         root = os.path.expanduser(spec.root)
@@ -192,7 +196,7 @@ def build_cache(files: dict[str, str], resolution: int, directory: str) -> None:
         json.dump({s: sorted(int(i) - 1 for i in ids) for s, ids in splits.items()}, f)
 
 
-def cached_arrays(spec: OxfordFlowers102) -> str:
+def cached_arrays(spec: Spec) -> str:
     """The directory of the decoded arrays for ``spec``, building it if absent."""
     files = source_files(spec)
     # Keyed by the source files' identity and the resolution: other files get another cache.
@@ -221,7 +225,7 @@ def _decode(raw: Batch) -> Batch:
     return {"image": image, "label": raw["label"]}
 
 
-def load_flowers(spec: OxfordFlowers102, batch_size: int, seed: int) -> RecordDataset:
+def load_flowers(spec: Spec, batch_size: int, seed: int) -> RecordDataset:
     """Oxford Flowers 102 at global batch ``batch_size``, shuffled from ``seed``."""
     directory = cached_arrays(spec)
     images = np.load(os.path.join(directory, "images.npy"), mmap_mode="r")
@@ -232,7 +236,7 @@ def load_flowers(spec: OxfordFlowers102, batch_size: int, seed: int) -> RecordDa
     train = np.unique(np.concatenate([splits[s] for s in spec.train_splits])).astype(np.int64)
     held_out = np.asarray(splits[spec.eval_split], np.int64)
     return RecordDataset(
-        name=OxfordFlowers102.name,
+        name=spec.name,
         train=ArrayRecords(arrays, _decode, train),
         held_out=ArrayRecords(arrays, _decode, held_out),
         batch_size=batch_size, seed=seed,

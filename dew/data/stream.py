@@ -28,10 +28,13 @@ import numpy as np
 
 from dew.data.base import Batch
 from dew.data.pipeline import padded_eval_batches, shard_bounds
-from dew.data.specs import TextStream
 from dew.data.token_files import expand
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, from_sidecar
 from dew.data.tokens import TokenWindowRecords
+
+Spec = Any
+"""The ``text_stream`` spec (``dew.data.specs.TextStream``), read by attribute: its ``load`` calls this
+module, which does not import it back."""
 
 _STATE_VERSION = 1
 # Read files on the calling thread: grain's default 16 prefetch threads cost seconds of start-up on
@@ -54,9 +57,10 @@ def _encode_document(tokenizer: Tokenizer, path: str) -> np.ndarray:
 class StreamIterator(grain.DatasetIterator):
     """One process's part of the packed stream; its state is grain's packing iterator state."""
 
-    def __init__(self, windows: grain.IterDataset, *, batch_size: int, process_index: int,
+    def __init__(self, windows: grain.IterDataset, *, name: str, batch_size: int, process_index: int,
                  process_count: int):
         super().__init__()
+        self._name = name  # the dataset's registered name, which its state carries
         shard_bounds(batch_size, process_index, process_count)
         self._windows = iter(windows)
         self._batch_size = batch_size
@@ -74,12 +78,12 @@ class StreamIterator(grain.DatasetIterator):
         return self.next()
 
     def get_state(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "dataset": TextStream.name,
+        return {"version": _STATE_VERSION, "dataset": self._name,
                 "grain": self._windows.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        if state.get("dataset") != TextStream.name or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"iterator state {dict(state)} was not written by {TextStream.name}'s "
+        if state.get("dataset") != self._name or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"iterator state {dict(state)} was not written by {self._name}'s "
                              f"iterator (version {_STATE_VERSION})")
         self._windows.set_state(state["grain"])
 
@@ -88,7 +92,7 @@ class StreamIterator(grain.DatasetIterator):
 class StreamDataset:
     """A ``dew.data.base.Dataset`` over packed text; ``num_records`` is None."""
 
-    spec: TextStream
+    spec: Spec
     files: list[str]
     val_files: list[str]
     tokenizer_impl: Tokenizer
@@ -124,7 +128,7 @@ class StreamDataset:
         return {"vocab_size": self.tokenizer_impl.vocab_size, "seq_len": self.spec.seq_len}
 
     def iterator(self, process_index: int = 0, process_count: int = 1) -> StreamIterator:
-        return StreamIterator(self._windows(), batch_size=self.batch_size,
+        return StreamIterator(self._windows(), name=self.spec.name, batch_size=self.batch_size,
                               process_index=process_index, process_count=process_count)
 
     @functools.cached_property
@@ -149,7 +153,7 @@ class StreamDataset:
                                    process_index=process_index, process_count=process_count)
 
 
-def load_text_stream(spec: TextStream, batch_size: int, seed: int) -> StreamDataset:
+def load_text_stream(spec: Spec, batch_size: int, seed: int) -> StreamDataset:
     """The packed text stream of ``spec.path`` at global batch ``batch_size``, file order
     shuffled from ``seed``."""
     files = expand(spec.path, "data.path")

@@ -16,14 +16,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from dew.data.base import Batch
 from dew.data.pipeline import RecordDataset
-from dew.data.specs import TokenWindows
+
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
 
+Spec = Any
+"""The ``token_windows`` spec (``dew.data.specs.TokenWindows``), read by attribute: its ``load`` calls this
+module, which does not import it back."""
 
 @dataclasses.dataclass(frozen=True)
 class TokenWindowRecords:
@@ -77,11 +81,11 @@ class TokenDataset(RecordDataset):
     ``data.vocab_size`` alone."""
 
 
-def _open_all(paths: Sequence[str], spec: TokenWindows) -> list[np.ndarray]:
+def _open_all(paths: Sequence[str], spec: Spec) -> list[np.ndarray]:
     return [open_tokens(p, spec.format, spec.dtype) for p in paths]
 
 
-def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenDataset:
+def load_token_windows(spec: Spec, batch_size: int, seed: int) -> TokenDataset:
     """Token windows of ``spec.path`` at global batch ``batch_size``, shuffled from ``seed``.
 
     Every file is scanned once for ids outside the vocabulary, so a bad file fails here, naming
@@ -118,7 +122,7 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
         raise ValueError(f"the held-out split ({spec.val_path or spec.val_fraction}) holds no "
                          f"window of data.seq_len={spec.seq_len} + 1 tokens")
     return TokenDataset(
-        name=TokenWindows.name, train=train, held_out=held_out, batch_size=batch_size, seed=seed,
+        name=spec.name, train=train, held_out=held_out, batch_size=batch_size, seed=seed,
         fields={"vocab_size": vocab_size, "seq_len": spec.seq_len},
         tokens_per_record=spec.seq_len,
         tokenizer=None if sidecar is None else sidecar.get("tokenizer"))

@@ -46,26 +46,29 @@ from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
-from dew.models.transformer import TransformerFields
+
+Fields = Any
+"""The fields of ``transformer`` (``dew.models.transformer.TransformerFields``), read by attribute: the
+layers take them from the registration's ``build`` and do not import it back."""
 
 
-def head_dim(f: TransformerFields) -> int:
+def head_dim(f: Fields) -> int:
     return f.head_dim or f.hidden_size // f.num_heads
 
 
-def mlp_hidden(f: TransformerFields) -> int:
+def mlp_hidden(f: Fields) -> int:
     """The SwiGLU width: ``mlp_hidden``, or 8/3 · hidden_size rounded up to a multiple of 128."""
     return f.mlp_hidden or 128 * math.ceil(8 * f.hidden_size / 3 / 128)
 
 
-def width_multiplier(f: TransformerFields) -> float:
+def width_multiplier(f: Fields) -> float:
     return f.hidden_size / f.mup_base_width if f.mup else 1.0
 
 
 class DecoderBlock(nnx.Module):
     """Pre-norm causal self-attention and SwiGLU MLP."""
 
-    def __init__(self, f: TransformerFields, precision: Precision, rngs: nnx.Rngs):
+    def __init__(self, f: Fields, precision: Precision, rngs: nnx.Rngs):
         D, H = f.hidden_size, mlp_hidden(f)
         std = f.init_std / math.sqrt(width_multiplier(f))
         init = nnx.initializers.normal(std)
@@ -112,7 +115,7 @@ class DecoderBlock(nnx.Module):
 class Transformer(nnx.Module):
     """Token embedding, a stack of decoder blocks, final RMSNorm and the output head."""
 
-    def __init__(self, f: TransformerFields, rngs: nnx.Rngs):
+    def __init__(self, f: Fields, rngs: nnx.Rngs):
         self.fields = f
         precision = Precision.of(f)
         self.precision = precision

@@ -54,7 +54,10 @@ from dew.models import stack
 from dew.models.axes import constrain, param
 from dew.models.attention import Attention
 from dew.models.precision import Precision
-from dew.models.simple_dit import SimpleDiTFields
+
+Fields = Any
+"""The fields of ``simple_dit`` (``dew.models.simple_dit.SimpleDiTFields``), read by attribute: the
+layers take them from the registration's ``build`` and do not import it back."""
 
 TIME_SCALE = 1000.0
 """``t`` in [0, 1] is multiplied by this before the sinusoidal embedding (DiT's timesteps are 0..999)."""
@@ -126,7 +129,7 @@ def modulate(x_BxTxD: jax.Array, shift_BxD: jax.Array, scale_BxD: jax.Array) -> 
 class DiTBlock(nnx.Module):
     """A transformer block whose LayerNorms are modulated by the conditioning, with zero-init gates."""
 
-    def __init__(self, f: SimpleDiTFields, precision: Precision, rngs: nnx.Rngs):
+    def __init__(self, f: Fields, precision: Precision, rngs: nnx.Rngs):
         D, mlp_hidden = f.hidden_size, int(f.hidden_size * f.mlp_ratio)
         norm = dict(epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs, **precision.dtypes)
         self.norm1, self.norm2 = nnx.LayerNorm(D, **norm), nnx.LayerNorm(D, **norm)
@@ -181,7 +184,7 @@ class FinalLayer(nnx.Module):
 class SimpleDiT(nnx.Module):
     """DiT with adaLN-Zero blocks, on images (NHWC) or, with ``vocab_size``, on token sequences."""
 
-    def __init__(self, f: SimpleDiTFields, rngs: nnx.Rngs):
+    def __init__(self, f: Fields, rngs: nnx.Rngs):
         self.fields = f
         precision = Precision.of(f)
         D = f.hidden_size

@@ -23,7 +23,7 @@ from flax import nnx
 from dew.config import ModelConfig
 from dew.objectives.base import Batch, Loss
 from dew.objectives.decoding import generate
-from dew.objectives.next_token import NextTokenKnobs, NextTokenSpec
+from dew.objectives.registry import objective_of
 from dew.objectives.tokens import decode
 
 
@@ -32,7 +32,8 @@ class NextToken:
     """The next-token objective over ``tokens`` batches."""
 
     model_config: ModelConfig
-    knobs: NextTokenKnobs
+    knobs: Any
+    """``NextTokenKnobs`` (``dew.objectives.next_token``), from the registration's ``build``."""
     vocab_size: int
     seq_len: int
     tokenizer: Mapping[str, object] | None = None
@@ -109,5 +110,5 @@ class NextToken:
         return ids, decode(shown, self.tokenizer)
 
     def summary(self) -> dict[str, Any]:
-        return {"objective": NextTokenSpec.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
+        return {"objective": objective_of(self.knobs), "vocab_size": self.vocab_size, "seq_len": self.seq_len,
                 **dataclasses.asdict(self.knobs)}

@@ -34,7 +34,7 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.objectives.base import Batch, Loss
-from dew.objectives.masked_diffusion import MaskedDiffusionKnobs, MaskedDiffusionSpec
+from dew.objectives.registry import objective_of
 from dew.objectives.tokens import decode, shape_logits
 
 NEG_INF = -1e6
@@ -56,7 +56,8 @@ class MaskedDiffusion:
     """The masked-diffusion objective over ``tokens`` batches (the window's first ``seq_len``)."""
 
     model_config: ModelConfig
-    knobs: MaskedDiffusionKnobs
+    knobs: Any
+    """``MaskedDiffusionKnobs`` (``dew.objectives.masked_diffusion``), from the registration's ``build``."""
     vocab_size: int
     """V, the data's vocabulary without the mask token."""
     seq_len: int
@@ -151,5 +152,5 @@ class MaskedDiffusion:
         return ids, decode(ids, self.tokenizer)
 
     def summary(self) -> dict[str, Any]:
-        return {"objective": MaskedDiffusionSpec.name, "vocab_size": self.vocab_size, "mask_id": self.mask_id,
+        return {"objective": objective_of(self.knobs), "vocab_size": self.vocab_size, "mask_id": self.mask_id,
                 "seq_len": self.seq_len, **dataclasses.asdict(self.knobs)}

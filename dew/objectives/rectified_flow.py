@@ -19,7 +19,7 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.objectives.base import Batch, Loss
-from dew.objectives.flow_matching import FlowMatchingKnobs, FlowMatchingSpec
+from dew.objectives.registry import objective_of
 from dew.sampling import to_uint8
 
 
@@ -28,7 +28,8 @@ class FlowMatching:
     """The flow-matching objective over ``image``/``label`` batches."""
 
     model_config: ModelConfig
-    knobs: FlowMatchingKnobs
+    knobs: Any
+    """``FlowMatchingKnobs`` (``dew.objectives.flow_matching``), from the registration's ``build``."""
     num_classes: int
     image_shape: tuple[int, int, int]
 
@@ -128,5 +129,5 @@ class FlowMatching:
         return to_uint8(images), labels
 
     def summary(self) -> dict[str, Any]:
-        return {"objective": FlowMatchingSpec.name, "num_classes": self.num_classes,
+        return {"objective": objective_of(self.knobs), "num_classes": self.num_classes,
                 "image_shape": list(self.image_shape), **dataclasses.asdict(self.knobs)}

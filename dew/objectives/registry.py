@@ -81,6 +81,15 @@ def natural_objective(role: str, data_kind: str) -> str:
                      f"{pairs()}")
 
 
+def objective_of(knobs: object) -> str:
+    """The name of the objective whose knobs ``knobs`` are (``Knobs`` is one class per objective): a
+    built objective names itself in its summary without importing its registration back."""
+    for name, spec in objectives.items():
+        if type(knobs) is spec.Knobs:
+            return name
+    raise ValueError(f"{type(knobs).__qualname__} are the knobs of no registered objective")
+
+
 def check_objective(name: str, role: str, data_kind: str, architecture: str) -> None:
     """Raise if objective ``name`` is unknown or cannot train this architecture on this data."""
     spec = objectives[name]

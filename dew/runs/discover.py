@@ -12,13 +12,10 @@ import os
 
 from etils import epath
 
-from dew.config import RUN_RECORD
-from dew.training.lock import LOCK_FILE
+from dew.rundir_format import JOURNAL, LOCK_FILE, RUN_RECORD, TRACKING_DIR
 
-SKIPPED = ("tracking", "wandb")
+SKIPPED = (TRACKING_DIR, "wandb")
 """Directory names never searched for runs (journals and W&B's files live there, not runs)."""
-
-JOURNAL = "journal.jsonl"
 
 
 class RunsError(ValueError):
@@ -91,7 +88,7 @@ def find_journal(run: epath.Path, tracking: str | None = None) -> epath.Path | N
         parent = ancestor.parent
         if parent == ancestor:
             break
-        folder = epath.Path(tracking) if tracking else parent.parent / "tracking"
+        folder = epath.Path(tracking) if tracking else parent.parent / TRACKING_DIR
         candidate = folder.joinpath(*parts) / JOURNAL
         if candidate.exists():
             return candidate

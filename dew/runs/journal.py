@@ -18,13 +18,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.training.tracking import JOURNAL_VERSION
-
-LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback")
-"""Events kept even when a later resume supersedes their step."""
-
-FAILURES = ("nonfinite", "error")
-"""Stop reasons that mean the run failed; the others (preempted, interrupted) stopped it on a signal."""
+from dew.rundir_format import JOURNAL_VERSION, LIFECYCLE
 
 
 class JournalError(ValueError):

@@ -10,6 +10,7 @@ from etils import epath
 
 from dew.runs.status import BEST_METRIC, Run
 from dew.runs.table import duration, number, status_text
+from dew.rundir_format import human
 
 SAMPLE_PREFIX = "samples"
 """dew-train writes its samples as ``samples.png`` or ``samples.txt`` (dew.sampling)."""
@@ -20,14 +21,6 @@ def size(path: epath.Path) -> int:
     if not path.is_dir():
         return path.stat().length
     return sum(size(child) for child in path.iterdir())
-
-
-def human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _event_line(event: dict[str, Any]) -> str:

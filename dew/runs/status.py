@@ -24,14 +24,10 @@ from typing import Any
 
 from etils import epath
 
-from dew.config import RUN_RECORD
 from dew.runs import journal as journals
 from dew.runs.discover import checkpoint_steps, find_journal
+from dew.rundir_format import BEST_METRIC, FAILURES, RUN_RECORD
 from dew.training.lock import describe, holder
-
-BEST_METRIC = "eval/loss"
-"""dew.training.checkpoint.BEST_METRIC, the metric the best checkpoint is kept by (not imported from
-there: that module imports orbax and JAX, and listing runs needs neither)."""
 
 
 @dataclasses.dataclass
@@ -155,7 +151,7 @@ def _state(view: journals.JournalView) -> tuple[str, str | None]:
         reason = str(last.get("reason", "unknown"))
         message = last.get("message")
         text = f"{reason}: {message}" if message else reason
-        return ("failed" if reason in journals.FAILURES else "stopped"), text
+        return ("failed" if reason in FAILURES else "stopped"), text
     return "stopped", ("no end recorded: the process is gone without a word (killed, e.g. SIGKILL or "
                        "out of memory, or crashed); the same command resumes it from its latest checkpoint")
 

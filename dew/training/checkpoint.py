@@ -34,9 +34,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
-log = logging.getLogger("dew")
+from dew.compat import orbax_reads_settle
+from dew.rundir_format import BEST_METRIC
 
-BEST_METRIC = "eval/loss"
+log = logging.getLogger("dew")
 
 
 DAMAGED = "damaged"
@@ -112,8 +113,9 @@ class Checkpoints:
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """The state (laid out like ``abstract_state``) and the record saved at ``step``."""
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+        with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return restored.state, restored.meta
 
     def restore_intact(self, abstract_state: Any, *, move_damaged: bool

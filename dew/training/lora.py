@@ -7,7 +7,7 @@ does until the first update (§4.1). The factors are ``nnx.LoRAParam`` attribute
 ``<weight>_lora_a`` / ``<weight>_lora_b`` next to the weight they adapt (``blocks/attn/q/kernel_lora_a``),
 in the weight's dtype; in a stack of blocks they are stacked on the leading ``depth`` axis like the
 weights. Only they train: ``trainable(lora)`` is ``nnx.LoRAParam`` and every ``nnx.Param`` stays what
-the seed initialised.
+the seed initialised, or what ``trainer.init_from`` loaded (``dew.training.warmstart``).
 
 With ``trainer.quantization`` as well, the frozen base matmul is the quantized-training one
 (``dew.training.quantization``: fake-quantized operands, straight-through gradients, so gradients
@@ -38,15 +38,13 @@ class QLoraRule(qwix.LoraRule, qwix.QtRule):
 class _QtBase(qwix.PtqProvider):
     """``QtProvider``'s matmuls under ``PtqProvider``'s name, for ``QLoraProvider``'s MRO."""
 
-    def _init_rule(self, rule: Any) -> Any:
-        rule = super()._init_rule(rule)
-        return rule if isinstance(rule, qwix.QtRule) else qwix.QtRule(**dataclasses.asdict(rule))
-
     dot_general = qwix.QtProvider.dot_general
     einsum = qwix.QtProvider.einsum
     conv_general_dilated = qwix.QtProvider.conv_general_dilated
 
 
+compat.qwix_convert_rules(  # each rule a QtRule, as QtProvider's matmuls expect
+    _QtBase, lambda rule: rule if isinstance(rule, qwix.QtRule) else qwix.QtRule(**dataclasses.asdict(rule)))
 for _name, _method in compat.qwix_qt_provider_private().items():  # the private methods those matmuls call
     setattr(_QtBase, _name, _method)
 

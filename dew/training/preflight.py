@@ -23,24 +23,16 @@ import sys
 import tempfile
 from typing import Any
 
+from dew import compat
 from dew.config import RunConfig, TrainerConfig
-
-_XLA_CHILD = """
-try:
-    import jaxlib._jax as xla
-    xla.get_tfrt_cpu_client(asynchronous=False)
-except ImportError:  # an older jaxlib: start JAX's CPU backend instead
-    import jax
-    jax.devices("cpu")
-"""
 
 
 @functools.cache
 def _xla_flags_error(flags: str) -> str | None:
     env = {**os.environ, "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "0", "JAX_PLATFORMS": "cpu"}
     try:
-        child = subprocess.run([sys.executable, "-c", _XLA_CHILD], env=env, capture_output=True, text=True,
-                               timeout=120)
+        child = subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True,
+                               text=True, timeout=120)
     except subprocess.TimeoutExpired:
         return None  # no verdict: the run itself will find out
     if child.returncode == 0:

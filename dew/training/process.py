@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from dew import compat
+from dew.training import slurm
 from dew.config import TrainerConfig
 
 log = logging.getLogger("dew")
@@ -66,9 +67,9 @@ stops the others (jax.distributed.initialize's heartbeat_timeout_seconds; JAX's 
 when unset). A property of the cluster, not of the run: an environment variable, not a field."""
 
 
-def _submitit_tasks() -> int:
-    """The task count of the submitit job this process runs in; 0 outside one."""
-    if not os.environ.get("SUBMITIT_EXECUTOR"):
+def _submitit_local_tasks() -> int:
+    """The task count of the submitit local-executor job this process runs in; 0 outside one."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
         return 0
     import submitit
 
@@ -77,15 +78,17 @@ def _submitit_tasks() -> int:
 
 def _cluster_configured() -> bool:
     env = os.environ
-    return ("JAX_COORDINATOR_ADDRESS" in env or int(env.get("SLURM_NTASKS", "1")) > 1
-            or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1 or _submitit_tasks() > 1)
+    return ("JAX_COORDINATOR_ADDRESS" in env or slurm.step_tasks(env) > 1
+            or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1 or _submitit_local_tasks() > 1)
 
 
 def _pool_arguments() -> dict[str, object]:
-    """What jax.distributed.initialize cannot find itself. Inside srun (SLURM, submitit's SLURM
-    executor included) and under Open MPI it detects everything; submitit's local executor tells
-    each task its rank and the task count through its job environment, and dew's local launcher
-    the coordinator's address (dew.cli.launchers)."""
+    """What jax.distributed.initialize cannot find itself. Inside an srun step (SLURM, submitit's
+    SLURM executor included) it finds the coordinator, the process count and the rank, but not
+    which of the node's GPUs are this process's (``dew.training.slurm.local_device_ids``); under
+    Open MPI it detects everything; submitit's local executor tells each task its rank and the
+    task count through its job environment, and dew's local launcher the coordinator's address
+    (dew.cli.launchers)."""
     args: dict[str, object] = {}
     if os.environ.get("SUBMITIT_EXECUTOR") == "local":
         import submitit
@@ -96,6 +99,8 @@ def _pool_arguments() -> dict[str, object]:
         gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
         if len(gpus) == job.num_tasks:
             args["local_device_ids"] = [job.local_rank]
+    elif slurm.step_tasks(os.environ) and (devices := slurm.local_device_ids(os.environ)) is not None:
+        args["local_device_ids"] = devices
     if timeout := os.environ.get(HEARTBEAT_ENV):
         try:
             args["heartbeat_timeout_seconds"] = int(timeout)
@@ -109,13 +114,23 @@ def _join_process_pool(multi_host: bool | None) -> None:
 
     if multi_host is False or compat.jax_distributed_client() is not None:
         return
+    if outside := slurm.outside_step(os.environ):  # a batch script or an salloc shell, not srun
+        if multi_host:
+            raise ValueError(f"trainer.multi_host=true: {outside}; JAX finds the other processes only inside "
+                             "`srun`: run `srun dew-train ...` in the allocation, or submit with "
+                             "`dew-train -m hydra/launcher=slurm ...`")
+        log.info("%s: training alone in this process (srun dew-train ... trains on all of them)", outside)
+        return
     if multi_host is None and not _cluster_configured():
         return
+    args = _pool_arguments()
     try:
-        jax.distributed.initialize(**_pool_arguments())
+        jax.distributed.initialize(**args)
     except Exception as err:  # noqa: BLE001 - re-raised with the setting that asked for it
         raise RuntimeError(f"trainer.multi_host={multi_host}: could not join the JAX process pool: {err}") from err
-    log.info("joined the JAX process pool: process %d of %d", jax.process_index(), jax.process_count())
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # the CPUs srun gave
+    log.info("joined the JAX process pool: process %d of %d (local devices %s, %d CPUs)", jax.process_index(),
+             jax.process_count(), args.get("local_device_ids", "JAX's choice"), cpus)
 
 
 def from_process_zero(key: str, value: Any, *, timeout_s: float = 3600) -> Any:

@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from dew.config import RunConfig
-from dew.runs.show import human
+from dew.rundir_format import human
 from dew.training.checkpoint import BEST_METRIC
 from dew.training.process import compilation_cache_stats
 

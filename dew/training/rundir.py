@@ -23,8 +23,10 @@ from typing import Any
 
 from etils import epath
 
-from dew.config import RUN_RECORD, RunConfig
+from dew.config import RunConfig
+from dew.rundir_format import RUN_RECORD
 from dew.training.lock import RunLock, RunLockedError, describe, holder
+from dew.typed import differences
 
 
 class RunDirError(ValueError):
@@ -52,21 +54,6 @@ def run_dir(config: RunConfig, name: str) -> epath.Path:
     if os.path.commonpath([inner, path]) != inner or path == inner:
         raise RunDirError(f"run name {name!r} escapes trainer.checkpoint_dir={config.trainer.checkpoint_dir!r}")
     return epath.Path(f"{scheme}://{path}" if scheme else path)
-
-
-def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted paths where two JSON records differ, with both values."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if key not in old or key not in new:
-                out.append(f"{path}: {'missing' if key not in old else old[key]!r} -> "
-                           f"{'missing' if key not in new else new[key]!r}")
-            else:
-                out.extend(differences(old[key], new[key], path))
-        return out
-    return [] if old == new else [f"{prefix}: {old!r} -> {new!r}"]
 
 
 # ------------------------------------------------------------------------------ resume rules
@@ -169,7 +156,7 @@ def refuse_if_held(path: str | os.PathLike) -> None:
     """Raise ``RunLockedError`` if another live process holds ``path`` (reads only: it takes and
     writes nothing, so it can run before a config is fully checked)."""
     key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
-    who = holder(path)
+    who = holder(path, writer=True)  # a requeue of the same SLURM job takes its own lease
     if who is not None:
         raise RunLockedError(f"{key} is in use by {describe(who)}; a run directory takes one writer "
                              "at a time. Wait for it to finish or stop it, or name another run with "

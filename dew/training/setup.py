@@ -20,7 +20,7 @@ from dew.config import STEP_LIMIT, RunConfig
 from dew.data.base import Dataset
 from dew.models.registry import of
 from dew.objectives.base import Objective
-from dew.training import adapt, preflight, sharding
+from dew.training import adapt, preflight, sharding, warmstart
 from dew.training.optim import build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
@@ -82,6 +82,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset) -> tuple[int, 
         sharding.check_batch(batch // t.accumulation, mesh, t.layout,
                              field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
+    warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides
     run_optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
     return total_steps, eval_every, ckpt_every

@@ -28,21 +28,17 @@ from typing import Any
 from etils import epath
 
 from dew.config import TrainerConfig
+from dew.rundir_format import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
 from dew.training.rundir import absolute, is_local
 
 log = logging.getLogger("dew")
-
-JOURNAL_VERSION = 1
-"""The journal's format (docs/journal.md), declared by every start and resume event. A reader
-accepts the versions it knows and says so when it meets a newer one; a change that old readers
-would misread raises it."""
 
 
 def tracking_dir(trainer: TrainerConfig) -> epath.Path:
     """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
     if path := os.environ.get("DEW_TRACKING_DIR"):
         return epath.Path(path)
-    return absolute(trainer.checkpoint_dir).parent / "tracking"
+    return absolute(trainer.checkpoint_dir).parent / TRACKING_DIR
 
 
 ARTIFACT_NAME_MAX = 128
@@ -130,7 +126,7 @@ class Tracker:
         self.is_main = is_main
         self.total_steps = total_steps
         self.directory = tracking_dir(trainer) / name
-        self.journal = Journal(self.directory / "journal.jsonl") if is_main else None
+        self.journal = Journal(self.directory / JOURNAL) if is_main else None
         # A run started again after it completed adds nothing: its history already ends there.
         self.complete = (self.journal is not None and resume_step is not None
                          and self.journal.ended_at(resume_step))

@@ -33,7 +33,7 @@ from jax.sharding import NamedSharding
 from dew.config import RunConfig
 from dew.data.base import Dataset
 from dew.objectives.base import Metric, Objective
-from dew.training import adapt, sharding
+from dew.training import adapt, sharding, warmstart
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
 from dew.training.preemption import Preempted, StopSignals
@@ -116,7 +116,8 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
     checkpoints = Checkpoints(setup.path, keep=t.keep, best_metric=criterion[0], higher_is_better=criterion[1])
     try:
         # (2) The model, the optimizer and the mesh; (3) the compiled step and evaluation.
-        state, train_step, eval_step, mesh, batch_sharding = _build(run, objective, dataset, setup.total_steps, metrics)
+        state, train_step, eval_step, mesh, batch_sharding = _build(
+            run, objective, dataset, setup, metrics, resuming=checkpoints.latest_step() is not None)
         # (4) Resume from the latest checkpoint.
         iterator = dataset.iterator(jax.process_index(), jax.process_count())
         state, latest, records, wandb_id, fallbacks = _resume(checkpoints, state, iterator, setup.name)
@@ -140,13 +141,14 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
         checkpoints.close()
 
 
-def _build(run: RunConfig, objective: Objective, dataset: Dataset, total_steps: int,
-           metrics: Sequence[Metric]) -> tuple[TrainState, Callable, Callable, Any, NamedSharding]:
-    """The initial state laid out on the mesh, the compiled step and evaluation, the mesh and the
-    batch's sharding."""
-    t = run.trainer
+def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, metrics: Sequence[Metric], *,
+           resuming: bool) -> tuple[TrainState, Callable, Callable, Any, NamedSharding]:
+    """The initial state laid out on the mesh (loaded from ``trainer.init_from`` for a new run),
+    the compiled step and evaluation, the mesh and the batch's sharding."""
+    t, total_steps, run_dir = run.trainer, setup.total_steps, setup.path
     mesh = sharding.make_mesh(t)
     graphdef, params, rest = adapt.init_model(run, objective)
+    params, rest = warmstart.load(run, params, rest, mesh, resuming=resuming, run_dir=run_dir)  # trainer.init_from
     optimizer = run_optimizer(run, dataset, params, total_steps)
 
     def init_state(params: Any) -> TrainState:

@@ -34,7 +34,7 @@ def test_slurm_profile_is_set_up_for_jax_and_overridable():
     slurm = launcher("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "hydra.launcher.nodes=2",
                      "hydra.launcher.partition=gpu", "+hydra.launcher.additional_parameters.mail-type=END")
     assert slurm._target_ == "hydra_plugins.dew_launchers.SlurmLauncher"
-    assert (slurm.nodes, slurm.gpus_per_node, slurm.tasks_per_node) == (2, 4, 4)  # one task per GPU
+    assert (slurm.nodes, slurm.gpus_per_node, slurm.tasks_per_node) == (2, 4, None)  # None: one task per GPU
     assert slurm.partition == "gpu" and slurm.additional_parameters == {"mail-type": "END"}
     assert slurm.signal_delay_s == 300 and slurm.max_num_timeout == 20 and list(slurm.setup) == []
     local = launcher("hydra/launcher=local")

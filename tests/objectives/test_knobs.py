@@ -28,3 +28,18 @@ def test_knobs_are_command_line_overrides(workdir: Path):
     bad = dew("masked_diffusion.eps=2", cwd=workdir)
     assert bad.returncode != 0 and "masked_diffusion.eps=2" in bad.stderr
     assert tree(workdir) == []
+
+
+def test_a_built_objective_names_itself_by_its_knobs():
+    """The loss modules do not import their registration back: a summary's ``objective`` is the name
+    registered for the knobs' class."""
+    from dew.config import ModelConfig
+    from dew.objectives.autoregressive import NextToken
+    from dew.objectives.registry import objective_of, objectives
+
+    assert {name: objective_of(spec.Knobs()) for name, spec in objectives.items()} == {
+        name: name for name in objectives}
+    model = ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32")
+    assert NextToken(model, NextTokenKnobs(), 11, 8).summary()["objective"] == "next_token"
+    with pytest.raises(ValueError, match="knobs of no registered objective"):
+        objective_of(Recipe())

@@ -156,3 +156,21 @@ def test_no_intact_step_moves_nothing_and_says_so(runs, tmp_path):
     with pytest.raises(CheckpointDamagedError, match="no checkpoint in .* restores; nothing was moved or deleted"):
         train_tiny(work, *ARGS)
     assert sorted(p.name for p in run.iterdir() if p.name[0].isdigit()) == ["2", "4"]
+
+
+def test_dew_sample_passes_over_a_cut_short_latest_step_without_a_traceback(runs, tmp_path):
+    """A step whose array files were cut short (a node that died mid-write) fails part-way through
+    orbax's reads: the reads still in flight must finish before orbax's event loop closes, or each
+    prints 'RuntimeError: Event loop is closed' (dew.compat.orbax_reads_settle)."""
+    from tests.conftest import cli_env, dew
+
+    tmp, _ = runs
+    work = tmp_path / "damaged"
+    _copy(tmp / "base", work)
+    _truncate(work / "ck" / "run" / "4")
+    result = dew(str(work / "ck" / "run"), "--latest", "--count=1", cwd=tmp_path, script="dew.cli.sample",
+                 env=cli_env(), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "dew-sample: checkpoint step 4 is damaged (ValueError: OUT_OF_RANGE" in result.stderr
+    assert "step 2" in result.stdout + result.stderr and "damaged step 4 passed over" in result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "Event loop is closed" not in result.stderr, result.stderr

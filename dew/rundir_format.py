@@ -1,0 +1,49 @@
+"""The run directory's format: the names and versions its writer and its readers share.
+
+``dew.training`` writes a run (the record, the lock, the checkpoints, the journal beside them);
+``dew.runs`` (``dew-runs``) and ``dew-sample`` read it. Both sides take what they must agree on from
+here and never from each other, so a reader does not import the trainer's modules (JAX, orbax) and
+the trainer does not import a reader. This module imports nothing else from dew and no JAX.
+"""
+
+from __future__ import annotations
+
+RUN_RECORD = "run.json"
+"""The run's typed config, written by process 0 before anything trains (``RunConfig.save``)."""
+
+LOCK_FILE = ".lock"
+"""The file the writing process holds an OS lock on; it names the last holder
+(``dew.training.lock``)."""
+
+BEST_METRIC = "eval/loss"
+"""The metric the best checkpoint is kept by, unless a metric marked ``best`` replaces it."""
+
+TRACKING_DIR = "tracking"
+"""The directory beside the runs (a sibling of ``trainer.checkpoint_dir``) that holds their journals,
+one folder per run name."""
+
+JOURNAL = "journal.jsonl"
+"""A run's journal in its tracking folder: JSON lines, appended to, never rewritten
+(docs/journal.md)."""
+
+JOURNAL_VERSION = 1
+"""The journal's format (docs/journal.md), declared by every start and resume event. A reader
+accepts the versions it knows and says so when it meets a newer one; a change that old readers
+would misread raises it."""
+
+LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback")
+"""The journal's lifecycle events: the run's history, kept even when a later resume supersedes
+their step (the other records are metrics, evaluations and checkpoints)."""
+
+FAILURES = ("nonfinite", "error")
+"""Stop reasons that mean the run failed; the others (preempted, interrupted) stopped it on a signal."""
+
+
+def human(n: float) -> str:
+    """A byte count as people read it (``1.5 MB``), as the trainer's log and ``dew-runs show`` write
+    the sizes of a run's parameters and checkpoints."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"

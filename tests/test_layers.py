@@ -1,0 +1,184 @@
+"""The import graph between dew's modules has no circles, but the ones named here.
+
+The imports are read with ``ast`` from every module of ``dew/``: module-level imports, imports inside
+functions, and imports under ``if TYPE_CHECKING:`` alike. A function-level import is still a
+dependency (it runs the first time the function does), and a ``TYPE_CHECKING`` import is one a reader
+must follow to understand the module (and a type checker follows it as an import), so a circle
+through either is a circle of the design. An import of ``dew.a.b`` is an arrow to ``dew.a.b`` alone,
+not to the package ``dew.a`` whose ``__init__`` Python runs first: a package file only hands names on.
+``importlib.import_module("dew.a.b")`` with the name written out is an import too; the names a
+registry imports by itself (its built-in members, from strings) are not arrows: a registry does not
+depend on its members, they depend on it.
+
+``ONE_ARROW_UP`` is the import the design accepts for good: the contract's ``RunConfig.train`` calls
+the trainer. ``ALLOWED_CIRCLES`` lists the circles still to break, each with what ties it: the list
+can only shrink, because the test fails as well when a listed circle no longer exists.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+DEW = pathlib.Path(__file__).resolve().parents[1] / "dew"
+
+ONE_ARROW_UP = {
+    ("dew.config", "dew.training.trainer"): "RunConfig.train trains the run it describes (the API contract)",
+}
+"""Arrows left out of the graph for good, each with why."""
+
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {
+    frozenset({"dew.config", "dew.recipe", "dew.objectives.registry"}):
+        "RunConfig.load imports dew.recipe (importlib) so that a Recipe record it cannot read names Recipe",
+}
+"""Circles still to break (the modules of each), with the names that tie them."""
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(DEW.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in sorted(DEW.rglob("*.py"))}
+
+
+def imported(node: ast.Import | ast.ImportFrom, here: str, is_package: bool) -> list[str]:
+    """The modules one import statement names: ``from a import b`` names ``a.b`` too, which is a
+    module when ``b`` is one (resolved against the known modules by the caller)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # a relative import: from the package that holds this module
+        package = here.split(".") if is_package else here.split(".")[:-1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([base] if base else []))
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def dynamic(node: ast.Call) -> list[str]:
+    """The module an ``import_module("dew....")`` call names, written out."""
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    first = node.args[0] if node.args else None
+    if called in ("import_module", "__import__") and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return [first.value]
+    return []
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the dew modules it imports (anywhere in its text), less ``ONE_ARROW_UP``."""
+    known = modules()
+    edges: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                targets = imported(node, name, path.name == "__init__.py")
+            elif isinstance(node, ast.Call):
+                targets = dynamic(node)
+            else:
+                continue
+            edges[name] |= {t for t in targets if t in known and t != name}
+    for source, target in ONE_ARROW_UP:
+        edges[source].discard(target)
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(edges[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def ties(circle: frozenset[str], edges: dict[str, set[str]]) -> str:
+    return "; ".join(f"{a} -> {b}" for a in sorted(circle) for b in sorted(edges[a] & circle))
+
+
+def test_the_graph_is_read() -> None:
+    """The reader sees imports at every level: a test that read nothing would pass vacuously."""
+    edges = graph()
+    assert "dew.training.trainer" in edges["dew.cli.train"]  # module level
+    assert "dew.training.trainer" not in edges["dew.config"]  # the one arrow up, left out
+    assert "dew.models.registry" in edges["dew.config"]  # inside a method
+    assert "dew.data.base" in edges["dew.config"]  # under TYPE_CHECKING
+    assert "dew.recipe" in edges["dew.config"]  # importlib.import_module("dew.recipe")
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+def test_no_import_circles_but_the_allowed() -> None:
+    edges = graph()
+    found = set(circles(edges))
+    new = [c for c in found if c not in ALLOWED_CIRCLES]
+    assert not new, "import circles between dew modules (break them; see docs/architecture.md):\n" + "\n".join(
+        f"{sorted(c)}: {ties(c, edges)}" for c in new)
+    gone = [sorted(c) for c in ALLOWED_CIRCLES if c not in found]
+    assert not gone, f"these allowed circles no longer exist: strike them from ALLOWED_CIRCLES: {gone}"
+
+
+@pytest.mark.parametrize("source", sorted(ONE_ARROW_UP))
+def test_the_arrow_up_exists(source: tuple[str, str]) -> None:
+    """An accepted arrow that the code no longer has is struck from the list."""
+    known = modules()
+    tree = ast.parse(known[source[0]].read_text())
+    names = {t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+             for t in imported(n, source[0], False)}
+    assert source[1] in names
+
+
+READER_REACHES_WRITER = {
+    ("dew.runs.status", "dew.training.lock"):
+        "whether a live process holds a run's lock is the lock's own code (fcntl), not a name of the format",
+}
+"""Imports from the run directory's readers (``dew.runs``) into its writer (``dew.training``), each
+with why; the list can only shrink."""
+
+
+def between(edges: dict[str, set[str]], source: str, target: str) -> set[tuple[str, str]]:
+    return {(a, b) for a, bs in edges.items() if a.startswith(source) for b in bs if b.startswith(target)}
+
+
+def test_the_run_directory_format_is_a_leaf() -> None:
+    """``dew.rundir_format`` is what the writer and the readers share; it depends on neither (nor
+    on JAX: it imports nothing but the standard library)."""
+    tree = ast.parse(modules()["dew.rundir_format"].read_text())
+    names = {t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+             for t in imported(n, "dew.rundir_format", False)}
+    assert names <= {"__future__", "__future__.annotations"}, names
+
+
+def test_writer_and_readers_meet_in_the_format() -> None:
+    """The run directory's writer (``dew.training``) and its readers (``dew.runs``) take what they
+    share from ``dew.rundir_format``, never from each other."""
+    edges = graph()
+    assert between(edges, "dew.training.", "dew.runs.") == set()
+    assert between(edges, "dew.runs.", "dew.training.") == set(READER_REACHES_WRITER)
+    assert {"dew.rundir_format"} <= edges["dew.runs.journal"] & edges["dew.training.tracking"]
