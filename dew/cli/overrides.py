@@ -14,6 +14,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any, Union
 
 from dew.typed import hints, registry_of
@@ -70,3 +71,118 @@ def check_overrides(overrides: Sequence[str], root: type) -> str | None:
         if problem := unknown_key(override.key_or_group, root):
             return problem
     return None
+
+
+# ------------------------------------------------------------------- overrides into unset records
+
+
+def nullable_record(key: str, root: type) -> tuple[str, type] | None:
+    """(path, record class) of the optional record (``X | None``, such as ``optim.schedule`` or
+    ``trainer.wandb``) that the dotted ``key`` sets a field inside, or None."""
+    parts = key.split(".")
+    cls = root
+    for depth, part in enumerate(parts[:-1]):
+        record = _record_type(cls)
+        if record is None or part not in hints(record):
+            return None
+        tp = hints(record)[part]
+        base = typing.get_args(tp)[0] if typing.get_origin(tp) is Annotated else tp
+        if typing.get_origin(base) in (Union, types.UnionType) and type(None) in typing.get_args(base):
+            inner = _record_type(base)
+            if inner is not None:
+                return ".".join(parts[:depth + 1]), inner
+        cls = tp
+    return None
+
+
+def how_to_set(path: str, record: type, conf: str | None, example: str = "...") -> str:
+    """How a user gives the unset record at ``path``: choose one of its config group's options, or
+    write it whole (``example``: the user's own ``field: value``), naming its fields."""
+    group = path.replace(".", "/")
+    if conf is not None and (options := sorted(p.stem for p in Path(conf, group).glob("*.yaml"))):
+        return f"choose one first, e.g. {group}={options[0]} (options: {', '.join(options)}), then set its fields"
+    members = registry_of(record)
+    if members is not None:
+        return f"choose one first, e.g. {path}='{{kind: {next(iter(members))}}}' (kinds: {', '.join(members)})"
+    fields = [f.name for f in dataclasses.fields(record) if f.init]
+    return f"give the record whole, e.g. {path}='{{{example}}}' (its fields: {', '.join(fields)})"
+
+
+def unset_record(key: str, cfg: Any, root: type, conf: str | None = None, value: str = "...") -> str | None:
+    """A message when ``key`` (set to ``value``) sets a field of an optional record the composed
+    ``cfg`` leaves unset (null), so Hydra has nowhere to put it; None otherwise."""
+    from omegaconf import OmegaConf
+
+    found = nullable_record(key, root)
+    if found is None:
+        return None
+    path, record = found
+    if OmegaConf.select(cfg, path, default="<absent>") is not None:
+        return None
+    example = f"{key[len(path) + 1:].replace('.', ': {')}: {value}" + "}" * key[len(path) + 1:].count(".")
+    return (f"{key}: {path} is unset in this run (null), so it has no field to set; "
+            f"{how_to_set(path, record, conf, example)}")
+
+
+def check_unset_records(overrides: Sequence[str], root: type, conf: str) -> str | None:
+    """The first command-line override into an unset optional record (``optim.schedule.warmup_steps=15``
+    when no schedule is chosen), as one message, or None. Hydra would stop on it with an OmegaConf
+    assertion. Composes the config once, without those overrides (and with each sweep's first value),
+    only when the command line has one; any other problem is left to Hydra to report."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return None
+    plain = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete() or o.package)]
+    suspects = [o for o in plain if (found := nullable_record(o.key_or_group, root))
+                and not _chosen(found[0], parsed, conf)]
+    if not suspects:
+        return None
+    rest = [text for o in parsed if o not in suspects and (text := _one_value(o)) is not None]
+    try:
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose(config_name="config", overrides=rest)
+    except Exception:  # noqa: BLE001 - Hydra reports it itself, in its own words
+        return None
+    return next((p for o in suspects
+                 if (p := unset_record(o.key_or_group, cfg, root, conf, o.get_value_element_as_str()))), None)
+
+
+def _chosen(path: str, parsed: Sequence[Any], conf: str) -> bool:
+    """Whether the command line, or the experiment file it names, plainly gives the record at
+    ``path`` (its config group chosen, or the record set): then no composition is needed to know it
+    is set, which spares most commands (``experiment=digits optim.schedule.warmup_steps=1``) a second
+    composition. Anything less plain is left to the composition."""
+    from omegaconf import DictConfig, OmegaConf
+
+    group = path.replace(".", "/")
+    for o in parsed:
+        key = o.key_or_group
+        if key == path or key.split("@")[0] == group:
+            return True
+        if key == "experiment" and not o.is_sweep_override():
+            file = Path(conf, "experiment", f"{o.get_value_element_as_str()}.yaml")
+            if not file.is_file():
+                continue
+            experiment = OmegaConf.load(file)
+            entries = [e for e in experiment.get("defaults", []) if isinstance(e, DictConfig)]
+            if any(group in k.split("@")[0] and v is not None for e in entries for k, v in e.items()):
+                return True
+            if isinstance(OmegaConf.select(experiment, path), DictConfig):
+                return True
+    return False
+
+
+def _one_value(override: Any) -> str | None:
+    """``override`` as text, a sweep replaced by its first value (None for a sweep with no list)."""
+    if not override.is_sweep_override():
+        return override.input_line
+    try:
+        first = next(iter(override.sweep_string_iterator()))
+    except Exception:  # noqa: BLE001 - an interval or a glob: left out of the composition
+        return None
+    return f"{override.get_key_element()}={first}"

@@ -6,6 +6,8 @@
     dew-runs diff checkpoints/lr-sweep/0-... checkpoints/lr-sweep/1-...
     dew-runs plot checkpoints/lr-sweep --metric train/loss,eval/loss -o lr-sweep.png
     dew-runs show checkpoints/digits
+    dew-runs checkpoints/digits-sweep-1a2b3c4d5e                # a study (hydra/sweeper=optuna): its trials, best first
+    dew-runs plot checkpoints/digits-sweep-1a2b3c4d5e -o study.png
 
 No JAX is imported and nothing is written (except the plot): it is safe beside a run in progress.
 A damaged run directory is listed with what is wrong with it; a directory or an option that cannot
@@ -18,6 +20,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from dew.runs.discover import RunsError, find_runs
 from dew.runs.status import Run, read_run
@@ -98,13 +101,14 @@ def run(argv: Sequence[str]) -> str:
 
     if command == "list":
         runs = load_runs(args.dirs, args.tracking)
+        studies = _studies(args.dirs, args.tracking) if not (args.json or args.sort or args.where) else ""
         keys = table.fill_fields(runs)
         runs = _select(runs, args.where)
         if args.sort:
             runs = table.sort_runs(runs, args.sort, reverse=args.reverse)
         if args.json:
             return table.to_json(runs)
-        return table.render(runs, keys) if runs else f"no runs in {', '.join(args.dirs)}"
+        return studies + (table.render(runs, keys) if runs else f"no runs in {', '.join(args.dirs)}")
     if command == "diff":
         from dew.runs.compare import diff_text
 
@@ -119,6 +123,12 @@ def run(argv: Sequence[str]) -> str:
         raise RunsError(f"--smooth {args.smooth}: the weight must lie in [0, 1)")
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg"):
         raise RunsError(f"-o {args.output!r}: the file must end in .png or .svg")
+    if len(args.dirs) == 1 and not args.where and (study := _study(args.dirs[0], args.tracking)) is not None:
+        from dew.runs.study_plot import draw_study
+
+        width, height = draw_study(study, args.output)
+        return (f"wrote {args.output} ({width}x{height}): study {study.name}, {len(study.trials)} trials, "
+                "the objective against each searched parameter and the best so far")
     runs = load_runs(args.dirs, args.tracking)
     table.fill_fields(runs)
     runs = _select(runs, args.where)
@@ -132,6 +142,20 @@ def run(argv: Sequence[str]) -> str:
     width, height = draw(data, args.output, logx=args.logx, logy=args.logy)
     return f"wrote {args.output} ({width}x{height}): {len(runs)} runs, {', '.join(metrics)}" + (
         f"; final values against {', '.join(data.fields)}" if data.fields else "")
+
+
+def _study(directory: str, tracking: str | None) -> Any:
+    """The Optuna study a sweep directory holds (``hydra/sweeper=optuna``), or None."""
+    from dew.runs.study import has_study, read_study
+
+    return read_study(directory, tracking) if has_study(directory) else None
+
+
+def _studies(directories: Sequence[str], tracking: str | None) -> str:
+    """The studies among ``directories``, as text, each followed by a blank line."""
+    from dew.runs.study import study_text
+
+    return "".join(f"{study_text(s)}\n\n" for d in directories if (s := _study(d, tracking)) is not None)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

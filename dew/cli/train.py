@@ -208,6 +208,10 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
     if debugging() and error is not None:
         raise error
     print(f"dew-train: error: {message}", file=sys.stderr)
+    from dew.cli.trial import TrialFailed, in_a_search
+
+    if in_a_search():  # the sweeper records a failed trial and goes on
+        raise TrialFailed(message)
     sys.exit(status)
 
 
@@ -300,7 +304,23 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         fail(str(err), status)
     if is_main:
         print(f"dew-train: run {name!r} is in {run_path}", flush=True)
-    return state
+    from dew.cli.trial import in_a_search
+
+    if not in_a_search():
+        return state
+    return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
+
+
+def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
+    """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
+    from dew.cli.trial import check_direction, selection_value
+    from dew.objectives.metrics import builtin_metrics
+    from dew.training.tracking import tracking_dir
+    from dew.training.trainer import best_criterion
+
+    metric, higher_is_better = best_criterion(builtin_metrics(objective))
+    check_direction(metric, higher_is_better)
+    return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
 
 
 def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
@@ -351,14 +371,18 @@ def main() -> None:
     register_configs()
     from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 
-    from dew.cli.overrides import check_overrides
+    from dew.cli.overrides import check_overrides, check_unset_records
 
     try:
         args = get_args_parser().parse_known_args()[0]
     except SystemExit:
         args = None  # Hydra reports its own usage errors
     overrides = args.overrides if args else []
-    if problem := check_overrides(overrides, Recipe) or (args and launcher_without_multirun(args)):
+    from dew.cli.trial import search_unavailable
+
+    if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
+                   or (args and launcher_without_multirun(args))
+                   or check_unset_records(overrides, Recipe, conf_dir())):
         fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
 

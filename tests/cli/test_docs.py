@@ -116,7 +116,9 @@ def test_a_documented_command_runs(tmp_path, doc, command):
 
 def _jobs(args: list[str]) -> list[list[str]]:
     """The overrides of each job a command runs: itself, or for ``-m`` every combination of its swept
-    values, as Hydra's basic sweeper expands them."""
+    values, as Hydra's basic sweeper expands them. An interval (a search space for
+    hydra/sweeper=optuna: docs/search.md, whose commands tests/cli/test_search.py trains) is left out:
+    the key keeps its configured value."""
     if "-m" not in args and "--multirun" not in args:
         return [args]
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -124,6 +126,8 @@ def _jobs(args: list[str]) -> list[list[str]]:
     args = [a for a in args if a not in ("-m", "--multirun")]
     choices = []
     for arg, parsed in zip(args, OverridesParser.create().parse_overrides(args)):
+        if parsed.is_interval_sweep():
+            continue
         if parsed.is_sweep_override():
             choices.append([f"{parsed.get_key_element()}={v}" for v in parsed.sweep_string_iterator()])
         else:

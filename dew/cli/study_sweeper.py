@@ -1,0 +1,188 @@
+"""hydra-optuna-sweeper run as dew runs sweeps (``hydra/sweeper=optuna``; docs/search.md).
+
+What changes from the plugin's own sweeper:
+
+* the study lives in the sweep directory: ``sqlite:///<sweep dir>/study.db`` unless ``storage`` says
+  otherwise, named after the sweep directory, so the same command (the same directory: its name is a
+  digest of the command line) continues the study. Only this process, the one that sweeps, opens the
+  storage; trials never do, so SQLite's file locking (unsafe on NFS) is never contended;
+* ``n_trials`` counts the whole study: a study that holds 2 finished trials and is asked for 4 runs 2;
+* a trial left running by an interrupted command runs again first, with its parameters, under its
+  own number: job numbers are trial numbers, so it lands in its own job directory and resumes from
+  its checkpoint there;
+* a failed trial (the task function raised: a run that diverged or was refused) is recorded FAIL and
+  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 in dew's config);
+* every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``).
+
+Optuna is imported here, never by ``dew-train`` itself: this module loads only when the sweeper is
+chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import optuna
+from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
+from omegaconf import OmegaConf
+
+log = logging.getLogger("dew")
+
+STUDY_FILE = "study.db"
+"""The SQLite file of a sweep's study, in the sweep directory."""
+
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+
+
+def store_config(base: type, target: str) -> None:
+    """Store dew's sweeper config as ``hydra/sweeper/optuna``: the plugin's fields and defaults, dew's
+    class, and failures that do not end the study."""
+    from hydra.core.config_store import ConfigStore
+
+    fields = [("_target_", str, dataclasses.field(default=target)),
+              ("max_failure_rate", float, dataclasses.field(default=1.0))]
+    node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(base,))
+    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="dew")
+
+
+def study_storage(sweep_dir: str) -> str:
+    """The RDB URL of the study file in ``sweep_dir`` (absolute: jobs may run elsewhere)."""
+    return f"sqlite:///{Path(sweep_dir).resolve() / STUDY_FILE}"
+
+
+class ResumableOptunaSweeper(OptunaSweeperImpl):
+    """The plugin's sweeper with the study in the sweep directory, resumed and counted whole."""
+
+    def sweep(self, arguments: list[str]) -> None:
+        space, fixed = self._search_space(arguments)
+        directions = self._get_directions()
+        if len(directions) != 1:
+            stop(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
+                 "give one direction, minimize or maximize")
+        self._check_space(space)
+        self._record_searched_keys(space)
+        Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
+        study = optuna.create_study(study_name=self.study_name or Path(self.sweep_dir).name,
+                                    storage=self.storage or study_storage(self.sweep_dir), sampler=self.sampler,
+                                    direction=directions[0], load_if_exists=True)
+        log.info("study %s in %s: %d trials so far, %d asked for", study.study_name, self.sweep_dir,
+                 len(study.trials), self.n_trials)
+        if study.trials:  # a seeded sampler would draw the first trials' parameters again
+            self.sampler.reseed_rng()
+        for trials in _consecutive([t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]):
+            log.info("resuming trial(s) %s, left running by an interrupted command", [t.number for t in trials])
+            self._run(study, trials, [_overrides(t.params, fixed) for t in trials])
+        while (todo := self.n_trials - sum(t.state in FINISHED for t in study.trials)) > 0:
+            trials = [study.ask() for _ in range(min(todo, max(self.n_jobs, 1)))]
+            for group in _consecutive(trials):
+                self._run(study, group, self._configure_trials(group, space, fixed))
+        self._report(study)
+
+    def _search_space(self, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(distributions, fixed values) from hydra.sweeper.params and the command line, as the
+        plugin reads them (a fixed value on the command line takes the key out of the space)."""
+        self._process_searchspace_config()
+        space, fixed = create_params_from_overrides([*self._parse_sweeper_params_config(), *arguments])
+        space = {**(self.search_space_distributions or {}), **space}
+        for key in fixed:
+            space.pop(key, None)
+        if isinstance(self.sampler, functools.partial) and self.sampler.func is optuna.samplers.GridSampler:
+            grid = {k: self._to_grid_sampler_choices(d) for k, d in space.items()}
+            self.sampler = self.sampler(grid)
+            self.n_trials = min(self.n_trials, math.prod(len(v) for v in grid.values()))
+        return space, fixed
+
+    def _check_space(self, space: dict[str, Any]) -> None:
+        """Refuse a search space that sets a field of a record this run leaves unset (a warmup with
+        no schedule chosen): every trial would fail in Hydra's composition, before dew could say why."""
+        from dew.cli.overrides import unset_record
+        from dew.cli.train import conf_dir
+        from dew.recipe import Recipe
+
+        for key in space:
+            if problem := unset_record(key, self.config, Recipe, conf_dir()):
+                stop(f"hydra.sweeper.params: {problem}")
+
+    def _record_searched_keys(self, space: dict[str, Any]) -> None:
+        """Name job directories by the searched keys: the sweep record (``dew.cli.train.SWEEP_ENV``)
+        the sweep directory's name wrote lists the command line's sweeps, not the search space."""
+        from dew.cli.train import SWEEP_ENV
+
+        record = json.loads(os.environ.get(SWEEP_ENV) or '{"dir": null, "swept": []}')
+        record["swept"] = sorted({*record["swept"], *space})
+        os.environ[SWEEP_ENV] = json.dumps(record)
+
+    def _run(self, study: optuna.Study, trials: Sequence[Any], overrides: Sequence[Sequence[str]]) -> None:
+        """Launch ``trials`` (consecutive numbers: job numbers are trial numbers) and tell the study
+        each one's value, or that it failed."""
+        returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
+        failures = []
+        for trial, ret in zip(trials, returns):
+            try:
+                value = float(ret.return_value)  # raises the trial's own error when it failed
+                if not math.isfinite(value):
+                    raise ValueError(f"its value is {value}")
+            except Exception as err:  # noqa: BLE001 - any failure of a trial is that trial's
+                log.warning("trial %d failed: %s", trial.number, err)
+                failures.append(err)
+                _tell(study, trial.number, state=optuna.trial.TrialState.FAIL)
+                continue
+            _tell(study, trial.number, value)
+        if failures and len(failures) / len(returns) > self.max_failure_rate:
+            stop(f"{len(failures)} of {len(returns)} trials failed, more than hydra.sweeper.max_failure_rate="
+                 f"{self.max_failure_rate}; the study stops (the first: {failures[0]})")
+
+    def _report(self, study: optuna.Study) -> None:
+        """Log the best trial and write it to ``optimization_results.yaml`` in the sweep directory,
+        as the plugin does; a study with no completed trial is an error."""
+        done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not done:
+            stop(f"no trial of study {study.study_name} completed; dew-runs {self.sweep_dir} says why")
+        best = study.best_trial
+        log.info("best trial %d: %s = %s", best.number, best.params, best.value)
+        OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
+                       Path(self.sweep_dir) / "optimization_results.yaml")
+
+
+def stop(message: str) -> NoReturn:
+    """End the sweep with one line and exit status 1 (the trials' own errors are in the log above)."""
+    print(f"dew-train: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def _tell(study: optuna.Study, number: int, *args: Any, **kwargs: Any) -> None:
+    """``study.tell``, which records the trial and then runs the sampler's ``after_trial``; the grid
+    sampler's calls ``study.stop()`` once the grid is covered, which raises outside
+    ``study.optimize`` (the trial is recorded by then, and the trial count ends the sweep anyway)."""
+    try:
+        study.tell(number, *args, **kwargs)
+    except RuntimeError as err:
+        if "Study.stop" not in str(err):
+            raise
+
+
+def _overrides(params: dict[str, Any], fixed: dict[str, Any]) -> tuple[str, ...]:
+    """A trial's overrides, written as the plugin writes them, so a resumed trial's job directory
+    has the name it had."""
+    return tuple(f"{k}={v}" for k, v in {**params, **fixed}.items())
+
+
+def _consecutive(trials: Sequence[Any]) -> Iterator[list[Any]]:
+    """``trials`` in runs of consecutive numbers (one launch each: a launch numbers its jobs in a row)."""
+    group: list[Any] = []
+    for trial in sorted(trials, key=lambda t: t.number):
+        if group and trial.number != group[-1].number + 1:
+            yield group
+            group = []
+        group.append(trial)
+    if group:
+        yield group

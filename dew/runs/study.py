@@ -1,0 +1,141 @@
+"""An Optuna study in a sweep directory (``hydra/sweeper=optuna``: ``<sweep dir>/study.db``), as
+``dew-runs`` shows it: every trial with its state, value and parameters, the best one first, and
+for a trial that failed, why (its run's state, read from the run's files as for any run).
+
+Read with Optuna's own storage API (no JAX). Optuna comes with ``dew[search]``; without it a study is
+reported as unreadable, and the sweep's runs are listed as ever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+from etils import epath
+
+from dew.runs.discover import RunsError
+from dew.runs.status import read_run
+from dew.runs.table import number
+
+STUDY_FILE = "study.db"
+"""dew.cli.study_sweeper.STUDY_FILE (not imported: that module imports Hydra's sweeper)."""
+
+
+@dataclasses.dataclass
+class Trial:
+    """One trial of the study, joined with its job directory in the sweep."""
+
+    number: int
+    state: str
+    """complete, fail, running, pruned or waiting (Optuna's states, lower case)."""
+    value: float | None
+    params: dict[str, Any]
+    run: str | None
+    """The trial's job directory (``<number>-<searched values>``), when the trial made one."""
+    reason: str | None = None
+    """For a trial that did not complete, its run's state and reason as dew-runs reads them."""
+
+
+@dataclasses.dataclass
+class Study:
+    name: str
+    path: str
+    direction: str
+    """minimize or maximize."""
+    trials: list[Trial]
+    log_params: set[str]
+    """The parameters searched on a log scale (their plots use a log axis)."""
+
+    @property
+    def best(self) -> Trial | None:
+        done = [t for t in self.trials if t.state == "complete" and t.value is not None and math.isfinite(t.value)]
+        if not done:
+            return None
+        pick = max if self.direction == "maximize" else min
+        return pick(done, key=lambda t: t.value)
+
+    def best_so_far(self) -> list[tuple[int, float]]:
+        """(trial number, the best value among trials up to it) for every completed trial."""
+        pick = max if self.direction == "maximize" else min
+        out, best = [], None
+        for t in sorted(self.trials, key=lambda t: t.number):
+            if t.state == "complete" and t.value is not None and math.isfinite(t.value):
+                best = t.value if best is None else pick(best, t.value)
+                out.append((t.number, best))
+        return out
+
+
+def has_study(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, STUDY_FILE))
+
+
+def read_study(directory: str, tracking: str | None = None) -> Study:
+    """The study in sweep ``directory``; RunsError when it cannot be read."""
+    try:
+        import optuna
+    except ImportError:
+        raise RunsError(f"{directory} holds an Optuna study ({STUDY_FILE}); reading it needs Optuna: "
+                        "pip install 'dew[search]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{os.path.abspath(os.path.join(directory, STUDY_FILE))}"
+    try:
+        summaries = optuna.get_all_study_summaries(storage)
+        if len(summaries) != 1:
+            raise RunsError(f"{directory}/{STUDY_FILE} holds {len(summaries)} studies; dew keeps one per sweep")
+        study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
+    except RunsError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: one message, as for a run
+        raise RunsError(f"{directory}/{STUDY_FILE}: not a readable Optuna study ({err})") from None
+    jobs = {d.name.split("-", 1)[0]: d for d in epath.Path(directory).iterdir() if d.is_dir()}
+    trials, log_params = [], set()
+    for t in study.trials:
+        job = jobs.get(str(t.number))
+        trial = Trial(number=t.number, state=t.state.name.lower(), value=t.value, params=dict(t.params),
+                      run=job.name if job is not None else None)
+        if trial.state != "complete":
+            trial.reason = _why(job, tracking)
+        trials.append(trial)
+        log_params |= {k for k, d in t.distributions.items()
+                       if getattr(d, "log", False) or "LogUniform" in type(d).__name__}
+    return Study(name=study.study_name, path=directory, direction=study.direction.name.lower(), trials=trials,
+                 log_params=log_params)
+
+
+def _why(job: epath.Path | None, tracking: str | None) -> str:
+    """Why a trial did not complete, from its run's files."""
+    if job is None:
+        return "no run directory: refused before it trained (the sweep's log says why)"
+    run = read_run(job, job.name, tracking=tracking).summary
+    return f"run {run.status}" + (f": {run.reason}" if run.reason else "")
+
+
+def study_text(study: Study) -> str:
+    """The study as dew-runs prints it: a header, the best trial's overrides, then one line per
+    trial, best first."""
+    counts: dict[str, int] = {}
+    for t in study.trials:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    lines = [f"study {study.name} ({study.direction}): {len(study.trials)} trials, "
+             + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    best = study.best
+    if best is not None:
+        overrides = " ".join(f"{k}={v}" for k, v in sorted(best.params.items()))
+        lines.append(f"best: trial {best.number}, value {number(best.value)}: {overrides}")
+    else:
+        lines.append("best: none (no trial completed)")
+    keys = sorted({k for t in study.trials for k in t.params})
+    header = ["trial", "state", "value", *keys]
+    rows = [[str(t.number), t.state, number(t.value) if t.value is not None else "-",
+             *(number(t.params[k]) if k in t.params else "-" for k in keys)]
+            for t in sorted(study.trials, key=lambda t: (t is not best, t.number))]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines.append("")
+    for r, t in zip([header, *rows], [None, *sorted(study.trials, key=lambda t: (t is not best, t.number))]):
+        text = "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+        if t is not None and t.reason:
+            text += f"  ({t.reason})"  # a failed trial's run says why
+        lines.append(text)
+    return "\n".join(lines)

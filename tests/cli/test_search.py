@@ -1,0 +1,309 @@
+"""Hyperparameter search with hydra/sweeper=optuna (docs/search.md): a trial reports its run's
+selection value, a study lives in its sweep directory and the same command continues it with the
+trial count taken over the whole study, a diverged trial is recorded failed and the study goes on,
+dew-runs shows and plots a study, and overrides into unset records say how to set them."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from dew.cli.overrides import check_unset_records, nullable_record, unset_record
+from dew.cli.trial import TrialFailed, selection_value
+from dew.recipe import Recipe
+from dew.runs import journal as journals
+from tests.conftest import dew
+from tests.training.conftest import TINY, dew_train
+
+# 3 steps, evaluated at the end (the trial's value), a checkpoint at step 2 (an interrupted trial resumes).
+SHORT = [*TINY, "trainer.steps=3", "trainer.eval_every=3", "trainer.checkpoint_every=2", "trainer.checkpoint_dir=ck"]
+SEARCH = ["-m", "hydra/sweeper=optuna", "hparams_search=digits", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=1"]
+
+
+def study_of(sweep: Path) -> optuna.Study:
+    storage = f"sqlite:///{sweep / 'study.db'}"
+    [summary] = optuna.get_all_study_summaries(storage)
+    assert summary.study_name == sweep.name  # named after the sweep
+    return optuna.load_study(study_name=summary.study_name, storage=storage)
+
+
+def best_eval_loss(work: Path, sweep: Path, job: str) -> float:
+    view = journals.read(work / "tracking" / sweep.name / job / "journal.jsonl")
+    return min(view.series("eval/loss")[1])
+
+
+def jobs(sweep: Path) -> dict[int, str]:
+    return {int(p.name.split("-", 1)[0]): p.name for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit()}
+
+
+# ------------------------------------------------------------------------------- fast: no training
+
+
+def _journal(tmp_path: Path, records: list[dict]) -> Path:
+    path = tmp_path / "journal.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_the_selection_value_is_the_best_of_the_metric_else_the_last_train_loss(tmp_path):
+    records = [{"step": 1, "train/loss": 2.0}, {"step": 2, "eval/loss": 1.5, "eval/acc": 0.6},
+               {"step": 3, "train/loss": 1.2}, {"step": 4, "eval/loss": 1.7, "eval/acc": 0.7, "train/loss": 1.1}]
+    path = _journal(tmp_path, records)
+    assert selection_value(path, "eval/loss", False) == 1.5
+    assert selection_value(path, "eval/acc", True) == 0.7  # a metric marked best, higher is better
+    no_eval = _journal(tmp_path, [{"step": 1, "train/loss": 2.0}, {"step": 2, "train/loss": 1.25}])
+    assert selection_value(no_eval, "eval/loss", False) == 1.25
+    diverged = _journal(tmp_path, [{"step": 1, "train/loss": math.nan}])
+    with pytest.raises(TrialFailed, match="no finite eval/loss nor train/loss"):
+        selection_value(diverged, "eval/loss", False)
+
+
+def test_a_sweeper_direction_against_the_metric_fails_the_trial():
+    from hydra.core.hydra_config import HydraConfig
+    from hydra_plugins.hydra_optuna_sweeper.config import Direction
+    from omegaconf import OmegaConf
+
+    from dew.cli.trial import check_direction
+
+    try:
+        for direction in (Direction.minimize, "minimize"):  # as the plugin's schema stores it, and as text
+            HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": direction}}})
+            check_direction("eval/loss", False)
+            with pytest.raises(TrialFailed, match="the best eval/accuracy, is higher for better runs: set "
+                                                  "hydra.sweeper.direction=maximize"):
+                check_direction("eval/accuracy", True)
+        HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": Direction.maximize}}})
+        check_direction("eval/accuracy", True)
+    finally:
+        HydraConfig.instance().cfg = None
+
+
+def test_a_search_without_the_extra_says_what_to_install(monkeypatch):
+    import sys
+
+    from dew.cli.trial import search_unavailable
+
+    assert search_unavailable(["hparams_search=digits"]) is None and search_unavailable(["trainer.steps=2"]) is None
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: importing it raises ImportError
+    assert search_unavailable(["trainer.steps=2"]) is None
+    for override in ("hparams_search=digits", "hydra/sweeper=optuna"):
+        assert search_unavailable([override]).endswith("pip install 'dew[search]' (docs/search.md)")
+
+
+UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
+         "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
+         "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
+         "trainer.profile.steps=3": "trainer.profile='{steps: 3}' (its fields: warmup, steps, directory)",
+         "trainer.wandb.project=p": "trainer.wandb='{project: p}' (its fields: project, entity, offline)",
+         "trainer.quantization.weight_qtype=int8": "trainer.quantization='{weight_qtype: int8}'"}
+
+
+@pytest.fixture(scope="module")
+def default_config():
+    """The config plain ``dew-train`` composes (every optional record unset), composed once."""
+    from hydra import compose, initialize_config_dir
+
+    from dew.cli.train import conf_dir, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        return compose(config_name="config")
+
+
+@pytest.mark.parametrize("override", list(UNSET))
+def test_an_override_into_an_unset_record_says_how_to_set_it(override, default_config):
+    from dew.cli.train import conf_dir
+
+    key, _, value = override.partition("=")
+    record = key.rsplit(".", 1)[0]
+    assert nullable_record(key, Recipe)[0] == record
+    problem = unset_record(key, default_config, Recipe, conf_dir(), value)
+    assert problem is not None and problem.startswith(f"{key}: {record} is unset in this run (null)"), problem
+    assert UNSET[override] in problem, problem
+
+
+@pytest.mark.slow  # three compositions: ~4 s on a busy machine
+def test_the_command_line_check_composes_what_the_command_chooses():
+    from omegaconf import OmegaConf
+
+    from dew.cli.train import conf_dir, register_configs
+
+    register_configs()
+    assert check_unset_records(["optim.schedule.warmup_steps=15"], Recipe, conf_dir()).startswith(
+        "optim.schedule.warmup_steps: optim.schedule is unset")
+    assert check_unset_records(["experiment=digits", "optim.schedule.warmup_steps=15"], Recipe, conf_dir()) is None
+    assert check_unset_records(["optim/schedule=linear,cosine", "optim.schedule.warmup_steps=1"], Recipe,
+                               conf_dir()) is None  # a sweep over the group chooses one
+    assert nullable_record("optim.learning_rate", Recipe) is None and nullable_record("lora", Recipe) is None
+    chosen = OmegaConf.create({"optim": {"schedule": {"warmup_steps": 1}}})
+    assert unset_record("optim.schedule.warmup_steps", chosen, Recipe) is None
+
+
+@pytest.mark.slow
+def test_dew_train_names_the_unset_schedule_and_writes_nothing(workdir: Path):
+    result = dew("optim.schedule.warmup_steps=15", "trainer.checkpoint_dir=ck", cwd=workdir)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "dew-train: error: optim.schedule.warmup_steps: optim.schedule is unset in this run (null), so it has no "
+        "field to set; choose one first, e.g. optim/schedule=cosine (options: cosine, linear, power), then set "
+        "its fields"]
+    assert list(workdir.iterdir()) == []
+
+
+# --------------------------------------------------------------------- a study, interrupted once
+
+
+@pytest.fixture(scope="module")
+def interrupted_study(tmp_path_factory):
+    """One study of 4 trials under the basic launcher, SIGKILLed once its third trial has saved
+    step 2 (of 3) and then run again with the same command: (work dir, sweep dir, trial states after
+    the kill, the first two trials' journals as they were)."""
+    work = tmp_path_factory.mktemp("study")
+
+    def third_trial_saved_step_2(cwd: Path) -> bool:  # then it evaluates at step 3: seconds to catch it
+        return any((job / "2" / "_CHECKPOINT_METADATA").exists() for job in cwd.glob("ck/*/2-*"))
+
+    killed = dew_train(*SEARCH, *SHORT, cwd=work, kill_when=third_trial_saved_step_2, poll=0.05, timeout=600)
+    assert killed is None, killed.stdout[-3000:]
+    [sweep] = list((work / "ck").glob("digits-sweep-*"))
+    states = [t.state.name for t in study_of(sweep).trials]
+    before = {n: (work / "tracking" / sweep.name / jobs(sweep)[n] / "journal.jsonl").read_text() for n in (0, 1)}
+    again = dew_train(*SEARCH, *SHORT, cwd=work, timeout=600)
+    assert again is not None and again.returncode == 0, again.stdout[-3000:]
+    return work, sweep, states, before
+
+
+@pytest.mark.slow
+def test_an_interrupted_study_continues_to_the_trials_asked_for(interrupted_study):
+    work, sweep, states, before = interrupted_study
+    assert states == ["COMPLETE", "COMPLETE", "RUNNING"]
+    study = study_of(sweep)
+    assert [(t.number, t.state.name) for t in study.trials] == [(n, "COMPLETE") for n in range(4)]  # 4, not 6
+    names = jobs(sweep)
+    assert sorted(names) == [0, 1, 2, 3]  # one job directory per trial: trial 2 ran again in its own
+    for n, t in enumerate(study.trials):  # each named by its searched values
+        assert names[n] == f"{n}-" + ",".join(f"{k}={v}" for k, v in sorted(t.params.items()))
+    for n in (0, 1):  # finished trials are kept as they were
+        assert (work / "tracking" / sweep.name / names[n] / "journal.jsonl").read_text() == before[n]
+    resumed = journals.read(work / "tracking" / sweep.name / names[2] / "journal.jsonl")
+    assert [(e["event"], e["step"]) for e in resumed.events if e["event"] in ("start", "resume", "end")] == [
+        ("start", 0), ("resume", 2), ("end", 3)]  # trial 2 went on from its checkpoint
+
+
+@pytest.mark.slow
+def test_the_study_best_value_is_the_best_eval_loss_in_the_journals(interrupted_study):
+    work, sweep, _, _ = interrupted_study
+    study = study_of(sweep)
+    values = {n: best_eval_loss(work, sweep, job) for n, job in jobs(sweep).items()}
+    assert [t.value for t in study.trials] == pytest.approx([values[n] for n in range(4)], rel=1e-6)
+    assert study.best_value == pytest.approx(min(values.values()), rel=1e-6)
+    results = (sweep / "optimization_results.yaml").read_text()
+    assert f"best_value: {study.best_value}" in results
+
+
+@pytest.mark.slow
+def test_dew_runs_shows_the_study_best_first_and_plots_it(interrupted_study, tmp_path):
+    from PIL import Image
+
+    from dew.cli.runs import run
+
+    work, sweep, _, _ = interrupted_study
+    study = study_of(sweep)
+    best = study.best_trial
+    text = run([str(sweep), "--tracking", str(work / "tracking")])
+    lines = text.splitlines()
+    assert lines[0] == f"study {sweep.name} (minimize): 4 trials, 4 complete"
+    overrides = " ".join(f"{k}={v}" for k, v in sorted(best.params.items()))
+    assert lines[1].startswith(f"best: trial {best.number}, value ") and lines[1].endswith(overrides)
+    assert lines[4].split()[:2] == [str(best.number), "complete"]  # the table's first row is the best trial
+    assert sum(line.split()[1:2] == ["complete"] for line in lines[3:9]) == 4
+    out = tmp_path / "study.png"
+    said = run(["plot", str(sweep), "-o", str(out)])
+    assert said.startswith(f"wrote {out}") and "4 trials" in said
+    assert Image.open(out).size == (1260, 320)  # two searched parameters and the best so far: three panels
+
+
+# ------------------------------------------------------------ local launcher, a failed trial
+
+
+@pytest.mark.slow
+def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(workdir: Path):
+    from dew.cli.runs import run
+
+    # The preset's TPE sampler (seed 0) draws 0.001, 1e6, 0.001, 0.001 from this choice: the second
+    # trial of the first batch of two diverges, and the second batch runs all the same.
+    local = ["hydra/launcher=local", "hydra.launcher.tasks_per_node=1", "hydra.sweeper.n_jobs=2",
+             "optim.learning_rate=choice(1e6,0.001)", "optim.weight_decay=0.05"]
+    result = dew_train(*SEARCH, *local, *SHORT, cwd=workdir, timeout=600)
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
+    study = study_of(sweep)
+    assert [(t.state.name, t.params["optim.learning_rate"]) for t in study.trials] == [
+        ("COMPLETE", 0.001), ("FAIL", 1e6), ("COMPLETE", 0.001), ("COMPLETE", 0.001)]
+    names = jobs(sweep)
+    assert sorted(names) == [0, 1, 2, 3]
+    for t in study.trials:
+        if t.state.name == "COMPLETE":
+            assert t.value == pytest.approx(best_eval_loss(workdir, sweep, names[t.number]), rel=1e-6)
+    assert study.best_value == min(t.value for t in study.trials if t.value is not None)
+    text = run([str(sweep), "--tracking", str(workdir / "tracking")])
+    [failed] = [line for line in text.splitlines() if line.split()[1:2] == ["fail"]]
+    assert failed.startswith("1 ") and "(run failed: nonfinite: the loss or the gradients became non-finite" in failed
+
+
+# ------------------------------------------------------------------------ the documented commands
+
+DOCUMENTED = {
+    "dew-train -m experiment=digits hparams_search=digits": "interrupted_study",
+    "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=40": "interrupted_study",
+    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1":
+        "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",
+    "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'":
+        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+    "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin":
+        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+}
+"""Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
+same overrides plus a tiny model, a few steps and a few trials)."""
+
+
+def test_every_documented_search_is_run_by_a_test():
+    from tests.cli.test_docs import documented_commands
+
+    searches = {c for _, c in documented_commands() if "hparams_search=" in c or "hydra/sweeper=optuna" in c}
+    assert searches == set(DOCUMENTED)
+
+
+@pytest.mark.slow
+def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Path):
+    import shlex
+
+    from dew.data.prepare import prepare
+
+    one = ["hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1", "trainer.steps=2", "trainer.eval_every=2",
+           "trainer.checkpoint_every=null", "trainer.log_every=1", "trainer.compilation_cache_dir=null",
+           "trainer.checkpoint_dir=ck", "model.config.depth=1", "model.config.hidden_size=32",
+           "model.config.num_heads=2"]
+    digits = shlex.split(next(c for c in DOCUMENTED if "tag(log" in c))[1:]
+    result = dew_train(*digits, *one, "trainer.batch_size=32", "optim.schedule.warmup_steps=1",
+                       "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", cwd=workdir, timeout=600)
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
+    [trial] = study_of(sweep).trials
+    assert trial.state.name == "COMPLETE" and 1e-4 <= trial.params["optim.learning_rate"] <= 1e-2
+    assert set(trial.params) == {"optim.learning_rate"}  # the command line's space, no preset's
+
+    (workdir / "a.txt").write_text("def f(x):\n    return x + 1\n" * 60)
+    prepare([str(workdir / "a.txt")], str(workdir / "data" / "tiny"))
+    lm = shlex.split(next(c for c in DOCUMENTED if "tiny_lm" in c))[1:]
+    result = dew_train(*lm, *one, "trainer.batch_size=4", "data.seq_len=16", "data.val_fraction=0.2",
+                       "optim.schedule.warmup_steps=1", cwd=workdir, timeout=600)
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    [sweep] = list((workdir / "ck").glob("tiny_lm-sweep-*"))
+    [trial] = study_of(sweep).trials
+    assert trial.state.name == "COMPLETE"
+    assert set(trial.params) == {"optim.learning_rate", "optim.weight_decay"}  # the preset's, less the fixed warmup
