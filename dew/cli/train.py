@@ -239,8 +239,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
 
-    error, status, agreed, caught = None, EXIT_BAD_INPUT, False, None
-    held = contextlib.ExitStack()  # the stop signals' handlers, then the run's lock: until the run ends
+    error, status, agreed, caught, held = None, EXIT_BAD_INPUT, False, None, contextlib.ExitStack()  # held: to the end
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
@@ -285,12 +284,11 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     try:
         with held:
             claim(recipe, setup, held)  # the lock, then the run's record (process 0)
-            run_path = setup.path
             if is_main:
-                write_hydra_record(run_path, cfg)
+                write_hydra_record(setup.path, cfg)
             state = train(recipe, objective, dataset, name=name, metrics=builtin_metrics(objective),
                           summary=objective.summary(), setup=setup)
-            write_samples(objective, state, run_path, seed=recipe.trainer.seed)
+            write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
     except Preempted as stopped:
         print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
         from dew.cli.launchers import exit_after_stop
@@ -303,7 +301,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         leave_no_trace()
         fail(str(err), status)
     if is_main:
-        print(f"dew-train: run {name!r} is in {run_path}", flush=True)
+        print(f"dew-train: run {name!r} is in {setup.path}", flush=True)
     from dew.cli.trial import in_a_search
 
     if not in_a_search():
