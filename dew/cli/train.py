@@ -230,9 +230,7 @@ def stop_status(err: BaseException) -> int | None:
 def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
     from dew.training.lock import RunLockedError
-    from dew.training.rundir import (
-        RunDirError, hold, prepare_run_dir, refuse_if_held, run_dir, trained_objective, write_hydra_record,
-    )
+    from dew.training.rundir import RunDirError, refuse_if_held, run_dir, write_hydra_record
 
     multirun = HydraConfig.get().mode == RunMode.MULTIRUN
     job_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -241,17 +239,17 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
             job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
 
-    error, status, agreed, caught = None, EXIT_BAD_INPUT, False, None
+    error, status, agreed, caught, held = None, EXIT_BAD_INPUT, False, None, contextlib.ExitStack()  # held: to the end
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
         recipe = Recipe.from_dict(container)
         from dew.build import build_run
-        from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-        from dew.training.process import from_process_zero, prepare_process
+        from dew.training.process import from_process_zero
+        from dew.training.setup import check_setup, claim, listen, start_process
 
-        check_xla_flags(recipe.trainer)  # XLA aborts the process on a flag it does not know
-        prepare_process(recipe.trainer)  # XLA flags and the process pool, before any backend opens
+        start_process(recipe.trainer)  # XLA flags checked and set, the process pool, before any backend opens
+        stop = listen(held)  # a signal during the set-up or the restore stops the run at its first step
         # One run however many processes: each resolved its own config and name (a time stamp
         # can differ by a second), so all take process 0's.
         theirs, name = from_process_zero("run", [container, run_name(recipe)])
@@ -263,14 +261,8 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 
         import jax
 
-        from dew.training.trainer import check
-
         recipe, objective, dataset = build_run(recipe)
-        check(recipe, objective, dataset)
-        check_checkpoint_dir(recipe.trainer, path)
-        trains = trained_objective(recipe, objective)
-        if jax.process_index() == 0:  # a refused resume changes nothing, the lock included
-            prepare_run_dir(recipe, name, write=False, trains=trains)
+        setup = check_setup(recipe, objective, dataset, name, stop)  # reads only: a refused resume changes nothing
     except RunLockedError as err:
         error, status, caught = str(err), EXIT_BUSY, err
     except RunDirError as err:
@@ -281,20 +273,22 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         verdict = from_process_zero("verdict", [error, status])  # every process asks: process 0 answers
         error, status = (error, status) if error else verdict
     if error:
+        held.close()
         leave_no_trace()
         fail(error, status, caught)
     is_main = jax.process_index() == 0
     from dew.objectives.metrics import builtin_metrics
     from dew.training.preemption import Preempted
+    from dew.training.trainer import train
 
     try:
-        with hold(path) if is_main else contextlib.nullcontext():
-            run_path = prepare_run_dir(recipe, name, write=is_main, trains=trains)
+        with held:
+            claim(recipe, setup, held)  # the lock, then the run's record (process 0)
             if is_main:
-                write_hydra_record(run_path, cfg)
-            state = recipe.train(objective, dataset, name=name, metrics=builtin_metrics(objective),
-                                 summary=objective.summary())
-            write_samples(objective, state, run_path, seed=recipe.trainer.seed)
+                write_hydra_record(setup.path, cfg)
+            state = train(recipe, objective, dataset, name=name, metrics=builtin_metrics(objective),
+                          summary=objective.summary(), setup=setup)
+            write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
     except Preempted as stopped:
         print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
         from dew.cli.launchers import exit_after_stop
@@ -307,7 +301,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         leave_no_trace()
         fail(str(err), status)
     if is_main:
-        print(f"dew-train: run {name!r} is in {run_path}", flush=True)
+        print(f"dew-train: run {name!r} is in {setup.path}", flush=True)
     from dew.cli.trial import in_a_search
 
     if not in_a_search():

@@ -139,30 +139,14 @@ def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True, trains:
     return path
 
 
-_held: dict[str, int] = {}
-"""Run directories this process holds the lock of, and how many ``hold`` blocks hold each: dew-train
-takes the lock before it writes the record and ``RunConfig.train`` takes it again, and a second
-``flock`` from the same process would be refused by the first."""
-
-
 @contextlib.contextmanager
 def hold(path: str | os.PathLike) -> Iterator[None]:
-    """Hold ``path``'s run-directory lock for the block (once per process however deeply nested);
-    raises ``RunLockedError`` naming the holder when another process has it."""
-    key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
-    if key in _held:
-        _held[key] += 1
-        try:
-            yield
-        finally:
-            _held[key] -= 1
-        return
+    """Hold ``path``'s run-directory lock for the block; raises ``RunLockedError`` naming the holder
+    when another process has it. The set-up takes it once per run (``dew.training.setup.claim``)."""
     lock = RunLock(path).acquire()
-    _held[key] = 1
     try:
         yield
     finally:
-        del _held[key]
         lock.release()
 
 
@@ -170,8 +154,6 @@ def refuse_if_held(path: str | os.PathLike) -> None:
     """Raise ``RunLockedError`` if another live process holds ``path`` (reads only: it takes and
     writes nothing, so it can run before a config is fully checked)."""
     key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
-    if key in _held:
-        return
     who = holder(path, writer=True)  # a requeue of the same SLURM job takes its own lease
     if who is not None:
         raise RunLockedError(f"{key} is in use by {describe(who)}; a run directory takes one writer "

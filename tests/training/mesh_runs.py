@@ -63,7 +63,7 @@ class Arch:
         t = run.trainer
         model = adapt.build_model(run, objective)
         self.graphdef, self.params, self.rest = nnx.split(model, adapt.trainable(run.lora), ...)
-        optimizer = trainer._optimizer(run, dataset, self.params, t.steps)
+        optimizer = trainer.run_optimizer(run, dataset, self.params, t.steps)
         self.state = trainer.TrainState.create(self.params, optimizer.tx, seed=t.seed,  # trainer.train's init_state
                                                ema=objective.ema_decay > 0, dynamic_scale=False)
         self.step = trainer.make_train_step(objective, self.graphdef, self.rest, optimizer.tx,

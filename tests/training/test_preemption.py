@@ -3,11 +3,13 @@ resumes from it and ends on the parameters an uninterrupted run ends on, bit for
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,3 +59,88 @@ def test_ctrl_c_saves_stops_and_the_run_resumes_bit_for_bit(tmp_path: Path):
     assert losses(cut_journal) == losses(whole_journal)
     a, b = load_params(whole, 24), load_params(cut, 24)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+
+@dataclasses.dataclass
+class Slow:
+    """The objective with a few ms of extra device work per step (a chain of matmuls its loss adds
+    nothing of), so the host can dispatch steps far faster than they run, as on an accelerator."""
+
+    inner: Any
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def ema_decay(self) -> float:
+        return self.inner.ema_decay
+
+    def build(self, rngs: Any) -> Any:
+        return self.inner.build(rngs)
+
+    def loss(self, model: Any, batch: Any, key: Any, **kwargs: Any) -> Any:
+        import jax
+        import jax.numpy as jnp
+
+        out = self.inner.loss(model, batch, key, **kwargs)
+        x = jnp.ones((128, 128)) * batch["image"].reshape(-1)[0]  # data-dependent: not folded at compile time
+        x = jax.lax.fori_loop(0, 8, lambda i, x: jnp.tanh(x @ x), x)
+        return out._replace(total=out.total + 0.0 * x.sum())
+
+    def summary(self) -> Any:
+        return self.inner.summary()
+
+
+def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, monkeypatch):
+    """Before each dispatch, the steps dispatched whose metrics are not ready: at most the one the
+    devices run and the one queued behind it, so a signal lands within two steps. Metrics are
+    fetched every 100 steps only: nothing but the bound holds the host back."""
+    import jax
+
+    from dew.training import trainer
+
+    compile_real, dispatched, in_flight = trainer.compile_train_step, [], []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        step = compile_real(*args, **kwargs)
+
+        def run(state: Any, batch: Any) -> Any:
+            in_flight.append(sum(not all(x.is_ready() for x in jax.tree.leaves(m)) for m in dispatched))
+            out = step(state, batch)
+            dispatched.append(out[1])
+            return out
+
+        return run
+
+    monkeypatch.setattr(trainer, "compile_train_step", counted)
+    train_tiny(tmp_path, "trainer.steps=10", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+               "trainer.log_every=100", name="paced", objective=Slow)
+    assert len(in_flight) == 10 and max(in_flight) <= 1, in_flight
+
+
+def test_a_signal_during_the_restore_stops_the_run_at_its_first_step(tmp_path: Path, monkeypatch):
+    """The stop handlers are installed before the set-up and the restore: a signal that comes while
+    the checkpoint restores is honoured at the first step boundary after it, with a checkpoint."""
+    from dew.training.checkpoint import Checkpoints
+    from tests.training.wrappers import Crash, Data
+
+    args = ("trainer.steps=24", "trainer.eval_every=null", "trainer.checkpoint_every=2", "trainer.keep=4")
+    with pytest.raises(Crash):  # the fourth batch never comes: a checkpoint at step 2 stays
+        train_tiny(tmp_path, *args, name="r", data=lambda d: Data(d, crash_at=4))
+    restore = Checkpoints.restore_intact
+
+    def slowed(self: Checkpoints, *a: Any, **k: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGINT)  # while the restore is in progress
+        time.sleep(0.1)
+        return restore(self, *a, **k)
+
+    monkeypatch.setattr(Checkpoints, "restore_intact", slowed)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Preempted) as stopped:
+        train_tiny(tmp_path, *args, name="r")
+    assert signal.getsignal(signal.SIGINT) is before
+    assert stopped.value.step == 3 and stopped.value.reason == "interrupted"
+    assert steps_on_disk(tmp_path / "ck" / "r") == [2, 3]
+    events = [r for r in journal(tmp_path, "r") if "event" in r]
+    assert [e["event"] for e in events[-3:]] == ["resume", "checkpoint", "stop"] and events[-1]["step"] == 3

@@ -1,0 +1,71 @@
+"""Evaluation: the loss and the metrics over the dataset's evaluation batches, as sums and counts
+summed on the devices and divided once at the end, so every batch weighs by its count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+
+from dew.training.checkpoint import BEST_METRIC
+
+Sums = tuple[Any, Any, dict[str, Any], dict[str, tuple[Any, Any]]]
+"""What one evaluation batch returns, and what the batches add up to: (total loss, count, the
+objective's own sums by name, each metric's (sum, count) by name)."""
+
+
+def derived_metrics(objective: Any, values: Mapping[str, float]) -> dict[str, float]:
+    """Metrics an objective derives from the reported means (next_token's perplexity)."""
+    derive = getattr(objective, "derived_metrics", None)
+    return dict(derive(values)) if derive is not None else {}
+
+
+def add(a: Sums | None, b: Sums) -> Sums:
+    """Two batches' sums added (on the devices: nothing is fetched)."""
+    if a is None:
+        return b
+    sums = {k: a[2].get(k, 0.0) + v for k, v in b[2].items()}
+    metrics = {k: (a[3].get(k, (0.0, 0.0))[0] + v, a[3].get(k, (0.0, 0.0))[1] + n) for k, (v, n) in b[3].items()}
+    return a[0] + b[0], a[1] + b[1], {**a[2], **sums}, {**a[3], **metrics}
+
+
+def means(sums: Sums) -> dict[str, float]:
+    """``eval/loss`` and ``eval/<name>`` from fetched sums; empty when nothing was counted. A metric
+    named like one of the objective's own sums is refused."""
+    total, count, own, metrics = sums
+    if not count:
+        return {}
+    values = {BEST_METRIC: float(total / count), **{f"eval/{k}": float(v / count) for k, v in own.items()}}
+    for k, (v, n) in metrics.items():
+        if f"eval/{k}" in values:
+            raise ValueError(f"metric {k!r}: the objective already reports eval/{k}; name the metric otherwise")
+        values[f"eval/{k}"] = float(v / n) if n else float("nan")
+    return values
+
+
+class Evaluator:
+    """The evaluation of a state's parameters: ``evaluator(params)`` is ``{"eval/loss": ..., ...}``
+    (empty when the dataset has no evaluation batches)."""
+
+    def __init__(self, eval_step: Callable[[Any, Any, jax.Array], Sums], batches: Callable[[], Iterable[Any]],
+                 place: Callable[[Any], Any], *, seed: int, derive: Callable[[Mapping[str, float]], dict]) -> None:
+        self.eval_step = eval_step
+        """The compiled evaluation of one batch: (params, batch, key) -> its sums."""
+        self.batches = batches
+        """This process's evaluation batches, from the start, each time it is called."""
+        self.place = place
+        """A host batch made a global array on the mesh."""
+        self.key = jax.random.PRNGKey(seed + 2)
+        """Batch i's key is this folded with i: every evaluation draws the same noise."""
+        self.derive = derive
+        """The objective's derived metrics from the means."""
+
+    def __call__(self, params: Any) -> dict[str, float]:
+        sums = None
+        for i, batch in enumerate(self.batches()):
+            sums = add(sums, self.eval_step(params, self.place(batch), jax.random.fold_in(self.key, i)))
+        if sums is None:
+            return {}
+        values = means(jax.device_get(sums))
+        return {**values, **self.derive(values)} if values else {}

@@ -1,0 +1,138 @@
+"""A run's set-up, done once before it trains: everything about the run that can fail checked
+without touching the disk, the process prepared, the stop signals listened to, the run directory's
+lock taken and its record written. ``dew-train`` does it in steps (its processes agree on a verdict
+between checking and writing) and hands the trainer the ``Setup``; ``RunConfig.train`` from Python
+does it in one call (``set_up``). Nothing is remembered between runs: a notebook that trains many
+runs sets each up once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import jax
+from etils import epath
+from flax import nnx
+
+from dew.config import STEP_LIMIT, RunConfig
+from dew.data.base import Dataset
+from dew.models.registry import of
+from dew.objectives.base import Objective
+from dew.training import adapt, preflight, sharding, warmstart
+from dew.training.optim import build_optimizer
+from dew.training.preemption import StopSignals
+from dew.training.process import prepare_process
+from dew.training.ramp import tokens_seen_fn
+from dew.training.rundir import hold, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a run's set-up checked and prepared, handed to the trainer."""
+
+    name: str
+    """The run's name under ``trainer.checkpoint_dir``."""
+    path: epath.Path
+    """The run directory."""
+    total_steps: int
+    """The run's length in steps, batch ramp and epochs resolved."""
+    eval_every: int | None
+    """Steps between evaluations (None: at the end only)."""
+    ckpt_every: int | None
+    """Steps between checkpoints (None: at the end only)."""
+    trains: str | None
+    """The objective the run trains, by its knob section (``rundir.trained_objective``)."""
+    changed: list[str]
+    """Settings a resume changed, as ``path: old -> new`` (empty for a new run)."""
+    stop: StopSignals
+    """The stop signals' handlers, installed before the set-up so a signal during it or during the
+    restore is honoured at the first step boundary."""
+
+
+def start_process(t: Any) -> None:
+    """Check ``trainer.xla_flags`` (XLA aborts the process on a flag it does not know), then apply
+    the flags, the compilation cache and the process pool, before anything opens a JAX backend."""
+    preflight.check_xla_flags(t)
+    prepare_process(t)
+
+
+def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
+          device_count: int | None = None) -> tuple[int, int | None, int | None]:
+    """Everything about a run that can fail before it starts, checked without touching the disk or
+    allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
+    mesh and the batch split, and the optimizer over the model's (abstract) parameters.
+
+    Returns the run's total steps and its evaluation and checkpoint intervals. With
+    ``device_count``, the mesh is an abstract one over that many devices (the launching process of
+    a sweep checks its jobs so, without opening an accelerator).
+    """
+    t = run.trainer
+    if dataset.batch_size != t.batch_size:
+        raise ValueError(f"the dataset was loaded at batch {dataset.batch_size}, but trainer.batch_size="
+                         f"{t.batch_size}: the run would train at a batch it does not report; load it at "
+                         "trainer.batch_size")
+    total_steps = t.total_steps(dataset)
+    if total_steps > STEP_LIMIT:
+        raise ValueError(f"trainer.epochs={t.epochs} is {total_steps} steps at trainer.batch_size={t.batch_size}, "
+                         f"more than the {STEP_LIMIT} a run can take")
+    preflight.check_attention(run)
+    eval_every = t.eval_interval(dataset)
+    ckpt_every = t.checkpoint_interval(dataset)
+    mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
+    for batch, _ in t.stages():
+        sharding.check_batch(batch // t.accumulation, mesh, t.layout,
+                             field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
+    abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
+    warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
+    sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides
+    run_optimizer(run, dataset, nnx.state(abstract, adapt.trainable(run.lora)), total_steps)
+    return total_steps, eval_every, ckpt_every
+
+
+def run_optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
+    """The run's optimizer over ``params``, its schedule counting the tokens the batch ramp feeds."""
+    tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
+    return build_optimizer(run.optim, params, total_steps=total_steps,
+                           tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record),
+                           architecture=of(run.model.architecture, run.model.fields()))
+
+
+def check_setup(run: RunConfig, objective: Objective, dataset: Dataset, name: str, stop: StopSignals) -> Setup:
+    """Check the run and its run directory (reading only: a refused resume changes nothing, the lock
+    included); the process must be started (``start_process``)."""
+    total_steps, eval_every, ckpt_every = check(run, objective, dataset)
+    path = run_dir(run, name)
+    preflight.check_checkpoint_dir(run.trainer, path)
+    trains = trained_objective(run, objective)
+    recorded = read_record(path)
+    if jax.process_index() == 0:
+        prepare_run_dir(run, name, write=False, trains=trains)
+    changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
+    return Setup(name, path, total_steps, eval_every, ckpt_every, trains, changed, stop)
+
+
+def claim(run: RunConfig, setup: Setup, held: contextlib.ExitStack) -> None:
+    """Take the run directory's lock until ``held`` closes and write the run's record (process 0:
+    one writer per run directory)."""
+    if jax.process_index() == 0:
+        held.enter_context(hold(setup.path))
+        prepare_run_dir(run, setup.name, write=True, trains=setup.trains)
+
+
+def listen(held: contextlib.ExitStack) -> StopSignals:
+    """The stop signals' handlers, installed until ``held`` closes."""
+    stop = StopSignals().install()
+    held.callback(stop.restore)
+    return stop
+
+
+def set_up(run: RunConfig, objective: Objective, dataset: Dataset, name: str, held: contextlib.ExitStack) -> Setup:
+    """The whole set-up, for ``RunConfig.train`` called from Python; the lock and the signal
+    handlers are held until ``held`` closes."""
+    start_process(run.trainer)
+    stop = listen(held)  # before the checks: a signal from here on stops the run at its first step
+    setup = check_setup(run, objective, dataset, name, stop)
+    claim(run, setup, held)
+    return setup
