@@ -178,6 +178,17 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     return Restored(recipe, objective, dataset, model, chosen, ema_used, params, tuple(damaged))
 
 
+def for_inference(r: Restored) -> Restored:
+    """``r`` with a LoRA run's factors merged into its weights (``dew.training.merge.merged_model``),
+    so that the run samples exactly what its merged checkpoint (``dew-export --merge-lora``) samples;
+    any other run (a LoRA run over a quantized base included, which has no merged form) as it is."""
+    if r.recipe.lora is None or r.recipe.trainer.quantization is not None:
+        return r
+    from dew.training.merge import merged_model
+
+    return dataclasses.replace(r, model=merged_model(r.model, r.recipe, r.objective))
+
+
 def concrete(recipe: Any, objective: Any, rest: Any) -> Any:
     """The module's non-parameter state: as split off when it is concrete, else rebuilt from the seed
     (none of dew's models has any today)."""
@@ -278,7 +289,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> str:
     """Sample as ``args`` say; returns the file written."""
-    r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
+    r = for_inference(restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema))
     stem = os.path.join(args.run_dir, f"samples-step{r.step}-seed{args.seed}")
     source = f"step {r.step}, {'EMA' if r.ema else 'trained parameters'}, seed {args.seed}"
     if r.damaged:

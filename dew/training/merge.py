@@ -61,14 +61,37 @@ def _merge_one(key: str, w: jax.Array, a: jax.Array, b: jax.Array, scale: float)
     return (w.astype(jnp.float32) + scale * delta.reshape(w.shape)).astype(w.dtype)
 
 
+def plain_run(run: RunConfig) -> RunConfig:
+    """``run`` as the merged model's record: no lora, no init_from (the parameters hold the whole model)."""
+    return dataclasses.replace(run, lora=None, trainer=dataclasses.replace(run.trainer, init_from=None, init_skip=()))
+
+
+def merged_model(model: nnx.Module, run: RunConfig, objective: Any) -> nnx.Module:
+    """The plain model with ``model``'s adapted weights merged: what ``dew-sample`` draws from for a
+    LoRA run, so that the run and its merged checkpoint (``dew-export --merge-lora``) sample with
+    the same program from the same bits, as PEFT's ``merge_and_unload`` serves an adapter; the
+    unmerged product agrees with it to float rounding only (module docstring)."""
+    from dew.training import adapt
+
+    params = merged(model, run)
+    plain = plain_run(run)
+    graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: adapt.build_model(plain, objective)), nnx.Param, ...)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):  # none of dew's models has any
+        _, _, rest = nnx.split(adapt.build_model(plain, objective), nnx.Param, ...)
+    flat = nnx.to_flat_state(abstract)
+    if differ := sorted({"/".join(map(str, p)) for p, _ in flat} ^ set(params)):
+        raise MergeError(f"--merge-lora: the merged parameters and the plain model differ at {differ[:4]}")
+    for path, variable in flat:
+        variable.set_value(params["/".join(map(str, path))])
+    return nnx.merge(graphdef, nnx.from_flat_state(flat), rest)
+
+
 def write_run(run: RunConfig, params: dict[str, jax.Array], out: str, *, step: int, merged_from: str) -> None:
     """Write ``params`` as a run directory at ``out``: ``run.json`` (``run`` without lora and without
     init_from: the checkpoint holds the whole model) and checkpoint step ``step``."""
     from dew.training.checkpoint import Checkpoints
 
-    plain = dataclasses.replace(run, lora=None,
-                                trainer=dataclasses.replace(run.trainer, init_from=None, init_skip=()))
-    plain.save(out)
+    plain_run(run).save(out)
     tree: dict[str, Any] = {}
     for key, value in params.items():  # saved as a train state's params are: each leaf a {"value": ...} node
         node = tree
