@@ -64,8 +64,8 @@ def check(recipe: Any, *, merge_lora: bool) -> None:
         if recipe.lora is None:
             raise merge.MergeError("--merge-lora: the run has no lora: its checkpoint already holds the full model")
         return
-    if recipe.model.architecture != "transformer":
-        raise merge.MergeError(f"the Hugging Face Llama layout holds a 'transformer'; the run is a "
+    if recipe.model.architecture != hf_llama.ARCHITECTURE:
+        raise merge.MergeError(f"the Hugging Face Llama layout holds a {hf_llama.ARCHITECTURE!r}; the run is a "
                                f"{recipe.model.architecture!r}")
     try:
         hf_llama.refuse_unmappable(hf_llama.fields_of(recipe), "dew-export")

@@ -11,7 +11,7 @@ leading ``depth`` axis where Llama names each layer.
 
 What dew has and Llama has not is folded into the weights exactly, as a scale (``factors``):
 ``embedding_multiplier`` into the embedding, ``residual_multiplier`` into each branch's output
-projection, muP's ``1/head_dim`` attention scale into the query weights (Llama scales by
+projection, muP's attention scale (``dew.models.decoder.attention_scale``) into the query weights (Llama scales by
 ``1/sqrt(head_dim)``; rotary embeddings are linear, so a scaled query rotates to the scaled rotated
 query) and muP's logit divisor into the output head. Reading divides by the same factors, so a
 dew run with those settings reads back what it wrote. QK-norm has no place in Llama and a tied head
@@ -29,10 +29,22 @@ from typing import Any
 import jax
 import numpy as np
 
+from dew.models.decoder import attention_scale
+
 FIELD = "trainer.init_from"
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 
 Layout = Callable[[Any], Any]
+
+
+def _architecture() -> str:
+    from dew.models.transformer import Transformer
+
+    return Transformer.name
+
+
+ARCHITECTURE = _architecture()
+"""The architecture whose blocks are Llama's (its registered name, read from its class)."""
 
 
 def fields_of(run: Any) -> Any:
@@ -60,7 +72,7 @@ def factors(f: Any) -> dict[str, float]:
     m = f.hidden_size / f.mup_base_width if f.mup else 1.0
     r = f.residual_multiplier
     return {"embed/embedding": f.embedding_multiplier, "blocks/attn/o/kernel": r, "blocks/mlp_down/kernel": r,
-            "blocks/attn/q/kernel": 1.0 / math.sqrt(hd) if f.mup else 1.0, "lm_head/kernel": 1.0 / m}
+            "blocks/attn/q/kernel": attention_scale(f) * math.sqrt(hd), "lm_head/kernel": 1.0 / m}
 
 
 def table(f: Any) -> dict[str, tuple[str, Layout, Layout]]:
@@ -157,8 +169,8 @@ def dew_shapes(run: Any, path: str) -> dict[str, tuple[int, ...]]:
     front), after checking its config against the run's model."""
     from safetensors import safe_open
 
-    if getattr(run, "model", None) is not None and run.model.architecture != "transformer":
-        raise ValueError(f"{FIELD}={path!r}: a Hugging Face Llama directory starts a 'transformer' run, "
+    if getattr(run, "model", None) is not None and run.model.architecture != ARCHITECTURE:
+        raise ValueError(f"{FIELD}={path!r}: a Hugging Face Llama directory starts a {ARCHITECTURE!r} run, "
                          f"not {run.model.architecture!r}")
     f = fields_of(run)
     check_config(f, path)

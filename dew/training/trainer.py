@@ -114,7 +114,7 @@ class Parts:
 def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, *, metrics: Sequence[Metric],
            summary: Mapping[str, object] | None, criterion: tuple[str, bool]) -> TrainState:
     t = run.trainer
-    _log_to_file(setup.path)
+    to_file = _log_to_file(setup.path)
     checkpoints = Checkpoints(setup.path, keep=t.keep, best_metric=criterion[0], higher_is_better=criterion[1])
     try:
         # (2) The model, the optimizer and the mesh; (3) the compiled step and evaluation.
@@ -141,6 +141,9 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
         return _run(parts, setup, t, state, Position(step, records))
     finally:
         checkpoints.close()
+        if to_file is not None:  # this run's log file takes this run's lines only (a notebook trains many)
+            logging.getLogger().removeHandler(to_file)
+            to_file.close()
 
 
 def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, metrics: Sequence[Metric], *,
@@ -331,22 +334,24 @@ def _global(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> d
     return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch.items()}
 
 
-def _log_to_file(path: epath.Path) -> None:
-    """Append process 0's log to ``<run>/train.log``; the other processes log to their standard
-    streams only (under submitit, one log file per task in the sweep's .submitit/)."""
+def _log_to_file(path: epath.Path) -> logging.Handler | None:
+    """Append process 0's log to ``<run>/train.log`` for the run (the handler it added, which the run
+    removes when it ends, or None); the other processes log to their standard streams only (under
+    submitit, one log file per task in the sweep's .submitit/)."""
     if jax.process_index() != 0:
-        return
+        return None
     if not is_local(os.fspath(path)):  # a logging.FileHandler streams to a local file only
         log.info("the run directory %s is not local: no train.log (the journal and stderr have the log)", path)
-        return
+        return None
     filename = os.fspath(path / "train.log")
     root = logging.getLogger()
     if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):
-        return
+        return None
     handler = logging.FileHandler(filename)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
     root.addHandler(handler)
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
+    return handler
 
 
