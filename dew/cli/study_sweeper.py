@@ -2,10 +2,12 @@
 
 What changes from the plugin's own sweeper:
 
-* the study lives in the sweep directory: ``sqlite:///<sweep dir>/study.db`` unless ``storage`` says
+* the study lives in the sweep directory: ``<sweep dir>/study.db`` (SQLite) unless ``storage`` says
   otherwise, named after the sweep directory, so the same command (the same directory: its name is a
   digest of the command line) continues the study. Only this process, the one that sweeps, opens the
-  storage; trials never do, so SQLite's file locking (unsafe on NFS) is never contended;
+  storage, trials never do, and it holds dew's run lock on ``<sweep dir>/.study`` while it sweeps (a
+  second command continuing the same study is refused): SQLite's own locks, which fail on NFS and
+  Lustre, are off (``dew.rundir_format.study_url``);
 * ``n_trials`` counts the whole study: a study that holds 2 finished trials and is asked for 4 runs 2;
 * a trial left running by an interrupted command runs again first, with its parameters, under its
   own number: job numbers are trial numbers, so it lands in its own job directory and resumes from
@@ -20,6 +22,7 @@ chosen.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -35,17 +38,39 @@ import optuna
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import OmegaConf
 
-log = logging.getLogger("dew")
+from dew.rundir_format import STUDY_LOCK_DIR, study_url
 
-STUDY_FILE = "study.db"
-"""The SQLite file of a sweep's study, in the sweep directory."""
+log = logging.getLogger("dew")
 
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 
 
 def study_storage(sweep_dir: str) -> str:
     """The RDB URL of the study file in ``sweep_dir`` (absolute: jobs may run elsewhere)."""
-    return f"sqlite:///{Path(sweep_dir).resolve() / STUDY_FILE}"
+    return study_url(sweep_dir)
+
+
+@contextlib.contextmanager
+def holding_the_study(sweep_dir: str) -> Iterator[None]:
+    """The run lock on the study (``STUDY_LOCK_DIR``) for as long as the block sweeps, and no trace
+    of it after; a command already sweeping the same study is refused with its host and process
+    (exit 4)."""
+    import shutil
+
+    from dew.cli.train import EXIT_BUSY
+    from dew.training.lock import RunLock, RunLockedError
+
+    where = os.path.join(sweep_dir, STUDY_LOCK_DIR)
+    try:
+        lock = RunLock(where).acquire()
+    except RunLockedError as err:
+        print(f"dew-train: error: the study in {sweep_dir}: {err}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BUSY)
+    try:
+        yield
+    finally:
+        lock.release()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 class ResumableOptunaSweeper(OptunaSweeperImpl):
@@ -60,9 +85,13 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         self._check_space(space)
         self._record_searched_keys(space)
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
+        with holding_the_study(self.sweep_dir):
+            self._sweep(space, fixed, directions[0])
+
+    def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: Any) -> None:
         study = optuna.create_study(study_name=self.study_name or Path(self.sweep_dir).name,
                                     storage=self.storage or study_storage(self.sweep_dir), sampler=self.sampler,
-                                    direction=directions[0], load_if_exists=True)
+                                    direction=direction, load_if_exists=True)
         log.info("study %s in %s: %d trials so far, %d asked for", study.study_name, self.sweep_dir,
                  len(study.trials), self.n_trials)
         if study.trials:  # a seeded sampler would draw the first trials' parameters again

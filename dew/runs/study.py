@@ -15,12 +15,11 @@ from typing import Any
 
 from etils import epath
 
+from dew.rundir_format import STUDY_FILE, study_url
 from dew.runs.discover import RunsError
 from dew.runs.status import read_run
 from dew.runs.table import number
 
-STUDY_FILE = "study.db"
-"""dew.cli.study_sweeper.STUDY_FILE (not imported: that module imports Hydra's sweeper)."""
 
 
 @dataclasses.dataclass
@@ -79,7 +78,7 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
         raise RunsError(f"{directory} holds an Optuna study ({STUDY_FILE}); reading it needs Optuna: "
                         "pip install 'dew[search]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = f"sqlite:///{os.path.abspath(os.path.join(directory, STUDY_FILE))}"
+    storage = study_url(directory)
     try:
         summaries = optuna.get_all_study_summaries(storage)
         if len(summaries) != 1:

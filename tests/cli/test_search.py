@@ -321,3 +321,26 @@ def test_a_trial_that_fails_its_checks_is_a_failed_trial_and_the_study_goes_on(w
     [sweep] = (workdir / "ck").iterdir()
     states = {t.params["model.dtype"]: t.state for t in study_of(sweep).trials}
     assert states == {"float32": optuna.trial.TrialState.COMPLETE, "float33": optuna.trial.TrialState.FAIL}
+
+
+def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, capsys):
+    """SQLite's POSIX locks fail on NFS without a lock manager and on Lustre without ``-o flock``: the
+    study is opened with them off, and dew's run lock (a lease where flock fails) keeps it to one
+    sweeping command."""
+    from dew.cli.study_sweeper import holding_the_study, study_storage
+    from dew.rundir_format import STUDY_LOCK_DIR
+
+    url = study_storage(str(tmp_path))
+    assert "nolock=1" in url
+    study = optuna.create_study(study_name="s", storage=url)
+    study.tell(study.ask({"x": optuna.distributions.UniformDistribution(0, 1)}), 0.25)
+    assert [t.value for t in optuna.load_study(study_name="s", storage=url).trials] == [0.25]
+    assert (tmp_path / "study.db").is_file()
+    with holding_the_study(str(tmp_path)):
+        with pytest.raises(SystemExit) as refused, holding_the_study(str(tmp_path)):
+            pass
+        assert refused.value.code == 4
+        assert "the study in" in capsys.readouterr().err
+    assert not (tmp_path / STUDY_LOCK_DIR).exists()  # no trace once the sweep ends
+    with holding_the_study(str(tmp_path)):  # and the next command takes it
+        pass
