@@ -52,7 +52,29 @@ def exit_after_stop(signum: int | None) -> NoReturn:
                 handler(signum, None)
             finally:
                 _barrier("dew/requeued")
-    sys.exit(128 + signum)
+    _exit(128 + signum)
+
+
+def _exit(status: int) -> NoReturn:
+    """Exit with ``status`` once a stopped run saved, closed and released all it holds. A single
+    ``dew-train`` run alone in its process (no JAX pool, no submitit job, no sweep in this process)
+    leaves at once: the interpreter's own teardown (the XLA client and its thread pools) takes about
+    half a second after the save, time a preempted job may not have (measured: a SIGINT-to-exit of
+    2.6 s at 0.9 s steps, 0.55 s of it teardown; docs/performance.md, "Stopping"). Anywhere else the
+    usual exit, whose clean-up others wait for (the pool's shutdown, a sweep's locks)."""
+    import logging
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    alone = (not os.environ.get("SUBMITIT_EXECUTOR") and compat.jax_distributed_client() is None
+             and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN)
+    if not alone:
+        sys.exit(status)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _barrier(name: str, timeout_s: float = 120) -> None:
