@@ -45,11 +45,6 @@ log = logging.getLogger("dew")
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 
 
-def study_storage(sweep_dir: str) -> str:
-    """The RDB URL of the study file in ``sweep_dir`` (absolute: jobs may run elsewhere)."""
-    return study_url(sweep_dir)
-
-
 @contextlib.contextmanager
 def holding_the_study(sweep_dir: str) -> Iterator[None]:
     """The run lock on the study (``STUDY_LOCK_DIR``) for as long as the block sweeps, and no trace
@@ -90,7 +85,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
 
     def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: Any) -> None:
         study = optuna.create_study(study_name=self.study_name or Path(self.sweep_dir).name,
-                                    storage=self.storage or study_storage(self.sweep_dir), sampler=self.sampler,
+                                    storage=self.storage or study_url(self.sweep_dir), sampler=self.sampler,
                                     direction=direction, load_if_exists=True)
         log.info("study %s in %s: %d trials so far, %d asked for", study.study_name, self.sweep_dir,
                  len(study.trials), self.n_trials)

@@ -327,10 +327,10 @@ def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, c
     """SQLite's POSIX locks fail on NFS without a lock manager and on Lustre without ``-o flock``: the
     study is opened with them off, and dew's run lock (a lease where flock fails) keeps it to one
     sweeping command."""
-    from dew.cli.study_sweeper import holding_the_study, study_storage
-    from dew.rundir_format import STUDY_LOCK_DIR
+    from dew.cli.study_sweeper import holding_the_study
+    from dew.rundir_format import STUDY_LOCK_DIR, study_url
 
-    url = study_storage(str(tmp_path))
+    url = study_url(str(tmp_path))
     assert "nolock=1" in url
     study = optuna.create_study(study_name="s", storage=url)
     study.tell(study.ask({"x": optuna.distributions.UniformDistribution(0, 1)}), 0.25)

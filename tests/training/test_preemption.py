@@ -3,7 +3,6 @@ resumes from it and ends on the parameters an uninterrupted run ends on, bit for
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import threading
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from dew.training.preemption import Preempted
+from tests.training import wrappers
 from tests.training.conftest import journal, load_params, losses, steps_on_disk, train_tiny
 
 pytestmark = pytest.mark.slow
@@ -62,22 +62,9 @@ def test_ctrl_c_saves_stops_and_the_run_resumes_bit_for_bit(tmp_path: Path):
 
 
 
-@dataclasses.dataclass
-class Slow:
+class Slow(wrappers.Objective):
     """The objective with a few ms of extra device work per step (a chain of matmuls its loss adds
     nothing of), so the host can dispatch steps far faster than they run, as on an accelerator."""
-
-    inner: Any
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    @property
-    def ema_decay(self) -> float:
-        return self.inner.ema_decay
-
-    def build(self, rngs: Any) -> Any:
-        return self.inner.build(rngs)
 
     def loss(self, model: Any, batch: Any, key: Any, **kwargs: Any) -> Any:
         import jax
@@ -87,9 +74,6 @@ class Slow:
         x = jnp.ones((128, 128)) * batch["image"].reshape(-1)[0]  # data-dependent: not folded at compile time
         x = jax.lax.fori_loop(0, 8, lambda i, x: jnp.tanh(x @ x), x)
         return out._replace(total=out.total + 0.0 * x.sum())
-
-    def summary(self) -> Any:
-        return self.inner.summary()
 
 
 def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, monkeypatch):
