@@ -39,9 +39,9 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dew.config import OptimConfig
+from dew.spec.config import OptimConfig
 from dew.data.tokenizer import ByteTokenizer
-from dew.models.registry import build, of
+from dew.spec.models import build, of
 from dew.training.mup import mup_groups
 from dew.training.optim import build_optimizer
 from dew.training.schedules import schedules

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from dew.config import (ConfigError, Layout, LoRA, MeshSpec, ModelConfig, OptimConfig, ParamGroup, Ramp,
                         RunConfig, TrainerConfig, Wandb)
 from dew.data.specs import DataSpec, datasets
-from dew.models.registry import architectures
+from dew.spec.models import architectures
 from dew.recipe import Recipe
 from dew.training.schedules import ScheduleSpec, schedules
-from dew.typed import JsonString, hints
+from dew.spec.typed import JsonString, hints
 
 
 def test_importing_config_does_not_import_jax():

@@ -136,7 +136,7 @@ def test_the_guide_optimizer_matches_its_definition():
 
 
 def test_a_name_registered_twice_is_refused():
-    from dew.models.registry import Architecture, architectures
+    from dew.spec.models import Architecture, architectures
 
     assert "transformer" in architectures  # reading a registry registers dew's own parts, then the plugins
     with pytest.raises(ValueError, match="architecture 'transformer' is registered twice"):
@@ -175,11 +175,11 @@ OWN_MODULE = {
 @pytest.mark.parametrize("name", sorted(OWN_MODULE))
 def test_a_part_is_named_only_in_its_own_module(name):
     """Outside its own module, no file of dew names a particular architecture, objective or
-    optimizer: the rest asks the registry. dew/config.py is the contract, which names the default
+    optimizer: the rest asks the registry. dew/spec/config.py is the contract, which names the default
     architecture and the optimizers."""
     quoted = re.compile(rf"[\"']{name}[\"']")
     naming = {p.relative_to(REPO).as_posix() for p in (REPO / "dew").rglob("*.py") if quoted.search(p.read_text())}
-    assert naming <= {OWN_MODULE[name], "dew/config.py"}, naming
+    assert naming <= {OWN_MODULE[name], "dew/spec/config.py"}, naming
     assert OWN_MODULE[name] in naming
 
 

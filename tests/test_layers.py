@@ -13,28 +13,43 @@ depend on its members, they depend on it.
 ``ONE_ARROW_UP`` is the import the design accepts for good: the contract's ``RunConfig.train`` calls
 the trainer. ``ALLOWED_CIRCLES`` lists the circles still to break, each with what ties it: the list
 can only shrink, because the test fails as well when a listed circle no longer exists.
+
+The contract package ``dew.spec`` is a leaf: it imports nothing from dew outside it but the arrow up,
+and no JAX (``JAX_LIBRARIES``), at any level, but the one call ``JAX_IN_THE_CONTRACT`` names.
 """
 
 from __future__ import annotations
 
 import ast
-import sys
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
 DEW = pathlib.Path(__file__).resolve().parents[1] / "dew"
 
 ONE_ARROW_UP = {
-    ("dew.config", "dew.training.trainer"): "RunConfig.train trains the run it describes (the API contract)",
+    ("dew.spec.config", "dew.training.trainer"): "RunConfig.train trains the run it describes (the API contract)",
 }
 """Arrows left out of the graph for good, each with why."""
 
-ALLOWED_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"dew.config", "dew.recipe", "dew.objectives.registry"}):
-        "RunConfig.load imports dew.recipe (importlib) so that a Recipe record it cannot read names Recipe",
-}
+ALLOWED_CIRCLES: dict[frozenset[str], str] = {}
 """Circles still to break (the modules of each), with the names that tie them."""
+
+CONTRACT = "dew.spec"
+"""The contract package: a leaf."""
+
+JAX_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax", "qwix", "grain", "chex", "tensorstore")
+"""What "no JAX" means for the contract: JAX and the libraries built on it."""
+
+JAX_IN_THE_CONTRACT = {
+    ("dew.spec.config", "flax"): "ModelConfig.build() returns the Flax module the contract's build() "
+                                 "makes, from a seed (nnx.Rngs(seed)); importing the module, and every "
+                                 "other method, uses no JAX",
+}
+"""Imports of a JAX library inside the contract package's functions, each with why; the list can only
+shrink."""
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -88,6 +103,18 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
+def imports_of(module: str) -> set[str]:
+    """Every module ``module``'s text imports, at any level, dew's or not."""
+    path = modules()[module]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= set(imported(node, module, path.name == "__init__.py"))
+        elif isinstance(node, ast.Call):
+            names |= set(dynamic(node))
+    return names
+
+
 def circles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -128,10 +155,11 @@ def test_the_graph_is_read() -> None:
     """The reader sees imports at every level: a test that read nothing would pass vacuously."""
     edges = graph()
     assert "dew.training.trainer" in edges["dew.cli.train"]  # module level
-    assert "dew.training.trainer" not in edges["dew.config"]  # the one arrow up, left out
-    assert "dew.models.registry" in edges["dew.config"]  # inside a method
-    assert "dew.data.base" in edges["dew.config"]  # under TYPE_CHECKING
-    assert "dew.recipe" in edges["dew.config"]  # importlib.import_module("dew.recipe")
+    assert "dew.training.trainer" not in edges["dew.spec.config"]  # the one arrow up, left out
+    assert "dew.spec.models" in edges["dew.spec.config"]  # inside a method
+    assert "dew.spec.config" in edges["dew.objectives.flow_matching"]  # under TYPE_CHECKING only
+    call = ast.parse('importlib.import_module("dew.recipe")').body[0].value
+    assert isinstance(call, ast.Call) and dynamic(call) == ["dew.recipe"]  # an import by its name
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 
 
@@ -168,18 +196,61 @@ def between(edges: dict[str, set[str]], source: str, target: str) -> set[tuple[s
 
 
 def test_the_run_directory_format_is_a_leaf() -> None:
-    """``dew.rundir_format`` is what the writer and the readers share; it depends on neither (nor
+    """``dew.spec.rundir`` is what the writer and the readers share; it depends on neither (nor
     on JAX: it imports nothing but the standard library)."""
-    tree = ast.parse(modules()["dew.rundir_format"].read_text())
-    names = {t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
-             for t in imported(n, "dew.rundir_format", False)}
+    names = imports_of("dew.spec.rundir")
     assert all(n.split(".")[0] in sys.stdlib_module_names for n in names), names
 
 
 def test_writer_and_readers_meet_in_the_format() -> None:
     """The run directory's writer (``dew.training``) and its readers (``dew.runs``) take what they
-    share from ``dew.rundir_format``, never from each other."""
+    share from ``dew.spec.rundir``, never from each other."""
     edges = graph()
     assert between(edges, "dew.training.", "dew.runs.") == set()
     assert between(edges, "dew.runs.", "dew.training.") == set(READER_REACHES_WRITER)
-    assert {"dew.rundir_format"} <= edges["dew.runs.journal"] & edges["dew.training.tracking"]
+    assert {"dew.spec.rundir"} <= edges["dew.runs.journal"] & edges["dew.training.tracking"]
+
+
+def test_the_contract_package_is_a_leaf() -> None:
+    """``dew.spec`` imports nothing from dew outside it (but ``RunConfig.train``'s arrow up) and no
+    JAX library (but ``JAX_IN_THE_CONTRACT``), at any level of any of its modules."""
+    contract = [m for m in modules() if m == CONTRACT or m.startswith(CONTRACT + ".")]
+    assert {"dew.spec.config", "dew.spec.typed", "dew.spec.registry", "dew.spec.rundir"} <= set(contract)
+    known = modules()
+    outside, jax_, used = [], [], set()
+    for module in contract:
+        for name in imports_of(module):
+            top = name.split(".")[0]
+            if name not in known and name.rpartition(".")[0] in known:
+                continue  # ``from dew.a import b`` where b is a name of dew.a, not a module
+            if top == "dew" and name != "dew" and not name.startswith(CONTRACT):
+                if (module, name) not in ONE_ARROW_UP:
+                    outside.append(f"{module} -> {name}")
+            elif top in JAX_LIBRARIES:
+                if (module, top) in JAX_IN_THE_CONTRACT:
+                    used.add((module, top))
+                else:
+                    jax_.append(f"{module} -> {name}")
+    assert not outside, f"the contract package imports dew modules outside it: {outside}"
+    assert not jax_, f"the contract package imports JAX libraries: {jax_}"
+    assert used == set(JAX_IN_THE_CONTRACT), "strike the imports no longer made from JAX_IN_THE_CONTRACT"
+
+
+def test_the_contract_and_every_registry_read_without_jax() -> None:
+    """In a fresh interpreter: importing every module of the contract and reading every registry
+    (which imports dew's built-in parts) loads no JAX library."""
+    contract = sorted(m for m in modules() if m.startswith(CONTRACT + "."))
+    code = "\n".join([
+        "import importlib, sys",
+        *[f"importlib.import_module({m!r})" for m in contract],
+        "import dew.config",
+        "from dew.spec import data, models, objectives, schedules",
+        "names = [sorted(r) for r in (data.datasets, models.architectures, objectives.objectives, schedules.schedules)]",
+        "assert all(names), names",
+        "from dew.config import RunConfig",
+        "RunConfig.from_dict(RunConfig().to_dict())",
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {JAX_LIBRARIES!r}))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

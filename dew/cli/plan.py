@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs
 from dew.recipe import Recipe
-from dew.typed import ConfigError
+from dew.spec.typed import ConfigError
 
 
 def plan_from_hydra(cfg: DictConfig) -> Any:

@@ -34,7 +34,7 @@ from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.data.specs import datasets
 from dew.recipe import Recipe
 from dew.training.schedules import schedules
-from dew.typed import ConfigError
+from dew.spec.typed import ConfigError
 
 log = logging.getLogger("dew")
 
@@ -88,7 +88,7 @@ def register_configs() -> None:
 def _group_listing() -> str:
     """The user's config groups and their options, dew's and its plugins', for --help (Hydra's own
     listing also shows the schema groups, which are dew's plumbing, not choices)."""
-    from dew.registry import plugin_conf_dirs
+    from dew.spec.registry import plugin_conf_dirs
 
     groups: dict[str, set[str]] = {}
     for root in [Path(conf_dir()), *map(Path, plugin_conf_dirs())]:

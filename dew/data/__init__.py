@@ -1,6 +1,3 @@
-"""Registered datasets. This package file and ``specs`` do not import JAX or grain; each spec's
-``load`` imports its pipeline when a run is built."""
-
-from dew.data.specs import DataSpec, datasets
-
-__all__ = ["DataSpec", "datasets"]
+"""Registered datasets: dew's dataset specs (``specs``) and their pipelines. This package file and
+``specs`` do not import JAX or grain; each spec's ``load`` imports its pipeline when a run is built.
+The dataset contract and its registry are ``dew.spec.data``."""

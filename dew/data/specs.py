@@ -9,31 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from dew.registry import Registry
+from dew.spec.data import DataSpec, Split, datasets
 
 if TYPE_CHECKING:
-    from dew.data.base import Dataset
-
-Split = Literal["train", "val", "test"]
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-    """Base of the dataset specs; ``name`` is the name it is registered under
-    (``@datasets.register``)."""
-
-    name: ClassVar[str]
-    kind: ClassVar[str]
-    """What its batches hold, which decides the objectives that train on it: ``image`` (an
-    ``image`` field, NHWC in [-1, 1], and a ``label``) or ``tokens`` (a ``tokens`` field)."""
-
-    def load(self, batch_size: int, seed: int) -> Dataset:
-        """Build the dataset at global batch ``batch_size``, shuffled from ``seed``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement load")
-
-
-datasets: Registry[type[DataSpec]] = Registry("dataset")
-"""Dataset name -> spec class."""
+    from dew.spec.data import Dataset
 
 
 @datasets.register("digits")

@@ -2,7 +2,7 @@
 architecture's layers when it builds."""
 
 from dew.models.flops import flops_per_example
-from dew.models.registry import Architecture, QKClipLayer, architectures, build, of, resolve_fields, with_data_fields
+from dew.spec.models import Architecture, QKClipLayer, architectures, build, of, resolve_fields, with_data_fields
 
 __all__ = ["Architecture", "QKClipLayer", "architectures", "build", "flops_per_example", "of", "resolve_fields",
            "with_data_fields"]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from dew.models.registry import (
+from dew.spec.models import (
     QK_LAYER, Architecture, PrecisionFields, QKClipLayer, Shape, architectures, check_divides, check_positive,
 )
-from dew.registry import RematPolicy
+from dew.spec.registry import RematPolicy
 
 if TYPE_CHECKING:
     from flax import nnx

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Literal
 
-from dew.objectives.registry import ObjectiveSpec, objectives
+from dew.spec.objectives import ObjectiveSpec, objectives
 
 if TYPE_CHECKING:
-    from dew.config import RunConfig
-    from dew.data.base import Dataset
+    from dew.spec.config import RunConfig
+    from dew.spec.data import Dataset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from dew.objectives.registry import ObjectiveSpec, check_sampling, objectives
+from dew.spec.objectives import ObjectiveSpec, check_sampling, objectives
 
 if TYPE_CHECKING:
-    from dew.config import RunConfig
-    from dew.data.base import Dataset
+    from dew.spec.config import RunConfig
+    from dew.spec.data import Dataset
 
 
 @dataclasses.dataclass(frozen=True)

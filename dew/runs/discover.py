@@ -12,7 +12,7 @@ import os
 
 from etils import epath
 
-from dew.rundir_format import JOURNAL, LOCK_FILE, RUN_RECORD, TRACKING_DIR
+from dew.spec.rundir import JOURNAL, LOCK_FILE, RUN_RECORD, TRACKING_DIR
 
 SKIPPED = (TRACKING_DIR, "wandb")
 """Directory names never searched for runs (journals and W&B's files live there, not runs)."""

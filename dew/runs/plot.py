@@ -76,8 +76,8 @@ def objective_of(record: dict[str, Any] | None) -> str | None:
     if record.get("objective"):
         return record["objective"]
     from dew.data.specs import datasets
-    from dew.models.registry import architectures
-    from dew.objectives.registry import natural_objective
+    from dew.spec.models import architectures
+    from dew.spec.objectives import natural_objective
 
     model, data = record.get("model") or {}, record.get("data") or {}
     arch, dataset = model.get("architecture"), data.get("name") if isinstance(data, dict) else None
@@ -96,7 +96,7 @@ def unit(metric: str, runs: Sequence[Run]) -> str:
         kinds = {objective_of(r.record) for r in runs} - {None}
         if len(kinds) != 1:
             return "loss"
-        from dew.objectives.registry import objectives
+        from dew.spec.objectives import objectives
 
         name = kinds.pop()
         return objectives[name].loss_unit if name in objectives else "loss"

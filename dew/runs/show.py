@@ -10,7 +10,7 @@ from etils import epath
 
 from dew.runs.status import BEST_METRIC, Run
 from dew.runs.table import duration, number, status_text
-from dew.rundir_format import human
+from dew.spec.rundir import human
 
 SAMPLE_PREFIX = "samples"
 """dew-train writes its samples as ``samples.png`` or ``samples.txt`` (dew.sampling)."""

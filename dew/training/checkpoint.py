@@ -36,7 +36,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from dew.compat import orbax_reads_settle
-from dew.rundir_format import BEST_METRIC
+from dew.spec.rundir import BEST_METRIC
 
 log = logging.getLogger("dew")
 

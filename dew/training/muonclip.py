@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.models.registry import QKClipLayer
+from dew.spec.models import QKClipLayer
 from dew.training.muon import Muon
 from dew.training.optimizers import optimizers, path_str
 
 if TYPE_CHECKING:
-    from dew.models.registry import Architecture
+    from dew.spec.models import Architecture
 
 __all__ = ["CLIP_RTOL", "MuonClip", "QKClipLayer", "qk_clip", "qk_clip_after_update"]
 

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import jax
 import optax
 
-from dew.registry import Registry
+from dew.spec.registry import Registry
 
 if TYPE_CHECKING:
-    from dew.models.registry import Architecture
+    from dew.spec.models import Architecture
 
 Schedule = Callable[[jax.Array], jax.Array]
 

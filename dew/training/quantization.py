@@ -32,7 +32,7 @@ import jax
 import qwix
 from flax import nnx
 from dew import compat
-from dew.config import Quantization
+from dew.spec.config import Quantization
 
 
 def _traces_to(x: Any, param: Any) -> bool:

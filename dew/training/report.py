@@ -21,8 +21,8 @@ from typing import Any
 
 import jax
 
-from dew.config import RunConfig
-from dew.rundir_format import human
+from dew.spec.config import RunConfig
+from dew.spec.rundir import human
 from dew.training.checkpoint import BEST_METRIC
 from dew.training.process import compilation_cache_stats
 

@@ -1,6 +1,6 @@
 """Learning-rate schedule records: one typed record per kind, each holding only its own fields.
 
-These records are plain dataclasses (no JAX at import) so that ``dew.config`` can hold them;
+These records are plain dataclasses (no JAX at import) so that ``dew.spec.config`` can hold them;
 ``build_schedule`` turns one into the function of the step that ``dew.training.optim`` hands to
 optax. Every schedule warms up linearly from 0 over ``warmup_steps`` optimizer updates and peaks at
 ``OptimConfig.learning_rate``.
@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from dew.registry import Registry
+from dew.spec.schedules import ScheduleSpec, schedules
 
 if TYPE_CHECKING:
     import jax
@@ -46,22 +46,6 @@ class Ramp:
 
         span = max(self.total_steps - self.warmup, 1)
         return jnp.clip((step.astype(jnp.float32) - self.warmup) / span, 0.0, 1.0)
-
-
-@dataclasses.dataclass(frozen=True)
-class ScheduleSpec:
-    """Base of the schedule records; ``name`` is the kind it is registered under
-    (``@schedules.register``). A record holds only its own fields and builds its rate."""
-
-    name: ClassVar[str]
-
-    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
-        """The rate at each step, peaking at ``peak``; ``tokens_seen`` as ``build_schedule`` says."""
-        raise NotImplementedError(f"schedule {self.name!r} must implement build")
-
-
-schedules: Registry[type[ScheduleSpec]] = Registry("schedule")
-"""Schedule kind -> record class."""
 
 
 @schedules.register("cosine")

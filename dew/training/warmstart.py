@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from dew.config import RUN_RECORD, RunConfig, RunRecord
+from dew.spec.config import RUN_RECORD, RunConfig, RunRecord
 from dew.training.checkpoint import Checkpoints
 
 log = logging.getLogger("dew")

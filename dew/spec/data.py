@@ -1,18 +1,51 @@
-"""The dataset contract the trainer and the objectives use.
+"""The dataset contract: ``Dataset`` (what the trainer and the objectives use) and the registry of
+``DataSpec``, the record each registered dataset subclasses.
 
 A ``Dataset`` is loaded at the run's global batch size and seed. Its iterator hands each process
 its own disjoint part of every global batch, as NumPy arrays keyed by field (``image``, ``label``,
 ``tokens``, ...), and can save and restore its read position where ``resumable`` says so.
+
+A dataset spec is a plain dataclass of the dataset's own fields (the run's ``data`` field holds one,
+and each is one option of Hydra's ``data`` group); ``load`` builds the dataset at the trainer's global
+batch size and seed, importing its pipeline only then. dew's own specs are in ``dew.data.specs``;
+this module imports nothing from dew but the contract package, and no JAX.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-import numpy as np
+from dew.spec.registry import Registry
 
-Batch = dict[str, np.ndarray]
+if TYPE_CHECKING:
+    import numpy as np
+
+Split = Literal["train", "val", "test"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """Base of the dataset specs; ``name`` is the name it is registered under
+    (``@datasets.register``)."""
+
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    """What its batches hold, which decides the objectives that train on it: ``image`` (an
+    ``image`` field, NHWC in [-1, 1], and a ``label``) or ``tokens`` (a ``tokens`` field)."""
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        """Build the dataset at global batch ``batch_size``, shuffled from ``seed``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load")
+
+
+datasets: Registry[type[DataSpec]] = Registry("dataset", builtins=("dew.data.specs",))
+"""Dataset name -> spec class."""
+
+
+Batch = dict[str, "np.ndarray"]
+"""One process's part of a batch: NumPy arrays keyed by field (``image``, ``label``, ``tokens``, ...)."""
 
 
 @runtime_checkable

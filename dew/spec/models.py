@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from dew.registry import AttentionImpl, DtypeName, MatmulPrecision, Registry
-
-if TYPE_CHECKING:
-    from flax import nnx
+from dew.spec.registry import AttentionImpl, DtypeName, MatmulPrecision, Registry
 
 PRECISION_FIELDS = ("dtype", "param_dtype", "matmul_precision", "attention_impl")
 """The run's precision settings (``ModelConfig``) an architecture may declare as fields."""
@@ -115,8 +112,8 @@ class Architecture:
         """Checks that need the fields that follow from the data, which the recipe fills in after
         the config is read; raise ``ValueError``."""
 
-    def build(self, rngs: nnx.Rngs) -> nnx.Module:
-        """The module, initialised from ``rngs``."""
+    def build(self, rngs: Any) -> Any:
+        """The module (a ``flax.nnx.Module``), initialised from ``rngs`` (a ``flax.nnx.Rngs``)."""
         raise NotImplementedError(f"architecture {self.name!r} must implement build")
 
     def flops_per_example(self) -> float | None:
@@ -163,7 +160,7 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
     An unknown field, or a value of the wrong type, raises naming the architecture, the field and
     the fields it takes.
     """
-    from dew.typed import ConfigError, from_json, hints
+    from dew.spec.typed import ConfigError, from_json, hints
 
     arch = architecture(name)
     declared = arch.declared()
@@ -201,7 +198,7 @@ def with_data_fields(name: str, values: Mapping[str, object],
     ``seq_len``, ...); only the architecture's data fields are taken from it. An explicit value that
     differs from the data's raises naming both, instead of being overridden.
     """
-    from dew.typed import ConfigError
+    from dew.spec.typed import ConfigError
 
     arch = architecture(name)
     merged = dict(values)
@@ -216,9 +213,10 @@ def with_data_fields(name: str, values: Mapping[str, object],
     return merged
 
 
-def build(name: str, values: Mapping[str, object], rngs: nnx.Rngs) -> nnx.Module:
-    """Build architecture ``name`` from its fields (merged over its defaults)."""
-    from dew.typed import ConfigError
+def build(name: str, values: Mapping[str, object], rngs: Any) -> Any:
+    """Build architecture ``name`` from its fields (merged over its defaults), initialised from
+    ``rngs`` (a ``flax.nnx.Rngs``): the ``flax.nnx.Module`` its ``build`` returns."""
+    from dew.spec.typed import ConfigError
 
     arch = of(name, values)
     try:

@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dew.registry import Registry
+from dew.spec.registry import Registry
 
 if TYPE_CHECKING:
-    from dew.config import RunConfig
-    from dew.data.base import Dataset
+    from dew.spec.config import RunConfig
+    from dew.spec.data import Dataset
 
 
 class ObjectiveSpec:

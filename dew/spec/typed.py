@@ -32,8 +32,8 @@ class JsonString:
 
 def registry_of(cls: type) -> Mapping[str, type] | None:
     """The registry a base class dispatches through (``DataSpec`` -> datasets), or None."""
-    from dew.data.specs import DataSpec, datasets
-    from dew.training.schedules import ScheduleSpec, schedules
+    from dew.spec.data import DataSpec, datasets
+    from dew.spec.schedules import ScheduleSpec, schedules
 
     if cls is DataSpec:
         return datasets

@@ -1,0 +1,744 @@
+"""Typed configuration for a training run.
+
+One dataclass tree describes a run: what to build (``ModelConfig``), what to feed it (a registered
+``DataSpec``), how to optimize it (``OptimConfig``) and how the trainer runs (``TrainerConfig``).
+``dew-train`` composes it with Hydra, converts it once with ``RunConfig.from_dict``, builds the
+objective and the dataset it names and hands both to ``RunConfig.train``; ``to_dict`` is a full
+record of the run and ``from_dict`` puts it back together. The resolved config is the run's spec:
+``save`` writes it to ``run.json`` next to the checkpoints and ``load`` reads it back into the same
+class, so inference rebuilds a run from what training was built from.
+
+This module does not import JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+
+from dew.spec.data import DataSpec, datasets
+from dew.spec.registry import AttentionImpl, DtypeName, MatmulPrecision
+from dew.spec.rundir import RUN_RECORD
+from dew.spec.schedules import ScheduleSpec
+from dew.spec.typed import ConfigError, JsonString, from_json, to_json
+
+if TYPE_CHECKING:
+    from etils import epath
+    from flax import nnx
+
+    from dew.spec.data import Dataset
+
+__all__ = [
+    "ConfigError", "DataSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
+    "ParamGroup", "ProfileWindow", "Quantization", "Ramp", "RunConfig", "ScheduleSpec", "TrainerConfig",
+    "Wandb", "default_compilation_cache_dir", "json_list_argument",
+]
+
+JsonDict = Annotated[dict[str, Any], JsonString]
+"""The fields a model is built from, written as a single JSON string on the command line
+(``model.config='{"depth": 4}'``) or with Hydra's dict syntax. The registry knows which architecture
+takes which field and narrows each one where it builds it, so the values are read there."""
+
+
+def json_list_argument(cls: type) -> JsonString:
+    """Marks a tuple-of-records field that also accepts one JSON list string of ``cls`` records."""
+    del cls  # the element type is read from the annotation itself
+    return JsonString()
+
+
+# --------------------------------------------------------------------------------------------- model
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Holds the architecture name and the fields ``models.build`` receives."""
+
+    architecture: str = "simple_dit"
+    """A key of ``dew.models.architectures``."""
+    config: JsonDict = dataclasses.field(default_factory=dict)
+    """The architecture's fields, merged over its defaults (``dew.spec.models``)."""
+    dtype: DtypeName = "bfloat16"
+    """Compute dtype; parameter storage is independent."""
+    param_dtype: DtypeName | None = None
+    """Parameter storage, where the model declares the field. Unset stores float32, which is the
+    model's own default."""
+    matmul_precision: MatmulPrecision | None = None
+    """What every matmul of the model asks XLA for, where the model declares a precision field:
+    default is the backend's fastest algorithm, high and highest trade throughput for mantissa bits
+    (on Ampere and later, tf32 and fp32 against bf16x3). Unset leaves the model's own."""
+    attention_impl: AttentionImpl = "auto"
+    """Attention kernel; 'auto' is cudnn on a GPU for the shapes cudnn supports and xla for the
+    rest, xla on any other backend."""
+
+    def __post_init__(self) -> None:
+        from dew.spec.models import architecture, resolve_fields
+
+        try:
+            architecture(self.architecture)
+        except ValueError as err:
+            raise ConfigError(f"model.architecture: {err}") from None
+        resolve_fields(self.architecture, self.config)  # raises naming the field at fault
+        for name, value in self._precision().items():
+            # One setting, two places: the one that built the model and the one MFU and the record
+            # read must not disagree (a silent float32 run reported as bfloat16).
+            if name in self.config and self.config[name] != value:
+                raise ConfigError(
+                    f"model.config.{name}={self.config[name]!r} disagrees with model.{name}={value!r}: "
+                    f"set the precision once, as model.{name} (or give both the same value)")
+
+    def _precision(self) -> dict[str, object]:
+        from dew.spec.models import architecture
+
+        declared = architecture(self.architecture).precision()
+        values = {"dtype": self.dtype, "param_dtype": self.param_dtype,
+                  "matmul_precision": self.matmul_precision, "attention_impl": self.attention_impl}
+        return {k: v for k, v in values.items() if k in declared and v is not None}
+
+    def fields(self) -> Mapping[str, object]:
+        """Return the model's fields with the run's precision settings in them."""
+        return {**self.config, **{k: v for k, v in self._precision().items() if k not in self.config}}
+
+    def precision_settings(self) -> frozenset[str]:
+        """Return the names ``fields()`` writes that ``config`` did not carry: the run's precision
+        settings, as this architecture takes them. A resolved record leaves them out, since this
+        value writes them again every time it builds."""
+        return frozenset(k for k in self._precision() if k not in self.config)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> Self:
+        """Read back the record ``RunConfig.to_dict`` writes for this field."""
+        return from_json(cls, values, "model")
+
+    def build(self, rngs: nnx.Rngs | int = 0) -> nnx.Module:
+        """Build the architecture from ``fields()``; ``rngs`` seeds its initialisation."""
+        from flax import nnx
+
+        from dew.spec.models import build
+
+        if isinstance(rngs, int):
+            rngs = nnx.Rngs(rngs)
+        return build(self.architecture, self.fields(), rngs)
+
+
+# ----------------------------------------------------------------------------------------- optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamGroup:
+    """A group of parameters by path pattern: its learning-rate multiplier and weight decay."""
+
+    pattern: str
+    """A regular expression searched in each parameter's path (``blocks/attn/qkv/kernel``)."""
+    lr_multiplier: float = 1.0
+    """The group's learning rate as a multiple of the run's."""
+    weight_decay: float | None = None
+    """The group's decoupled weight decay; unset uses ``OptimConfig.weight_decay``."""
+
+    def __post_init__(self) -> None:
+        import re
+
+        try:
+            re.compile(self.pattern)
+        except re.error as err:
+            raise ValueError(f"param group pattern {self.pattern!r} is not a regular expression: {err}") from None
+        if self.lr_multiplier < 0:
+            raise ValueError(f"param group {self.pattern!r}: lr_multiplier={self.lr_multiplier} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """Holds the optimizer, learning-rate schedule and gradient clipping."""
+
+    optimizer: Literal["adam", "adamw", "lamb", "muon", "muonclip"] = "adamw"
+    """The update rule (``dew.training.optim``)."""
+    optimizer_opts: JsonDict = dataclasses.field(default_factory=dict)
+    """The optimizer's own options (betas, eps, Muon's momentum, QK-clip's tau, ...)."""
+    learning_rate: float = 0.00027
+    """The constant rate, when no schedule is named; a schedule's peak otherwise."""
+    schedule: ScheduleSpec | None = None
+    """The learning-rate schedule, one typed record per kind (``dew.training.schedules``): cosine,
+    power (lm-engine's power law with an optional linear tail) or linear; each holds only its own
+    fields."""
+    weight_decay: float | None = None
+    """Decoupled weight decay; unset is the optimizer's own default (docs/optimizers.md)."""
+    param_groups: Annotated[tuple[ParamGroup, ...], json_list_argument(ParamGroup)] = ()
+    """Per-group learning-rate multipliers and weight decay, first match wins; empty moves every
+    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split; with
+    ``model.config.mup`` on, the built run holds it here (``dew.training.mup``)."""
+    clip_grads: float = 0.0
+    """Global-norm gradient clipping threshold; 0 disables."""
+    state_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Adam's moments in memory. bfloat16 stores both stochastically rounded
+    (``dew.training.optim.bf16_moments``), for adam and adamw only: half the optimizer state and
+    less of the update's memory traffic."""
+
+    def __post_init__(self) -> None:
+        if self.learning_rate < 0:
+            raise ValueError(f"optim.learning_rate={self.learning_rate} must be >= 0")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ValueError(f"optim.weight_decay={self.weight_decay} must be >= 0")
+        if self.clip_grads < 0:
+            raise ValueError(f"optim.clip_grads={self.clip_grads} must be >= 0 (0 disables)")
+        if self.state_dtype == "bfloat16" and self.optimizer not in ("adam", "adamw"):
+            raise ValueError(f"optim.state_dtype='bfloat16' is for adam and adamw only, "
+                             f"not optim.optimizer={self.optimizer!r}")
+
+
+# ------------------------------------------------------------------------------------------- trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Wandb:
+    """Says where a run reports to. Setting it turns tracking on; the entity and the offline switch
+    mean nothing without a project."""
+
+    project: str
+    """The W&B project."""
+    entity: str | None = None
+    """The W&B team or user; unset is the account's default."""
+    offline: bool = False
+    """Write the run locally (``wandb sync`` later); needs no key and no network."""
+
+    def __post_init__(self) -> None:
+        if not self.project:
+            raise ValueError("trainer.wandb.project must be a non-empty W&B project name")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """Axis sizes of the device mesh over every visible device. -1 takes the devices left over
+    (at most one axis)."""
+
+    data: int = -1
+    """Data parallel: replicas of the parameters, each with its own part of the batch."""
+    fsdp: int = 1
+    """Fully-sharded data parallel: parameters and optimizer state sharded, batch split too."""
+    tensor: int = 1
+    """Tensor parallel (Megatron): attention heads, MLP hidden width and vocabulary split, as
+    ``trainer.layout.rules`` maps them."""
+
+    def __post_init__(self) -> None:
+        sizes = dataclasses.asdict(self)
+        for axis, size in sizes.items():
+            if size == 0 or size < -1:
+                raise ValueError(f"trainer.mesh.{axis}={size} must be a positive size or -1")
+        if sum(s == -1 for s in sizes.values()) > 1:
+            raise ValueError(f"trainer.mesh: at most one axis may be -1, got {sizes}")
+
+    def shape(self, device_count: int) -> dict[str, int]:
+        """The axis sizes over ``device_count`` devices; raises if they do not multiply to it."""
+        sizes = dataclasses.asdict(self)
+        known = math.prod(s for s in sizes.values() if s != -1)
+        if -1 in sizes.values():
+            if device_count % known:
+                raise ValueError(f"trainer.mesh={sizes}: {known} does not divide {device_count} devices")
+            sizes = {k: (device_count // known if v == -1 else v) for k, v in sizes.items()}
+        if math.prod(sizes.values()) != device_count:
+            raise ValueError(f"trainer.mesh={sizes} needs {math.prod(sizes.values())} devices, "
+                             f"{device_count} are visible")
+        return sizes
+
+
+def default_rules() -> dict[str, tuple[str, ...]]:
+    """Data parallel over ``data``, FSDP over ``fsdp`` along ``embed``, Megatron tensor parallel over
+    ``tensor`` (heads, MLP hidden, vocabulary), and their products. The order matters for
+    activations: ``batch`` comes first, so the residual stream ``(batch, length, embed)`` splits its
+    batch over data and fsdp and keeps ``embed`` whole."""
+    return {"batch": ("data", "fsdp"), "embed": ("fsdp",), "mlp": ("tensor",), "heads": ("tensor",),
+            "kv_heads": ("tensor",), "vocab": ("tensor",), "modulation": ("tensor",), "kv": (),
+            "length": (), "layers": (), "classes": (), "features": ()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """How parameters and activations map onto the mesh: one table from the logical axis names the
+    models declare (``dew.models.axes.LOGICAL_AXES``) to mesh axes (``dew.training.sharding``)."""
+
+    rules: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=default_rules)
+    """Logical axis name -> the mesh axes (data, fsdp, tensor) its dimension splits over, in order of
+    precedence: a dimension takes its rule's axes unless an earlier rule took one of them for another
+    dimension of the same array. An empty list or a name without a rule replicates. The batch
+    dimension of every input splits over ``rules.batch``. One entry changes from the command line
+    (``trainer.layout.rules.embed=[fsdp,tensor]``)."""
+    min_shard_size: int = 1024
+    """Parameters (and their optimizer state) with fewer elements stay replicated, whatever their
+    axes say: splitting them saves nothing and costs a collective."""
+
+    def __post_init__(self) -> None:
+        from dew.spec.axes import LOGICAL_AXES
+
+        mesh_axes = tuple(f.name for f in dataclasses.fields(MeshSpec))
+        for name, axes in self.rules.items():
+            if name not in LOGICAL_AXES:
+                raise ValueError(f"trainer.layout.rules: unknown logical axis {name!r}; the models "
+                                 f"name {', '.join(LOGICAL_AXES)}")
+            for axis in axes:
+                if axis not in mesh_axes:
+                    raise ValueError(f"trainer.layout.rules.{name}: unknown mesh axis {axis!r}; "
+                                     f"axes are {', '.join(mesh_axes)}")
+            if len(set(axes)) != len(axes):
+                raise ValueError(f"trainer.layout.rules.{name}={list(axes)} names a mesh axis twice")
+        if self.min_shard_size < 0:
+            raise ValueError(f"trainer.layout.min_shard_size={self.min_shard_size} must be >= 0")
+
+    @property
+    def table(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """The rules as flax's ``(name, mesh axes)`` pairs, in order."""
+        return tuple((name, tuple(axes)) for name, axes in self.rules.items())
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes the batch dimension splits over."""
+        return tuple(self.rules.get("batch", ()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ramp:
+    """Grow the global batch over the run's first records: from ``start``, by ``increment`` a stage,
+    up to ``TrainerConfig.batch_size``, with the stages spread evenly over ``records``."""
+
+    start: int
+    """The global batch the run starts at."""
+    increment: int
+    """What each stage adds to the global batch."""
+    records: int
+    """Records the whole ramp spans, before the run trains at ``batch_size``."""
+
+    def __post_init__(self) -> None:
+        for name in ("start", "increment", "records"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"trainer.batch_ramp.{name}={getattr(self, name)} must be positive")
+
+    def stages(self, batch_size: int) -> list[tuple[int, int]]:
+        """``(global batch, steps)`` for each stage: the ramp's records spread evenly over its stages,
+        each stage's steps rounded up (at least one); the last, at ``batch_size``, has steps 0 and
+        lasts to the end of the run."""
+        sizes = list(range(self.start, batch_size, self.increment))
+        per_stage = self.records // max(len(sizes), 1)
+        return [(b, max(1, math.ceil(per_stage / b))) for b in sizes] + [(batch_size, 0)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileWindow:
+    """One profiler window: the steps to trace, the warmup before it and where it is written."""
+
+    warmup: int = 10
+    """Steps run before tracing starts (compilation and the first steps excluded)."""
+    steps: int = 5
+    """Steps traced."""
+    directory: str = "./profiles"
+    """Where the trace (TensorBoard/Perfetto format) is written."""
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.steps <= 0:
+            raise ValueError(f"trainer.profile: warmup={self.warmup} must be >= 0 and steps={self.steps} > 0")
+
+
+QType = Literal["int8", "int4", "float8_e4m3fn", "float8_e5m2"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """Quantized training with qwix: the module's matmuls run on quantized operands (straight-through
+    gradients), parameters stay in their storage dtype."""
+
+    weight_qtype: QType = "int8"
+    """The type weights are quantized to in the forward pass."""
+    act_qtype: QType | None = "int8"
+    """The type activations are quantized to; unset keeps them in the compute dtype."""
+    bwd_qtype: QType | None = None
+    """The type the backward pass's matmuls use; unset keeps them in the compute dtype."""
+    module_path: str = ".*"
+    """Regular expression over module paths that are quantized."""
+    tile_size: int | None = None
+    """Quantize in tiles of this many elements along the contraction (subchannel); unset is
+    per-channel."""
+
+    def __post_init__(self) -> None:
+        if self.tile_size is not None and self.tile_size <= 0:
+            raise ValueError(f"trainer.quantization.tile_size={self.tile_size} must be positive")
+
+
+def default_compilation_cache_dir() -> str:
+    """$DEW_COMPILATION_CACHE, else the user's cache directory (XDG) under dew/jax."""
+    if path := os.environ.get("DEW_COMPILATION_CACHE"):
+        return path
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "dew", "jax")
+
+
+Cadence = int | Literal["epoch"] | None
+
+STEP_LIMIT = 2**31 - 1
+"""The most steps (and the largest batch, cadence or epoch count) a run can take: the step counter,
+the schedules and the batch indices are 32-bit integers on the device."""
+
+SEED_LIMIT = 2**62
+"""The largest ``trainer.seed`` magnitude: JAX keys take 64-bit seeds and the run derives seed + 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Holds the run length, checkpointing, sharding and run tracking."""
+
+    name: str | None = None
+    """The run's name: its directory under ``checkpoint_dir``. Unset names it by the start time
+    (or, in a sweep, by the sweep and the job's overrides)."""
+    checkpoint_dir: str = "./checkpoints"
+    """Where run directories live."""
+    keep: int = 2
+    """Latest checkpoints kept, besides the best one."""
+    batch_size: int = 32
+    """Global batch, over every process."""
+    seed: int = 0
+    """Seed of the run key: parameter init and every per-step draw."""
+    steps: int | None = None
+    """Run length in optimizer updates; epochs names it as passes over the data instead."""
+    epochs: int | None = None
+    """Run length as passes over the data; steps names it directly instead."""
+    log_every: int = 100
+    """Steps between metric fetches (and log lines)."""
+    eval_every: Cadence = "epoch"
+    """Steps between validation passes: a number of steps, "epoch" for one pass over the data, None
+    to never validate. "epoch" over a stream that reports no record count raises a ValueError."""
+    checkpoint_every: Cadence = "epoch"
+    """Steps between checkpoints, the same three answers. None is what a stream whose iterator cannot
+    report a read position trains with; the trainer refuses any other answer for one."""
+    accumulation: int = 1
+    """Micro-batches per optimizer update."""
+    batch_ramp: Ramp | None = None
+    """Grow batch_size over the run's first records instead of starting there. Unset trains at
+    batch_size throughout. One optimizer update a step either way; the step is traced once per
+    stage."""
+    dynamic_scale: bool = False
+    """A dynamic loss scale (for float16 compute): a non-finite step is skipped and the scale backs
+    off."""
+    mesh: MeshSpec = dataclasses.field(default_factory=MeshSpec)
+    """Device mesh axis sizes."""
+    layout: Layout = dataclasses.field(default_factory=Layout)
+    """How parameters and activations map onto the mesh."""
+    profile: ProfileWindow | None = None
+    """One profiler window. Unset traces nothing."""
+    compilation_cache_dir: str | None = dataclasses.field(default_factory=default_compilation_cache_dir)
+    """Persisted XLA cache, so a restart skips recompiling the step. None compiles from scratch
+    every run."""
+    wandb: Wandb | None = None
+    """Optional W&B sink in addition to the local tracking journal."""
+    multi_host: bool | None = None
+    """Join the JAX process pool. None asks and continues alone only when no cluster is configured;
+    True requires the pool; False never asks."""
+    xla_flags: str | None = None
+    """Extra XLA_FLAGS for this run, appended to the environment before JAX opens a backend."""
+    quantization: Quantization | None = None
+    """Quantized-training spec, wrapped around the module the objective trains before the run
+    initialises it; unset trains in the compute dtype."""
+    init_from: str | None = None
+    """Start from these parameters instead of the seed's (docs/weights.md): a dew run directory
+    (its latest intact step), ``<run>/<step>``, or a Hugging Face Llama directory (``dew-export``'s
+    layout). Parameters only: the optimizer, the step and the schedule start fresh. With ``lora``
+    the loaded parameters are the frozen base. A local path is recorded absolute. Unset starts
+    from the seed."""
+    init_skip: tuple[str, ...] = ()
+    """Regular expressions over parameter paths (``head/kernel``) that init_from leaves as the seed
+    initialised them: the parameters whose shape must differ from the source's (a new vocabulary
+    or class count). Every other parameter must match the source's shape."""
+
+    def __post_init__(self) -> None:
+        if self.init_from is not None and "://" not in self.init_from:
+            object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
+        for pattern in self.init_skip:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"trainer.init_skip pattern {pattern!r} is not a regular expression: {err}") from None
+        if self.init_skip and self.init_from is None:
+            raise ValueError(f"trainer.init_skip={list(self.init_skip)} needs trainer.init_from: "
+                             "there is nothing to skip when every parameter starts from the seed")
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError(f"trainer.steps={self.steps} and trainer.epochs={self.epochs}: "
+                             "set exactly one (null the other)")
+        for name in ("steps", "epochs"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"trainer.{name}={value} must be positive")
+        for name in ("keep", "batch_size", "log_every", "accumulation"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"trainer.{name}={getattr(self, name)} must be positive")
+        for name in ("steps", "epochs", "batch_size", "log_every", "accumulation", "eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value > STEP_LIMIT:
+                raise ValueError(f"trainer.{name}={value} exceeds {STEP_LIMIT}, the most a run can take "
+                                 "(steps, batches and cadences are 32-bit integers on the device)")
+        if not -SEED_LIMIT <= self.seed <= SEED_LIMIT:
+            raise ValueError(f"trainer.seed={self.seed} must lie in [-{SEED_LIMIT}, {SEED_LIMIT}] "
+                             "(JAX keys take 64-bit seeds, and the run draws from seed + 2)")
+        for name in ("eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, int) and value <= 0:
+                raise ValueError(f"trainer.{name}={value} must be a positive number of steps, "
+                                 "'epoch' or null")
+        if self.batch_size % self.accumulation:
+            raise ValueError(f"trainer.batch_size={self.batch_size} does not divide into "
+                             f"trainer.accumulation={self.accumulation} micro-batches")
+        if self.batch_ramp is not None:
+            ramp = self.batch_ramp
+            if ramp.start >= self.batch_size or (self.batch_size - ramp.start) % ramp.increment:
+                raise ValueError(f"trainer.batch_ramp: start={ramp.start} must lie below "
+                                 f"trainer.batch_size={self.batch_size} and reach it in whole "
+                                 f"increments of {ramp.increment}")
+        if self.name is not None:
+            _check_run_name(self.name)
+
+    def stages(self) -> list[tuple[int, int]]:
+        """``(global batch, steps)`` per stage of the batch ramp; the last stage (steps 0) lasts to
+        the end of the run. Without a ramp, one stage at ``batch_size``."""
+        return self.batch_ramp.stages(self.batch_size) if self.batch_ramp else [(self.batch_size, 0)]
+
+    # The three lengths below read only the dataset's record count: they are what the spec's
+    # stream rules are about.
+    def _steps_per_epoch(self, dataset: Dataset, field: str) -> int:
+        if dataset.num_records is None:
+            raise ValueError(f"trainer.{field}='epoch' (or trainer.epochs) needs a record count, and "
+                             "this dataset is a stream that reports none: give a number of steps")
+        return records_to_steps(self, dataset.num_records)
+
+    def total_steps(self, dataset: Dataset) -> int:
+        """Return the run's length in steps, from steps or from epochs over data."""
+        if self.steps is not None:
+            return self.steps
+        if self.epochs is None:
+            raise ValueError("the run has no length: set trainer.steps or trainer.epochs")
+        if dataset.num_records is None:
+            raise ValueError("trainer.epochs needs a record count, and this dataset is a stream "
+                             "that reports none: set trainer.steps instead")
+        return records_to_steps(self, self.epochs * dataset.num_records)
+
+    def eval_interval(self, dataset: Dataset) -> int | None:
+        """Return the steps between validation passes over data, or None for never."""
+        if self.eval_every == "epoch":
+            return self._steps_per_epoch(dataset, "eval_every")
+        return self.eval_every
+
+    def checkpoint_interval(self, dataset: Dataset) -> int | None:
+        """Return the steps between checkpoints over data, or None for never."""
+        if self.checkpoint_every is not None and not getattr(dataset, "resumable", True):
+            raise ValueError(f"trainer.checkpoint_every={self.checkpoint_every!r}: this dataset's "
+                             "iterator cannot report a read position, so a checkpoint could not "
+                             "resume it; train it with trainer.checkpoint_every=null")
+        if self.checkpoint_every == "epoch":
+            return self._steps_per_epoch(dataset, "checkpoint_every")
+        return self.checkpoint_every
+
+
+def records_to_steps(trainer: TrainerConfig, records: int) -> int:
+    """Optimizer updates that consume ``records`` (at least one), the batch ramp included."""
+    steps, left = 0, records
+    for batch, n in trainer.stages():
+        n = min(n or left // batch, left // batch)
+        steps, left = steps + n, left - n * batch
+        if left < batch:
+            break
+    return max(steps, 1)
+
+
+def _check_run_name(name: str) -> None:
+    parts = name.replace("\\", "/").split("/")
+    if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"trainer.name={name!r} must be a relative path inside trainer.checkpoint_dir "
+                         "(no '..', no leading '/', no empty parts)")
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+
+PUBLIC_MODULE = "dew.config"
+"""Where users import the contract's classes from (it re-exports this module): the name a message
+gives for a class defined here."""
+
+
+def _written_by(cls: type, values: object, directory: str) -> str:
+    """For a record ``cls`` cannot read: which subclass of RunConfig wrote it (the one whose fields
+    are exactly the record's) and how to load it; empty when none is known. The subclasses known are
+    those imported: the public ``dew.config`` imports dew-train's ``Recipe``, so a plain
+    ``RunConfig.load`` recognises its records."""
+    if not isinstance(values, Mapping):
+        return ""
+    pending, seen = list(RunConfig.__subclasses__()) + [RunConfig], []
+    while pending:
+        sub = pending.pop()
+        pending.extend(sub.__subclasses__())
+        if sub is not cls and sub not in seen:
+            seen.append(sub)
+    for sub in seen:
+        if {f.name for f in dataclasses.fields(sub) if f.init} == set(values):
+            module = PUBLIC_MODULE if sub.__module__ == __name__ else sub.__module__
+            where = f"{module}.{sub.__qualname__}"
+            return (f"\nThis record was written by {where} (not {cls.__qualname__}); load it as that class: "
+                    f"{where}.load({directory!r})")
+    return ""
+
+
+NO_RECORD = (f"no {RUN_RECORD}: not a dew run directory (no run record: dew-train writes one before the first "
+             "step), or the record was deleted")
+"""What a directory without a run record is: the reason ``NoRunRecord`` gives."""
+
+
+class NoRunRecord(FileNotFoundError):
+    """A directory that holds no run record. ``reason`` says so without the directory, for a reader
+    that names the run already (a ``dew-runs`` row)."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(f"{directory} holds {NO_RECORD}")
+        self.directory, self.reason = directory, NO_RECORD
+
+
+class RunRecordError(ConfigError):
+    """A run record that cannot be read: not JSON, not a run record, or not one of the class asked
+    for. ``path`` is the file, ``reason`` what is wrong with it; the message is both."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRecord:
+    """A run's record (``run.json``) as read from its directory, by ``read``: the one reader of the
+    file. ``dew-runs`` and the resume rules compare the values as written; ``RunConfig.load`` and
+    ``dew-sample`` rebuild the run from the typed view."""
+
+    directory: str
+    """The run directory, local or any filesystem epath reaches (``gs://...``)."""
+    values: dict[str, Any]
+    """The record as written (``RunConfig.to_dict``): JSON values, a section per part of the run."""
+
+    @property
+    def path(self) -> str:
+        return os.fspath(_record_file(self.directory))
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike[str]) -> RunRecord:
+        """The record in ``directory``. Raises ``NoRunRecord`` when there is none and
+        ``RunRecordError`` when the file is not JSON (cut off mid-write, edited) or not a run record
+        (no trainer section)."""
+        directory = os.fspath(directory)
+        file = _record_file(directory)
+        if not file.exists():
+            raise NoRunRecord(directory)
+        try:
+            values = json.loads(file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise RunRecordError(os.fspath(file), f"not a JSON run record ({err}): cut off mid-write, or edited"
+                                 ) from None
+        if not isinstance(values, dict) or not isinstance(values.get("trainer"), dict):
+            raise RunRecordError(os.fspath(file), "not a dew run record (no trainer section)")
+        return cls(directory, values)
+
+    def typed[C: RunConfig](self, cls: type[C]) -> C:
+        """The record as ``cls`` (``RunConfig`` or a subclass such as ``Recipe``); a record ``cls``
+        cannot read raises ``RunRecordError`` naming the field, and the class that wrote it when
+        that is another."""
+        try:
+            return cls.from_dict(self.values)
+        except ConfigError as err:
+            raise RunRecordError(self.path, f"{err}{_written_by(cls, self.values, self.directory)}") from None
+
+
+def _record_file(directory: str) -> epath.Path:
+    from etils import epath
+
+    return epath.Path(directory) / RUN_RECORD
+
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRA:
+    """A low-rank adapter (qwix): a delta B·A of rank ``rank`` on each targeted module's weight."""
+
+    rank: int = 8
+    """Rank of each delta."""
+    alpha: float = 16.0
+    """The delta is scaled by alpha / rank."""
+    targets: tuple[str, ...] = (".*",)
+    """Regular expressions over module paths under params that carry a delta."""
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise ValueError(f"lora.rank={self.rank} must be positive")
+        if not self.targets:
+            raise ValueError("lora.targets must name at least one module path pattern")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Describes a whole run. Recipes add their objective's knobs by subclassing this."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """What to build."""
+    data: DataSpec = dataclasses.field(default_factory=lambda: datasets["oxford_flowers102"]())
+    """What to feed it: a registered dataset spec."""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """How to optimize it."""
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    """How the trainer runs."""
+    objective: str | None = None
+    """What the model learns (``dew.objectives``); unset picks the natural one for the architecture
+    and the data."""
+    lora: LoRA | None = None
+    """The low-rank adapter the run trains instead of the whole model. The targets are the module
+    paths under params a delta sits on; train adapts the objective's module and freezes every other
+    leaf."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-safe record of the run. A registered member is written as its name and its
+        fields."""
+        return to_json(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> Self:
+        """Read back what ``to_dict`` wrote, for subclasses too. An unknown or a missing field
+        raises."""
+        return from_json(cls, values, "")
+
+    def save(self, directory: str) -> str:
+        """Write this config as run.json in ``directory`` and return the path.
+
+        The path goes through epath, the same filesystem layer orbax writes the checkpoints with, so
+        a gs:// run directory takes the record too. The record is written to a temporary file and
+        renamed, so a reader never sees half a record.
+        """
+        from etils import epath
+
+        folder = epath.Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / RUN_RECORD
+        tmp = folder / f".{RUN_RECORD}.tmp"
+        # allow_nan=False: the record is strict JSON (the typed conversion already refuses NaN).
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n")
+        tmp.rename(path)
+        return os.fspath(path)
+
+    @classmethod
+    def load(cls, directory: str) -> Self:
+        """Read the config a run in ``directory`` was built from, as this class (``RunRecord``)."""
+        return RunRecord.read(directory).typed(cls)
+
+    def train(self, objective: Any, dataset: Dataset, *, name: str, metrics: Sequence[Any] = (),
+              summary: Mapping[str, object] | None = None) -> Any:
+        """Train ``objective`` on ``dataset`` as this run says; every recipe calls this once it has
+        built both.
+
+        The run lives under ``name`` in ``trainer.checkpoint_dir``, and process zero writes the record
+        there before anything trains. ``dataset`` must be the one loaded at ``trainer.batch_size``.
+        ``metrics`` (``dew.objectives.base.Metric``) are computed on every evaluation batch as sums
+        and counts, logged as ``eval/<name>`` to the journal and W&B, and one marked ``best`` chooses
+        the best checkpoint instead of ``eval/loss``.
+        """
+        from dew.training.trainer import train
+
+        return train(self, objective, dataset, name=name, metrics=metrics, summary=summary)

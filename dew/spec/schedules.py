@@ -1,0 +1,33 @@
+"""The schedule registry: ``ScheduleSpec``, the record each learning-rate schedule subclasses.
+
+A schedule record is a plain dataclass holding only its own fields (``optim.schedule`` holds one);
+``build`` turns it into the rate as a function of the step. dew's own schedules, and the JAX that
+builds them, are in ``dew.training.schedules``; this module imports nothing from dew but the
+contract package, and no JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from dew.spec.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleSpec:
+    """Base of the schedule records; ``name`` is the kind it is registered under
+    (``@schedules.register``). A record holds only its own fields and builds its rate."""
+
+    name: ClassVar[str]
+
+    def build(self, peak: float, ramp: Any, tokens_seen: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+        """The rate at each step (a function of the step, ``dew.training.schedules.Rate``), peaking at
+        ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.schedules.Ramp``) and
+        ``tokens_seen`` as ``build_schedule`` says."""
+        raise NotImplementedError(f"schedule {self.name!r} must implement build")
+
+
+schedules: Registry[type[ScheduleSpec]] = Registry("schedule", builtins=("dew.training.schedules",))
+"""Schedule kind -> record class."""
