@@ -11,15 +11,17 @@ import jax
 import numpy as np
 from etils import epath
 
+from dew.spec.rundir import SAMPLE_PREFIX
 
-def write_sample_grid(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = "samples.png") -> str:
+
+def write_sample_grid(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = f"{SAMPLE_PREFIX}.png") -> str:
     """A PNG grid of class-conditional samples, one row per class, in ``run_dir``."""
     images, labels = objective.sample_grid(model, jax.random.PRNGKey(seed + 3))
     rows = max(int(labels.max()) + 1, 1)
     return write_grid(os.fspath(run_dir) + "/" + name, images, rows=rows, scale=4)
 
 
-def write_text_samples(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = "samples.txt") -> str:
+def write_text_samples(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = f"{SAMPLE_PREFIX}.txt") -> str:
     """The objective's ``samples`` knob of sequences, decoded, one block each, in ``run_dir``."""
     _, texts = objective.sample_text(model, jax.random.PRNGKey(seed + 3))
     path = os.fspath(run_dir) + "/" + name

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dew.spec.rundir import RUN_RECORD
+from dew.spec.rundir import RUN_RECORD, SAMPLE_PREFIX
 
 EXIT_BAD_INPUT = 2
 
@@ -290,7 +290,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> str:
     """Sample as ``args`` say; returns the file written."""
     r = for_inference(restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema))
-    stem = os.path.join(args.run_dir, f"samples-step{r.step}-seed{args.seed}")
+    stem = os.path.join(args.run_dir, f"{SAMPLE_PREFIX}-step{r.step}-seed{args.seed}")
     source = f"step {r.step}, {'EMA' if r.ema else 'trained parameters'}, seed {args.seed}"
     if r.damaged:
         source += f"; damaged step{'s' if len(r.damaged) > 1 else ''} {', '.join(str(s) for s, _ in r.damaged)} passed over"

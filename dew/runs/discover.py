@@ -12,7 +12,7 @@ import os
 
 from etils import epath
 
-from dew.spec.rundir import JOURNAL, LOCK_FILE, RUN_RECORD, TRACKING_DIR
+from dew.spec.rundir import JOURNAL, LOCK_FILE, RUN_RECORD, STEP_FINISHED, TRACKING_DIR, is_step
 
 SKIPPED = (TRACKING_DIR, "wandb")
 """Directory names never searched for runs (journals and W&B's files live there, not runs)."""
@@ -25,7 +25,7 @@ class RunsError(ValueError):
 def is_step_dir(path: epath.Path) -> bool:
     """An orbax step directory (``<step>/``); a save still in flight (``<step>.orbax-checkpoint-tmp``)
     is not one."""
-    return path.name.isdigit()
+    return is_step(path.name)
 
 
 def checkpoint_steps(run: epath.Path) -> list[int]:
@@ -39,7 +39,7 @@ def checkpoint_steps(run: epath.Path) -> list[int]:
 def _holds_steps(path: epath.Path, names: set[str]) -> bool:
     """Whether a directory holds orbax step directories: a name of digits with orbax's record in it
     (a sweep's job directories may be named by their number alone)."""
-    return any(n.isdigit() and (path / n / "_CHECKPOINT_METADATA").exists() for n in names)
+    return any(is_step(n) and (path / n / STEP_FINISHED).exists() for n in names)
 
 
 def _looks_like_run(path: epath.Path, names: set[str]) -> bool:

@@ -20,6 +20,34 @@ LOCK_FILE = ".lock"
 BEST_METRIC = "eval/loss"
 """The metric the best checkpoint is kept by, unless a metric marked ``best`` replaces it."""
 
+STEP_FINISHED = "_CHECKPOINT_METADATA"
+"""The file orbax writes into a step's directory last, when the save is finalised: a directory named
+by a step number that holds it is a checkpoint (a sweep's job directories may be named by their
+number alone)."""
+
+DAMAGED = "damaged"
+"""The infix of a damaged step's new name, beside the others: ``<step>.damaged-<YYYYmmdd-HHMMSS>``
+(``damaged_name``); its number is then free for the run to save again."""
+
+
+def is_step(name: str) -> bool:
+    """Whether a name in a run directory is a step's checkpoint: the step number alone, as orbax
+    names it. A save still in flight (``<step>.orbax-checkpoint-tmp``) and a damaged step moved aside
+    are not."""
+    return name.isdigit()
+
+
+def damaged_name(step: int, stamp: str, n: int = 1) -> str:
+    """The name a damaged ``step`` is moved aside to at ``stamp`` (``%Y%m%d-%H%M%S``); ``n`` > 1 when
+    that name is taken already."""
+    return f"{step}.{DAMAGED}-{stamp}" + (f"-{n}" if n > 1 else "")
+
+
+SAMPLE_PREFIX = "samples"
+"""How the samples in a run's directory are named: ``samples.png`` or ``samples.txt``, which
+``dew-train`` draws at the end of a run (``dew.sampling``), and ``dew-sample``'s
+``samples-step<s>-seed<n>.*``; ``dew-runs show`` lists every file so named."""
+
 TRACKING_DIR = "tracking"
 """The directory beside the runs (a sibling of ``trainer.checkpoint_dir``) that holds their journals,
 one folder per run name."""

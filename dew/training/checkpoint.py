@@ -36,13 +36,11 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from dew.compat import orbax_reads_settle
-from dew.spec.rundir import BEST_METRIC
+from dew.spec.rundir import BEST_METRIC, damaged_name
 
 log = logging.getLogger("dew")
 
 
-DAMAGED = "damaged"
-"""The infix of a damaged step's new name: ``<step>.damaged-<YYYYmmdd-HHMMSS>``."""
 
 
 class CheckpointDamagedError(RuntimeError):
@@ -184,10 +182,10 @@ class Checkpoints:
 
     def _move_aside(self, step: int) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        target, n = self.directory / f"{step}.{DAMAGED}-{stamp}", 1
+        target, n = self.directory / damaged_name(step, stamp), 1
         while target.exists():
             n += 1
-            target = self.directory / f"{step}.{DAMAGED}-{stamp}-{n}"
+            target = self.directory / damaged_name(step, stamp, n)
         (self.directory / str(step)).rename(target)
         return os.fspath(target)
 

@@ -38,7 +38,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from dew.spec.config import RUN_RECORD, RunConfig, RunRecord
+from dew.spec.config import RunConfig, RunRecord
+from dew.spec.rundir import RUN_RECORD, is_step
 from dew.training.checkpoint import Checkpoints
 
 log = logging.getLogger("dew")
@@ -64,7 +65,7 @@ def resolve(init_from: str) -> Source:
     if os.path.isfile(os.path.join(path, RUN_RECORD)):
         return Source(path, "run")
     parent, leaf = os.path.split(path)
-    if leaf.isdigit() and os.path.isfile(os.path.join(parent, RUN_RECORD)):
+    if is_step(leaf) and os.path.isfile(os.path.join(parent, RUN_RECORD)):
         if not os.path.isdir(path):
             raise ValueError(f"{FIELD}={init_from!r}: the run {parent} holds no step {leaf} "
                              f"(its steps: {', '.join(map(str, _steps(parent))) or 'none'})")
@@ -78,7 +79,7 @@ def resolve(init_from: str) -> Source:
 
 
 def _steps(run_dir: str) -> list[int]:
-    return sorted(int(n) for n in os.listdir(run_dir) if n.isdigit())
+    return sorted(int(n) for n in os.listdir(run_dir) if is_step(n))
 
 
 BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
