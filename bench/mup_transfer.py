@@ -44,7 +44,7 @@ from dew.data.tokenizer import ByteTokenizer
 from dew.spec.models import build, of
 from dew.training.mup import mup_groups
 from dew.training.optim import build_optimizer
-from dew.training.schedules import schedules
+from dew.spec.schedules import schedules
 
 PACKAGES = ("optax", "flax", "orbax", "hydra", "omegaconf")
 """Whose ``.py`` files are the corpus: dew's own dependencies, installed wherever dew is."""

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from dew.config import (ConfigError, Layout, LoRA, MeshSpec, ModelConfig, OptimConfig, ParamGroup, Ramp,
                         RunConfig, TrainerConfig, Wandb)
-from dew.data.specs import DataSpec, datasets
+from dew.spec.data import DataSpec, datasets
 from dew.spec.models import architectures
 from dew.recipe import Recipe
-from dew.training.schedules import ScheduleSpec, schedules
+from dew.spec.schedules import ScheduleSpec, schedules
 from dew.spec.typed import JsonString, hints
 
 

@@ -186,7 +186,7 @@ def test_a_part_is_named_only_in_its_own_module(name):
 def test_parts_pair_by_role_and_kind():
     from dew.build import objective_spec
     from dew.config import ModelConfig
-    from dew.data.specs import datasets
+    from dew.spec.data import datasets
     from dew.recipe import Recipe
 
     lm = ModelConfig(architecture="transformer")

@@ -31,9 +31,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.schema import member_schema, register_resolvers, schema_of
-from dew.data.specs import datasets
 from dew.recipe import Recipe
-from dew.training.schedules import schedules
+from dew.spec.data import datasets
+from dew.spec.schedules import schedules
 from dew.spec.typed import ConfigError
 
 log = logging.getLogger("dew")

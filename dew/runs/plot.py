@@ -75,7 +75,7 @@ def objective_of(record: dict[str, Any] | None) -> str | None:
         return None
     if record.get("objective"):
         return record["objective"]
-    from dew.data.specs import datasets
+    from dew.spec.data import datasets
     from dew.spec.models import architectures
     from dew.spec.objectives import natural_objective
 

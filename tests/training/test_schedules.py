@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.training.schedules import CosineSchedule, LinearSchedule, PowerSchedule, build_schedule, schedules
+from dew.spec.schedules import schedules
+from dew.training.schedules import CosineSchedule, LinearSchedule, PowerSchedule, build_schedule
 
 PEAK = 3e-3
 TOTAL = 100
