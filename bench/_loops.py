@@ -26,7 +26,7 @@ from flax import nnx
 
 
 class Synthetic:
-    """One random batch, handed out every step: a ``dew.spec.data.Dataset`` with no I/O at all."""
+    """One random batch, handed out every step: a ``dew.contract.data.Dataset`` with no I/O at all."""
 
     resumable = False
     num_records = None

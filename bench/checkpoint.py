@@ -34,8 +34,8 @@ from flax import nnx
 
 def train_state(hidden: int, depth: int, vocab: int, dtype: str):
     """``{"params", "opt"}`` of a transformer and its adamw state, and its parameter count."""
-    from dew.spec.config import OptimConfig
-    from dew.spec.models import build
+    from dew.contract.config import OptimConfig
+    from dew.contract.models import build
     from dew.training.optim import build_optimizer
 
     model = build("transformer", dict(vocab_size=vocab, seq_len=1024, hidden_size=hidden, depth=depth,

@@ -106,7 +106,7 @@ def matmul_ceiling(side: int, repeats: int) -> float:
 def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int, warmup: int, work: Path):
     """The run both sides train, and its objective, resolved against the synthetic data."""
     from dew.build import build_objective, resolve
-    from dew.spec.config import ModelConfig, TrainerConfig
+    from dew.contract.config import ModelConfig, TrainerConfig
     from dew.objectives.flow_matching import FlowMatchingKnobs
     from dew.objectives.next_token import NextTokenKnobs
     from dew.recipe import Recipe

@@ -101,7 +101,7 @@ def dew_side(steps: int, warmup: int) -> tuple[float, float]:
     from _loops import Synthetic, trainer_loop  # bench/ is the script's directory, first on sys.path
 
     from dew.build import build_objective, resolve
-    from dew.spec.config import ModelConfig, OptimConfig, TrainerConfig
+    from dew.contract.config import ModelConfig, OptimConfig, TrainerConfig
     from dew.objectives.next_token import NextTokenKnobs
     from dew.recipe import Recipe
 

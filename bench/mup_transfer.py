@@ -39,12 +39,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dew.spec.config import OptimConfig
+from dew.contract.config import OptimConfig
 from dew.data.tokenizer import ByteTokenizer
-from dew.spec.models import build, of
+from dew.contract.models import build, of
 from dew.training.mup import mup_groups
 from dew.training.optim import build_optimizer
-from dew.spec.schedules import schedules
+from dew.contract.schedules import schedules
 
 PACKAGES = ("optax", "flax", "orbax", "hydra", "omegaconf")
 """Whose ``.py`` files are the corpus: dew's own dependencies, installed wherever dew is."""

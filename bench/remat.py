@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from dew.spec.models import build
+from dew.contract.models import build
 
 POLICIES = ("none", "full", "dots", "minimal", "minimal_with_context")
 MODELS = {

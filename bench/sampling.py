@@ -85,7 +85,7 @@ def next_token(args: argparse.Namespace) -> list[dict]:
 
 
 def masked_diffusion(args: argparse.Namespace) -> dict:
-    from dew.spec.config import ModelConfig
+    from dew.contract.config import ModelConfig
     from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
     from dew.objectives.mdlm import MaskedDiffusion
 

@@ -2,7 +2,7 @@
 
 ``dew-train`` and ``dew-sample`` both build through here, so inference rebuilds exactly what training
 built. Which objective trains which model on which data is the registered parts' business: the
-architecture's ``role``, the dataset's ``kind`` and the objective's (``dew.spec.objectives``).
+architecture's ``role``, the dataset's ``kind`` and the objective's (``dew.contract.objectives``).
 The objective's JAX side is imported only when it is built.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from dew.spec.config import RunConfig
-from dew.spec.data import Dataset
-from dew.spec.models import architecture
-from dew.spec.objectives import ObjectiveSpec, check_objective, natural_objective, objectives, pairs
+from dew.contract.config import RunConfig
+from dew.contract.data import Dataset
+from dew.contract.models import architecture
+from dew.contract.objectives import ObjectiveSpec, check_objective, natural_objective, objectives, pairs
 from dew.recipe import with_data_fields
-from dew.spec.typed import ConfigError
+from dew.contract.typed import ConfigError
 
 
 def data_kind(run: RunConfig, dataset: Dataset) -> str:

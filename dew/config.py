@@ -1,6 +1,6 @@
 """The typed configuration of a run: the public module the API contract names.
 
-The classes are defined in the contract package (``dew.spec.config``, with the registries and the
+The classes are defined in the contract package (``dew.contract.config``, with the registries and the
 run directory's format beside them); this module hands them on under the name users import, and
 imports dew-train's ``Recipe`` so that ``RunConfig.load`` on a record dew-train wrote names the class
 to load it with. Importing it imports no JAX.
@@ -9,7 +9,7 @@ to load it with. Importing it imports no JAX.
 from __future__ import annotations
 
 import dew.recipe  # noqa: F401  (registers Recipe as a known writer of run records)
-from dew.spec.config import (
+from dew.contract.config import (
     ConfigError,
     DataSpec,
     JsonDict,

@@ -1,7 +1,7 @@
 """The run ``dew-train`` composes: ``RunConfig`` plus the knobs of every registered objective.
 
 "Recipes add their objective's knobs by subclassing RunConfig": ``Recipe`` is that subclass, made
-from the objective registry (``dew.spec.objectives``), one field per objective named after it and
+from the objective registry (``dew.contract.objectives``), one field per objective named after it and
 typed by its knobs class, so a plugin's objective gets its knobs on the command line, in run.json and
 in ``Recipe.load`` like dew's own. Only the knobs of the objective a run trains are read. No JAX here.
 """
@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Self
 
-from dew.spec.config import RunConfig
-from dew.spec.objectives import knob_fields
+from dew.contract.config import RunConfig
+from dew.contract.objectives import knob_fields
 
 
 class _Recipe(RunConfig):
@@ -37,9 +37,9 @@ Recipe.__qualname__ = "Recipe"
 
 
 def with_data_fields(run: RunConfig, data_fields: dict[str, object]) -> RunConfig:
-    """``run`` with the model fields that follow from the data filled in (``dew.spec.models``);
+    """``run`` with the model fields that follow from the data filled in (``dew.contract.models``);
     an explicit value that disagrees with the data is an error, not a silent override."""
-    from dew.spec.models import with_data_fields as merge
+    from dew.contract.models import with_data_fields as merge
 
     config = merge(run.model.architecture, run.model.config, data_fields)
     return dataclasses.replace(run, model=dataclasses.replace(run.model, config=config))

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from dew.spec.rundir import SAMPLE_PREFIX
+from dew.contract.rundir import SAMPLE_PREFIX
 
 
 def write_sample_grid(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = f"{SAMPLE_PREFIX}.png") -> str:

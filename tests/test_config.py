@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from dew.config import (ConfigError, Layout, LoRA, MeshSpec, ModelConfig, OptimConfig, ParamGroup, Ramp,
                         RunConfig, TrainerConfig, Wandb)
-from dew.spec.data import DataSpec, datasets
-from dew.spec.models import architectures
+from dew.contract.data import DataSpec, datasets
+from dew.contract.models import architectures
 from dew.recipe import Recipe
-from dew.spec.schedules import ScheduleSpec, schedules
-from dew.spec.typed import JsonString, hints
+from dew.contract.schedules import ScheduleSpec, schedules
+from dew.contract.typed import JsonString, hints
 
 
 def test_importing_config_does_not_import_jax():

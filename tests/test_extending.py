@@ -136,7 +136,7 @@ def test_the_guide_optimizer_matches_its_definition():
 
 
 def test_a_name_registered_twice_is_refused():
-    from dew.spec.models import Architecture, architectures
+    from dew.contract.models import Architecture, architectures
 
     assert "transformer" in architectures  # reading a registry registers dew's own parts, then the plugins
     with pytest.raises(ValueError, match="architecture 'transformer' is registered twice"):
@@ -175,18 +175,18 @@ OWN_MODULE = {
 @pytest.mark.parametrize("name", sorted(OWN_MODULE))
 def test_a_part_is_named_only_in_its_own_module(name):
     """Outside its own module, no file of dew names a particular architecture, objective or
-    optimizer: the rest asks the registry. dew/spec/config.py is the contract, which names the default
+    optimizer: the rest asks the registry. dew/contract/config.py is the contract, which names the default
     architecture and the optimizers."""
     quoted = re.compile(rf"[\"']{name}[\"']")
     naming = {p.relative_to(REPO).as_posix() for p in (REPO / "dew").rglob("*.py") if quoted.search(p.read_text())}
-    assert naming <= {OWN_MODULE[name], "dew/spec/config.py"}, naming
+    assert naming <= {OWN_MODULE[name], "dew/contract/config.py"}, naming
     assert OWN_MODULE[name] in naming
 
 
 def test_parts_pair_by_role_and_kind():
     from dew.build import objective_spec
     from dew.config import ModelConfig
-    from dew.spec.data import datasets
+    from dew.contract.data import datasets
     from dew.recipe import Recipe
 
     lm = ModelConfig(architecture="transformer")

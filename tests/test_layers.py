@@ -14,7 +14,7 @@ depend on its members, they depend on it.
 the trainer. ``ALLOWED_CIRCLES`` lists the circles still to break, each with what ties it: the list
 can only shrink, because the test fails as well when a listed circle no longer exists.
 
-The contract package ``dew.spec`` is a leaf: it imports nothing from dew outside it but the arrow up,
+The contract package ``dew.contract`` is a leaf: it imports nothing from dew outside it but the arrow up,
 and no JAX (``JAX_LIBRARIES``), at any level, but the one call ``JAX_IN_THE_CONTRACT`` names.
 """
 
@@ -30,21 +30,21 @@ import pytest
 DEW = pathlib.Path(__file__).resolve().parents[1] / "dew"
 
 ONE_ARROW_UP = {
-    ("dew.spec.config", "dew.training.trainer"): "RunConfig.train trains the run it describes (the API contract)",
+    ("dew.contract.config", "dew.training.trainer"): "RunConfig.train trains the run it describes (the API contract)",
 }
 """Arrows left out of the graph for good, each with why."""
 
 ALLOWED_CIRCLES: dict[frozenset[str], str] = {}
 """Circles still to break (the modules of each), with the names that tie them."""
 
-CONTRACT = "dew.spec"
+CONTRACT = "dew.contract"
 """The contract package: a leaf."""
 
 JAX_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax", "qwix", "grain", "chex", "tensorstore")
 """What "no JAX" means for the contract: JAX and the libraries built on it."""
 
 JAX_IN_THE_CONTRACT = {
-    ("dew.spec.config", "flax"): "ModelConfig.build() returns the Flax module the contract's build() "
+    ("dew.contract.config", "flax"): "ModelConfig.build() returns the Flax module the contract's build() "
                                  "makes, from a seed (nnx.Rngs(seed)); importing the module, and every "
                                  "other method, uses no JAX",
 }
@@ -155,9 +155,9 @@ def test_the_graph_is_read() -> None:
     """The reader sees imports at every level: a test that read nothing would pass vacuously."""
     edges = graph()
     assert "dew.training.trainer" in edges["dew.cli.train"]  # module level
-    assert "dew.training.trainer" not in edges["dew.spec.config"]  # the one arrow up, left out
-    assert "dew.spec.models" in edges["dew.spec.config"]  # inside a method
-    assert "dew.spec.config" in edges["dew.objectives.flow_matching"]  # under TYPE_CHECKING only
+    assert "dew.training.trainer" not in edges["dew.contract.config"]  # the one arrow up, left out
+    assert "dew.contract.models" in edges["dew.contract.config"]  # inside a method
+    assert "dew.contract.config" in edges["dew.objectives.flow_matching"]  # under TYPE_CHECKING only
     call = ast.parse('importlib.import_module("dew.recipe")').body[0].value
     assert isinstance(call, ast.Call) and dynamic(call) == ["dew.recipe"]  # an import by its name
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
@@ -196,26 +196,26 @@ def between(edges: dict[str, set[str]], source: str, target: str) -> set[tuple[s
 
 
 def test_the_run_directory_format_is_a_leaf() -> None:
-    """``dew.spec.rundir`` is what the writer and the readers share; it depends on neither (nor
+    """``dew.contract.rundir`` is what the writer and the readers share; it depends on neither (nor
     on JAX: it imports nothing but the standard library)."""
-    names = imports_of("dew.spec.rundir")
+    names = imports_of("dew.contract.rundir")
     assert all(n.split(".")[0] in sys.stdlib_module_names for n in names), names
 
 
 def test_writer_and_readers_meet_in_the_format() -> None:
     """The run directory's writer (``dew.training``) and its readers (``dew.runs``) take what they
-    share from ``dew.spec.rundir``, never from each other."""
+    share from ``dew.contract.rundir``, never from each other."""
     edges = graph()
     assert between(edges, "dew.training.", "dew.runs.") == set()
     assert between(edges, "dew.runs.", "dew.training.") == set(READER_REACHES_WRITER)
-    assert {"dew.spec.rundir"} <= edges["dew.runs.journal"] & edges["dew.training.tracking"]
+    assert {"dew.contract.rundir"} <= edges["dew.runs.journal"] & edges["dew.training.tracking"]
 
 
 def test_the_contract_package_is_a_leaf() -> None:
-    """``dew.spec`` imports nothing from dew outside it (but ``RunConfig.train``'s arrow up) and no
+    """``dew.contract`` imports nothing from dew outside it (but ``RunConfig.train``'s arrow up) and no
     JAX library (but ``JAX_IN_THE_CONTRACT``), at any level of any of its modules."""
     contract = [m for m in modules() if m == CONTRACT or m.startswith(CONTRACT + ".")]
-    assert {"dew.spec.config", "dew.spec.typed", "dew.spec.registry", "dew.spec.rundir"} <= set(contract)
+    assert {"dew.contract.config", "dew.contract.typed", "dew.contract.registry", "dew.contract.rundir"} <= set(contract)
     known = modules()
     outside, jax_, used = [], [], set()
     for module in contract:
@@ -244,7 +244,7 @@ def test_the_contract_and_every_registry_read_without_jax() -> None:
         "import importlib, sys",
         *[f"importlib.import_module({m!r})" for m in contract],
         "import dew.config",
-        "from dew.spec import data, models, objectives, schedules",
+        "from dew.contract import data, models, objectives, schedules",
         "names = [sorted(r) for r in (data.datasets, models.architectures, objectives.objectives, schedules.schedules)]",
         "assert all(names), names",
         "from dew.config import RunConfig",

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
     from dew.cli.sample import SampleError
     from dew.training.merge import MergeError
-    from dew.spec.typed import ConfigError
+    from dew.contract.typed import ConfigError
 
     try:
         out = run(args)

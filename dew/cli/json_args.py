@@ -23,7 +23,7 @@ import typing
 from collections.abc import Sequence
 from typing import Annotated
 
-from dew.spec.typed import JsonString, hints, registry_of
+from dew.contract.typed import JsonString, hints, registry_of
 
 
 def json_fields(cls: type, prefix: str = "") -> set[str]:

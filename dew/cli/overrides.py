@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-from dew.spec.typed import hints, registry_of
+from dew.contract.typed import hints, registry_of
 
 
 def _record_type(tp: Any) -> Any:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs
 from dew.recipe import Recipe
-from dew.spec.typed import ConfigError
+from dew.contract.typed import ConfigError
 
 
 def plan_from_hydra(cfg: DictConfig) -> Any:

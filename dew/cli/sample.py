@@ -5,7 +5,7 @@
     dew-sample checkpoints/tiny --latest --temperature 0.8 --top-k 40 --count 4
     dew-sample checkpoints/tiny_lm --prompt "The " --max-new-tokens 500
 
-The run's ``run.json`` is read back as a ``Recipe`` (``dew.spec.config.RunRecord``); the dataset, the
+The run's ``run.json`` is read back as a ``Recipe`` (``dew.contract.config.RunRecord``); the dataset, the
 resolved model fields and the objective are rebuilt through ``dew.build`` (the path ``dew-train``
 built them through), the model's parameters (and their EMA) are restored from the chosen checkpoint
 (``Checkpoints.restore_part``), without the optimizer state, and the objective's sampler draws from
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dew.spec.rundir import RUN_RECORD, SAMPLE_PREFIX
+from dew.contract.rundir import RUN_RECORD, SAMPLE_PREFIX
 
 EXIT_BAD_INPUT = 2
 
@@ -62,9 +62,9 @@ def load_recipe(run_dir: str) -> Any:
     """The run's record (``RunRecord``) as a ``Recipe``, or a SampleError that says what is wrong with
     the directory."""
     import dew
-    from dew.spec.config import NoRunRecord, RunRecord
+    from dew.contract.config import NoRunRecord, RunRecord
     from dew.recipe import Recipe
-    from dew.spec.typed import ConfigError
+    from dew.contract.typed import ConfigError
 
     if not os.path.isdir(run_dir):
         raise SampleError(f"run directory {run_dir!r} does not exist")
@@ -96,7 +96,7 @@ def rebuild(recipe: Any, record: str) -> tuple[Any, Any]:
     """(objective, dataset) built from the record as dew-train built them; refused when the data no
     longer gives the model the run was trained with."""
     from dew.build import build_run
-    from dew.spec.typed import differences
+    from dew.contract.typed import differences
 
     try:
         resolved, objective, dataset = build_run(recipe)
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import logging
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
-    from dew.spec.typed import ConfigError
+    from dew.contract.typed import ConfigError
 
     try:
         run(args)

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from omegaconf import MISSING
 
-from dew.spec.typed import NAME_KEY, JsonString, hints, registry_of
+from dew.contract.typed import NAME_KEY, JsonString, hints, registry_of
 
 
 @functools.cache
@@ -90,7 +90,7 @@ def _is_json(tp: Any) -> bool:
 
 
 def _default(f: dataclasses.Field) -> dataclasses.Field:
-    from dew.spec.typed import to_json
+    from dew.contract.typed import to_json
 
     if f.default is not dataclasses.MISSING:
         value = f.default
@@ -112,7 +112,7 @@ def _default(f: dataclasses.Field) -> dataclasses.Field:
 
 def _to_node(value: Any) -> Any:
     """A dataclass value as an instance of its twin (nested records as twins too)."""
-    from dew.spec.typed import to_json
+    from dew.contract.typed import to_json
 
     if dataclasses.is_dataclass(value):
         cls = type(value)

@@ -7,7 +7,7 @@ What changes from the plugin's own sweeper:
   digest of the command line) continues the study. Only this process, the one that sweeps, opens the
   storage, trials never do, and it holds dew's run lock on ``<sweep dir>/.study`` while it sweeps (a
   second command continuing the same study is refused): SQLite's own locks, which fail on NFS and
-  Lustre, are off (``dew.spec.rundir.study_url``);
+  Lustre, are off (``dew.contract.rundir.study_url``);
 * ``n_trials`` counts the whole study: a study that holds 2 finished trials and is asked for 4 runs 2;
 * a trial left running by an interrupted command runs again first, with its parameters, under its
   own number: job numbers are trial numbers, so it lands in its own job directory and resumes from
@@ -38,7 +38,7 @@ import optuna
 from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import OmegaConf
 
-from dew.spec.rundir import STUDY_LOCK_DIR, study_url
+from dew.contract.rundir import STUDY_LOCK_DIR, study_url
 
 log = logging.getLogger("dew")
 

@@ -106,7 +106,7 @@ def _known_devices(recipe: Any) -> int:
 
 def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
     """One line per job that fails its checks: the job, its overrides and the message."""
-    from dew.spec.typed import ConfigError
+    from dew.contract.typed import ConfigError
 
     lines = []
     for job in jobs:

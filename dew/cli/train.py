@@ -32,9 +32,9 @@ from omegaconf import DictConfig, OmegaConf
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.recipe import Recipe
-from dew.spec.data import datasets
-from dew.spec.schedules import schedules
-from dew.spec.typed import ConfigError
+from dew.contract.data import datasets
+from dew.contract.schedules import schedules
+from dew.contract.typed import ConfigError
 
 log = logging.getLogger("dew")
 
@@ -88,7 +88,7 @@ def register_configs() -> None:
 def _group_listing() -> str:
     """The user's config groups and their options, dew's and its plugins', for --help (Hydra's own
     listing also shows the schema groups, which are dew's plumbing, not choices)."""
-    from dew.spec.registry import plugin_conf_dirs
+    from dew.contract.registry import plugin_conf_dirs
 
     groups: dict[str, set[str]] = {}
     for root in [Path(conf_dir()), *map(Path, plugin_conf_dirs())]:

@@ -15,7 +15,7 @@ import numpy as np
 import sklearn.datasets
 import sklearn.model_selection
 
-from dew.spec.data import Batch
+from dew.contract.data import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
 
 Spec = Any

@@ -34,7 +34,7 @@ import numpy as np
 import scipy.io
 from PIL import Image
 
-from dew.spec.data import Batch
+from dew.contract.data import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
 
 Spec = Any

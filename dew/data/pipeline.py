@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
-from dew.spec.data import Batch
+from dew.contract.data import Batch
 
 _STATE_VERSION = 1
 
@@ -165,7 +165,7 @@ def padded_eval_batches(records: Records, *, batch_size: int, process_index: int
 
 @dataclasses.dataclass
 class RecordDataset:
-    """A ``dew.spec.data.Dataset`` over ``Records``: the training and held-out records, with the
+    """A ``dew.contract.data.Dataset`` over ``Records``: the training and held-out records, with the
     fields of the model that follow from them.
 
     ``name`` is the registered dataset name (it goes into the iterator state, so a checkpoint of one

@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from dew.spec.data import DataSpec, Split, datasets
+from dew.contract.data import DataSpec, Split, datasets
 
 if TYPE_CHECKING:
-    from dew.spec.data import Dataset
+    from dew.contract.data import Dataset
 
 
 @datasets.register("digits")

@@ -1,7 +1,7 @@
 """``text_stream``: text files tokenized and packed into windows as they are read.
 
 A stream has no record count, so a run over it counts in steps (``trainer.epochs`` and
-``"epoch"`` intervals raise in ``dew.spec.config``). The pipeline is grain's, end to end::
+``"epoch"`` intervals raise in ``dew.contract.config``). The pipeline is grain's, end to end::
 
     MapDataset.source(files).shuffle(seed).repeat()     # a new file order every pass
       .to_iter_dataset().map(encode + end-of-text)      # one document per file
@@ -26,7 +26,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from dew.spec.data import Batch
+from dew.contract.data import Batch
 from dew.data.pipeline import padded_eval_batches, shard_bounds
 from dew.data.token_files import expand
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, from_sidecar
@@ -90,7 +90,7 @@ class StreamIterator(grain.DatasetIterator):
 
 @dataclasses.dataclass
 class StreamDataset:
-    """A ``dew.spec.data.Dataset`` over packed text; ``num_records`` is None."""
+    """A ``dew.contract.data.Dataset`` over packed text; ``num_records`` is None."""
 
     spec: Spec
     files: list[str]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.spec.data import Batch
+from dew.contract.data import Batch
 from dew.data.pipeline import RecordDataset
 
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar

@@ -22,7 +22,7 @@ import contextvars
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from dew.spec.axes import LOGICAL_AXES  # the vocabulary is part of the contract (the config checks it)
+from dew.contract.axes import LOGICAL_AXES  # the vocabulary is part of the contract (the config checks it)
 
 
 def param(init: Callable[..., Any], *names: str | None) -> Callable[..., Any]:

@@ -31,7 +31,7 @@ def training_flops(per_token: int, per_example: int, tokens: int, depth: int, at
 def flops_per_example(name: str, fields: Any) -> float | None:
     """Training FLOPs (forward and backward) of one example of architecture ``name``; ``fields`` is
     its fields record or a mapping of its fields. None where the architecture counts none."""
-    from dew.spec.models import architecture, resolve_fields
+    from dew.contract.models import architecture, resolve_fields
 
     arch = architecture(name)
     record = resolve_fields(name, fields) if isinstance(fields, Mapping) else fields

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import jax
 from flax import nnx
 
-from dew.spec.registry import RematPolicy
+from dew.contract.registry import RematPolicy
 
 M = TypeVar("M", bound=nnx.Module)
 

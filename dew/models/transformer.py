@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from dew.spec.models import (
+from dew.contract.models import (
     QK_LAYER, Architecture, PrecisionFields, QKClipLayer, Shape, architectures, check_divides, check_positive,
 )
-from dew.spec.registry import RematPolicy
+from dew.contract.registry import RematPolicy
 
 if TYPE_CHECKING:
     from flax import nnx

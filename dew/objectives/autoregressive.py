@@ -20,10 +20,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dew.spec.config import ModelConfig
+from dew.contract.config import ModelConfig
 from dew.objectives.base import Batch, Loss
 from dew.objectives.decoding import generate
-from dew.spec.objectives import objective_of
+from dew.contract.objectives import objective_of
 from dew.objectives.tokens import decode
 
 

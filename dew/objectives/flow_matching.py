@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Literal
 
-from dew.spec.objectives import ObjectiveSpec, objectives
+from dew.contract.objectives import ObjectiveSpec, objectives
 
 if TYPE_CHECKING:
-    from dew.spec.config import RunConfig
-    from dew.spec.data import Dataset
+    from dew.contract.config import RunConfig
+    from dew.contract.data import Dataset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dew.spec.config import ModelConfig
+from dew.contract.config import ModelConfig
 from dew.objectives.base import Batch, Loss
-from dew.spec.objectives import objective_of
+from dew.contract.objectives import objective_of
 from dew.objectives.tokens import decode, shape_logits
 
 NEG_INF = -1e6

@@ -64,7 +64,7 @@ class NextTokenAccuracy:
 
 def builtin_metrics(objective: Any) -> tuple[Metric, ...]:
     """The metrics ``dew-train`` evaluates ``objective`` with: its registered class's ``metrics``."""
-    from dew.spec.objectives import objectives, summary_name
+    from dew.contract.objectives import objectives, summary_name
 
     name = summary_name(objective)
     return tuple(objectives[name].metrics()) if name in objectives else ()

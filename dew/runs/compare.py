@@ -6,7 +6,7 @@ import math
 
 from dew.runs.discover import RunsError
 from dew.runs.status import Run
-from dew.spec.typed import differences
+from dew.contract.typed import differences
 
 
 def first_divergence(a: Run, b: Run, metric: str = "train/loss") -> tuple[int | None, int]:

@@ -12,7 +12,7 @@ import os
 
 from etils import epath
 
-from dew.spec.rundir import JOURNAL, LOCK_FILE, RUN_RECORD, STEP_FINISHED, TRACKING_DIR, is_step
+from dew.contract.rundir import JOURNAL, LOCK_FILE, RUN_RECORD, STEP_FINISHED, TRACKING_DIR, is_step
 
 SKIPPED = (TRACKING_DIR, "wandb")
 """Directory names never searched for runs (journals and W&B's files live there, not runs)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.spec.rundir import JOURNAL_VERSION, LIFECYCLE
+from dew.contract.rundir import JOURNAL_VERSION, LIFECYCLE
 
 
 class JournalError(ValueError):

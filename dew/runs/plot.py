@@ -75,9 +75,9 @@ def objective_of(record: dict[str, Any] | None) -> str | None:
         return None
     if record.get("objective"):
         return record["objective"]
-    from dew.spec.data import datasets
-    from dew.spec.models import architectures
-    from dew.spec.objectives import natural_objective
+    from dew.contract.data import datasets
+    from dew.contract.models import architectures
+    from dew.contract.objectives import natural_objective
 
     model, data = record.get("model") or {}, record.get("data") or {}
     arch, dataset = model.get("architecture"), data.get("name") if isinstance(data, dict) else None
@@ -96,7 +96,7 @@ def unit(metric: str, runs: Sequence[Run]) -> str:
         kinds = {objective_of(r.record) for r in runs} - {None}
         if len(kinds) != 1:
             return "loss"
-        from dew.spec.objectives import objectives
+        from dew.contract.objectives import objectives
 
         name = kinds.pop()
         return objectives[name].loss_unit if name in objectives else "loss"

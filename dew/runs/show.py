@@ -10,7 +10,7 @@ from etils import epath
 
 from dew.runs.status import BEST_METRIC, Run
 from dew.runs.table import duration, number, status_text
-from dew.spec.rundir import SAMPLE_PREFIX, human
+from dew.contract.rundir import SAMPLE_PREFIX, human
 
 
 def size(path: epath.Path) -> int:

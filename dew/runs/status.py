@@ -23,10 +23,10 @@ from typing import Any
 
 from etils import epath
 
-from dew.spec.config import NoRunRecord, RunRecord, RunRecordError
+from dew.contract.config import NoRunRecord, RunRecord, RunRecordError
 from dew.runs import journal as journals
 from dew.runs.discover import checkpoint_steps, find_journal
-from dew.spec.rundir import BEST_METRIC, FAILURES, RUN_RECORD
+from dew.contract.rundir import BEST_METRIC, FAILURES, RUN_RECORD
 from dew.training.lock import describe, holder
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.spec.rundir import STUDY_FILE, study_url
+from dew.contract.rundir import STUDY_FILE, study_url
 from dew.runs.discover import RunsError
 from dew.runs.status import read_run
 from dew.runs.table import number

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx import spmd
 
-from dew.spec.config import LoRA, Quantization, RunConfig
+from dew.contract.config import LoRA, Quantization, RunConfig
 from dew.models import stack
-from dew.spec.models import Architecture, of
+from dew.contract.models import Architecture, of
 
 _LAYERS = {nnx.PARTITION_NAME: "layers"}
 """The logical name of a stack's leading axis (``dew.models.stack``)."""

@@ -36,7 +36,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as policies
 
 from dew.compat import orbax_reads_settle
-from dew.spec.rundir import BEST_METRIC, damaged_name
+from dew.contract.rundir import BEST_METRIC, damaged_name
 
 log = logging.getLogger("dew")
 

@@ -51,7 +51,7 @@ def fields_of(run: Any) -> Any:
     """The ``transformer`` fields of a run (or the fields themselves)."""
     if not hasattr(run, "model"):
         return run
-    from dew.spec.models import of
+    from dew.contract.models import of
 
     return of(run.model.architecture, run.model.fields()).fields
 

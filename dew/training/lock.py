@@ -45,7 +45,7 @@ import time
 import uuid
 from typing import Any
 
-from dew.spec.rundir import LOCK_FILE
+from dew.contract.rundir import LOCK_FILE
 
 log = logging.getLogger("dew")
 

@@ -26,7 +26,7 @@ import qwix
 from flax import nnx
 
 from dew import compat
-from dew.spec.config import LoRA, Quantization
+from dew.contract.config import LoRA, Quantization
 from dew.training import quantization as quant
 
 

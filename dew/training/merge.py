@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from etils import epath
 from flax import nnx
 
-from dew.spec.config import RunConfig
+from dew.contract.config import RunConfig
 
 SUFFIX_A, SUFFIX_B = "_lora_a", "_lora_b"
 

@@ -16,12 +16,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.spec.models import QKClipLayer
+from dew.contract.models import QKClipLayer
 from dew.training.muon import Muon
 from dew.training.optimizers import optimizers, path_str
 
 if TYPE_CHECKING:
-    from dew.spec.models import Architecture
+    from dew.contract.models import Architecture
 
 __all__ = ["CLIP_RTOL", "MuonClip", "QKClipLayer", "qk_clip", "qk_clip_after_update"]
 

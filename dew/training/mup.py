@@ -26,11 +26,11 @@ from typing import Any
 
 import jax
 
-from dew.spec.config import OptimConfig, ParamGroup, RunConfig
-from dew.spec.models import of
+from dew.contract.config import OptimConfig, ParamGroup, RunConfig
+from dew.contract.models import of
 from dew.training.optim import group_labels, mup_param_groups
 from dew.training.optimizers import optimizers, path_str
-from dew.spec.typed import ConfigError
+from dew.contract.typed import ConfigError
 
 __all__ = ["mup_groups", "with_mup_groups", "width_multiplier"]
 

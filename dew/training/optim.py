@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dew.spec.config import OptimConfig, ParamGroup
-from dew.spec.models import QKClipLayer
+from dew.contract.config import OptimConfig, ParamGroup
+from dew.contract.models import QKClipLayer
 from dew.training.bf16 import bf16_moments
 from dew.training.muon import EMBEDDING_PATTERNS, NON_MATRIX_PATTERNS
 from dew.training.muonclip import qk_clip
@@ -39,7 +39,7 @@ from dew.training.optimizers import UpdateRule, optimizers, path_str
 from dew.training.schedules import build_schedule
 
 if TYPE_CHECKING:
-    from dew.spec.models import Architecture
+    from dew.contract.models import Architecture
 
 __all__ = [
     "Optimizer", "QKClipLayer", "bf16_moments", "build_optimizer", "group_labels", "mup_param_groups",

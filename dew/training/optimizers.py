@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import jax
 import optax
 
-from dew.spec.registry import Registry
+from dew.contract.registry import Registry
 
 if TYPE_CHECKING:
-    from dew.spec.models import Architecture
+    from dew.contract.models import Architecture
 
 Schedule = Callable[[jax.Array], jax.Array]
 

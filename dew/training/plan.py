@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from dew.spec.config import RunConfig
-from dew.spec.models import build, of
+from dew.contract.config import RunConfig
+from dew.contract.models import build, of
 from dew.training import sharding
 from dew.training.optim import build_optimizer
 
@@ -156,7 +156,7 @@ def _activation_bytes(arch: Any, graphdef: Any, params: Any, rest: Any, batch: i
 
 def _ema_decay(run: RunConfig, arch: Any) -> float:
     """The EMA decay of the objective the run trains (its knobs), without building the objective."""
-    from dew.spec.objectives import natural_objective
+    from dew.contract.objectives import natural_objective
 
     if run.objective is None:
         try:

@@ -24,7 +24,7 @@ import tempfile
 from typing import Any
 
 from dew import compat
-from dew.spec.config import RunConfig, TrainerConfig
+from dew.contract.config import RunConfig, TrainerConfig
 
 
 @functools.cache
@@ -80,7 +80,7 @@ def check_checkpoint_dir(trainer: TrainerConfig, run_dir: str | os.PathLike) -> 
 
 def check_attention(run: RunConfig) -> None:
     """Raise naming ``model.attention_impl`` if it asks for cuDNN where cuDNN cannot run."""
-    from dew.spec.models import resolve_fields
+    from dew.contract.models import resolve_fields
 
     fields: Any = resolve_fields(run.model.architecture, run.model.fields())
     if getattr(fields, "attention_impl", None) != "cudnn":

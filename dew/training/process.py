@@ -11,7 +11,7 @@ from typing import Any
 
 from dew import compat
 from dew.training import slurm
-from dew.spec.config import TrainerConfig
+from dew.contract.config import TrainerConfig
 
 log = logging.getLogger("dew")
 

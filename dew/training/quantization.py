@@ -32,7 +32,7 @@ import jax
 import qwix
 from flax import nnx
 from dew import compat
-from dew.spec.config import Quantization
+from dew.contract.config import Quantization
 
 
 def _traces_to(x: Any, param: Any) -> bool:

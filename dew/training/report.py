@@ -21,8 +21,8 @@ from typing import Any
 
 import jax
 
-from dew.spec.config import RunConfig
-from dew.spec.rundir import human
+from dew.contract.config import RunConfig
+from dew.contract.rundir import human
 from dew.training.checkpoint import BEST_METRIC
 from dew.training.process import compilation_cache_stats
 

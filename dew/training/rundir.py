@@ -22,10 +22,10 @@ from typing import Any
 
 from etils import epath
 
-from dew.spec.config import NoRunRecord, RunConfig, RunRecord, RunRecordError
-from dew.spec.objectives import summary_name
+from dew.contract.config import NoRunRecord, RunConfig, RunRecord, RunRecordError
+from dew.contract.objectives import summary_name
 from dew.training.lock import RunLock, RunLockedError, describe, holder
-from dew.spec.typed import differences
+from dew.contract.typed import differences
 
 
 class RunDirError(ValueError):
@@ -93,7 +93,7 @@ def resume_blocks(path: str, trains: str | None, objectives: frozenset[str]) -> 
 def resume_changes(old: dict[str, Any], new: dict[str, Any], trains: str | None) -> tuple[list[str], list[str]]:
     """The differences between a run's record and the config that resumes it, as (accepted,
     refused) lists of ``path: old -> new``."""
-    from dew.spec.config import RunConfig as Base
+    from dew.contract.config import RunConfig as Base
 
     sections = frozenset(set(old) | set(new)) - {f.name for f in dataclasses.fields(Base)}
     accepted, refused = [], []

@@ -1,6 +1,6 @@
 """Learning-rate schedule records: one typed record per kind, each holding only its own fields.
 
-These records are plain dataclasses (no JAX at import) so that ``dew.spec.config`` can hold them;
+These records are plain dataclasses (no JAX at import) so that ``dew.contract.config`` can hold them;
 ``build_schedule`` turns one into the function of the step that ``dew.training.optim`` hands to
 optax. Every schedule warms up linearly from 0 over ``warmup_steps`` optimizer updates and peaks at
 ``OptimConfig.learning_rate``.
@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from dew.spec.schedules import ScheduleSpec, schedules
+from dew.contract.schedules import ScheduleSpec, schedules
 
 if TYPE_CHECKING:
     import jax

@@ -16,9 +16,9 @@ import jax
 from etils import epath
 from flax import nnx
 
-from dew.spec.config import STEP_LIMIT, RunConfig
-from dew.spec.data import Dataset
-from dew.spec.models import of
+from dew.contract.config import STEP_LIMIT, RunConfig
+from dew.contract.data import Dataset
+from dew.contract.models import of
 from dew.objectives.base import Objective
 from dew.training import adapt, preflight, sharding, warmstart
 from dew.training.optim import build_optimizer

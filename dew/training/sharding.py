@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dew.spec.config import Layout, TrainerConfig
+from dew.contract.config import Layout, TrainerConfig
 from dew.models.axes import mesh_axes, rules
 from dew.training.optimizers import path_str
 

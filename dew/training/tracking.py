@@ -27,8 +27,8 @@ from typing import Any
 
 from etils import epath
 
-from dew.spec.config import TrainerConfig
-from dew.spec.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
+from dew.contract.config import TrainerConfig
+from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
 from dew.training.rundir import absolute, is_local
 
 log = logging.getLogger("dew")

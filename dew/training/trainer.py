@@ -30,8 +30,8 @@ import numpy as np
 from etils import epath
 from jax.sharding import NamedSharding
 
-from dew.spec.config import RunConfig
-from dew.spec.data import Dataset
+from dew.contract.config import RunConfig
+from dew.contract.data import Dataset
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding, warmstart
 from dew.training.checkpoint import BEST_METRIC, Checkpoints

@@ -38,8 +38,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from dew.spec.config import RunConfig, RunRecord
-from dew.spec.rundir import RUN_RECORD, is_step
+from dew.contract.config import RunConfig, RunRecord
+from dew.contract.rundir import RUN_RECORD, is_step
 from dew.training.checkpoint import Checkpoints
 
 log = logging.getLogger("dew")

@@ -1,5 +1,5 @@
 """Hydra's search path for dew's plugins: the ``conf/`` directory of every package that registers
-parts through the ``dew.plugins`` entry-point group (``dew.spec.registry.plugin_conf_dirs``) is searched
+parts through the ``dew.plugins`` entry-point group (``dew.contract.registry.plugin_conf_dirs``) is searched
 after dew's own ``conf/``, so ``dew-train model=my_model`` finds the plugin's
 ``conf/model/my_model.yaml`` with no edit to dew. Hydra finds this class by scanning the
 ``hydra_plugins`` package."""
@@ -16,7 +16,7 @@ class DewPluginSearchPath(SearchPathPlugin):
     """Appends each dew plugin's ``conf/`` to Hydra's search path."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from dew.spec.registry import plugin_conf_dirs
+        from dew.contract.registry import plugin_conf_dirs
 
         for directory in plugin_conf_dirs():
             search_path.append(provider="dew-plugin", path=Path(directory).as_uri())

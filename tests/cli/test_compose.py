@@ -10,9 +10,9 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from dew.cli.train import conf_dir, register_configs
-from dew.spec.data import datasets
+from dew.contract.data import datasets
 from dew.recipe import Recipe
-from dew.spec.schedules import schedules
+from dew.contract.schedules import schedules
 
 CONF = Path(conf_dir())
 GROUPS = ["model", "data", "optim", "optim/schedule", "trainer", "experiment"]

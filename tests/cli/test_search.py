@@ -328,7 +328,7 @@ def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, c
     study is opened with them off, and dew's run lock (a lease where flock fails) keeps it to one
     sweeping command."""
     from dew.cli.study_sweeper import holding_the_study
-    from dew.spec.rundir import STUDY_LOCK_DIR, study_url
+    from dew.contract.rundir import STUDY_LOCK_DIR, study_url
 
     url = study_url(str(tmp_path))
     assert "nolock=1" in url

@@ -10,11 +10,11 @@ from dew.config import ModelConfig
 from dew.models import build, resolve_fields, with_data_fields
 from dew.models.simple_dit import SimpleDiTFields
 from dew.models.transformer import TransformerFields
-from dew.spec.typed import ConfigError
+from dew.contract.typed import ConfigError
 
 
 def test_registry_and_flops_import_no_jax():
-    code = ("import sys, dew.models, dew.spec.models, dew.models.flops; "
+    code = ("import sys, dew.models, dew.contract.models, dew.models.flops; "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

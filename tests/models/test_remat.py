@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dew.spec.models import build
-from dew.spec.typed import ConfigError
+from dew.contract.models import build
+from dew.contract.typed import ConfigError
 
 FAST = {"xla_backend_optimization_level": 0}
 TINY = {"transformer": dict(vocab_size=64, seq_len=64, hidden_size=32, depth=2, num_heads=2),

@@ -35,7 +35,7 @@ def test_a_built_objective_names_itself_by_its_knobs():
     registered for the knobs' class."""
     from dew.config import ModelConfig
     from dew.objectives.autoregressive import NextToken
-    from dew.spec.objectives import objective_of, objectives
+    from dew.contract.objectives import objective_of, objectives
 
     assert {name: objective_of(spec.Knobs()) for name, spec in objectives.items()} == {
         name: name for name in objectives}

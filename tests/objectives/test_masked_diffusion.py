@@ -16,7 +16,7 @@ from dew.data.specs import TokenWindows
 from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
 from dew.objectives.mdlm import MaskedDiffusion, subs_log_probs
 from dew.recipe import Recipe
-from dew.spec.typed import ConfigError
+from dew.contract.typed import ConfigError
 
 V, L = 11, 16
 TINY = {"hidden_size": 32, "depth": 1, "num_heads": 2}

@@ -21,7 +21,7 @@ from dew.data.specs import Digits, TokenWindows
 from dew.objectives.flow_matching import FlowMatchingKnobs
 from dew.recipe import Recipe
 from dew.training import trainer
-from dew.spec.schedules import schedules
+from dew.contract.schedules import schedules
 from tests.conftest import dew
 from tests.training.conftest import fast_env
 

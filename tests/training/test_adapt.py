@@ -15,7 +15,7 @@ from flax import nnx
 
 from dew.build import build_run
 from dew.config import LoRA, ModelConfig, Quantization, TrainerConfig
-from dew.spec.data import datasets
+from dew.contract.data import datasets
 from dew.models.dit import SimpleDiT
 from dew.models import architectures
 from dew.models.simple_dit import SimpleDiTFields
@@ -213,7 +213,7 @@ import sys, jax, numpy as np
 from flax import nnx
 from dew.build import build_run
 from dew.config import ModelConfig, TrainerConfig
-from dew.spec.data import datasets
+from dew.contract.data import datasets
 from dew.recipe import Recipe
 from dew.training import adapt
 arch, data, path = sys.argv[1:]

@@ -22,7 +22,7 @@ def _model():
     import jax
     from flax import nnx
 
-    from dew.spec.models import of
+    from dew.contract.models import of
 
     arch = of("transformer", FIELDS)
     model = arch.build(nnx.Rngs(params=0))
@@ -96,7 +96,7 @@ def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
     # Read back into a freshly seeded model of the same fields: the same logits.
     from flax import nnx
 
-    from dew.spec.models import of
+    from dew.contract.models import of
 
     fresh = of("transformer", FIELDS).build(nnx.Rngs(params=5))
     state = nnx.state(fresh, nnx.Param)
@@ -111,7 +111,7 @@ def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
 
 @pytest.mark.parametrize("field, value", [("qk_norm", True), ("tie_embeddings", True)])
 def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value: object):
-    from dew.spec.models import of
+    from dew.contract.models import of
     from dew.training import hf_llama
 
     fields = of("transformer", {**FIELDS, field: value}).fields

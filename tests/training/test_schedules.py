@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.spec.schedules import schedules
+from dew.contract.schedules import schedules
 from dew.training.schedules import CosineSchedule, LinearSchedule, PowerSchedule, build_schedule
 
 PEAK = 3e-3

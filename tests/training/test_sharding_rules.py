@@ -21,7 +21,7 @@ TRANSFORMER = {"vocab_size": 64, "seq_len": 16, "hidden_size": 32, "depth": 2, "
 def abstract(architecture: str, fields: dict):
     from flax import nnx
 
-    from dew.spec.models import build
+    from dew.contract.models import build
 
     return nnx.state(nnx.eval_shape(lambda: build(architecture, fields, nnx.Rngs(0))), nnx.Param)
 
@@ -89,7 +89,7 @@ def test_lora_factors_take_the_axes_of_the_weight_they_adapt():
     from jax.sharding import PartitionSpec as P
 
     from dew.config import Layout, LoRA
-    from dew.spec.models import build, of
+    from dew.contract.models import build, of
     from dew.training import adapt
     from dew.training.sharding import logical_names, param_specs
 

@@ -21,17 +21,17 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
-from dew.spec.data import DataSpec, datasets
-from dew.spec.registry import AttentionImpl, DtypeName, MatmulPrecision
-from dew.spec.rundir import RUN_RECORD
-from dew.spec.schedules import ScheduleSpec
-from dew.spec.typed import ConfigError, JsonString, from_json, to_json
+from dew.contract.data import DataSpec, datasets
+from dew.contract.registry import AttentionImpl, DtypeName, MatmulPrecision
+from dew.contract.rundir import RUN_RECORD
+from dew.contract.schedules import ScheduleSpec
+from dew.contract.typed import ConfigError, JsonString, from_json, to_json
 
 if TYPE_CHECKING:
     from etils import epath
     from flax import nnx
 
-    from dew.spec.data import Dataset
+    from dew.contract.data import Dataset
 
 __all__ = [
     "ConfigError", "DataSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
@@ -59,9 +59,9 @@ class ModelConfig:
     """Holds the architecture name and the fields ``models.build`` receives."""
 
     architecture: str = "simple_dit"
-    """A key of ``dew.models.architectures``."""
+    """A key of the architecture registry (``dew.contract.models.architectures``)."""
     config: JsonDict = dataclasses.field(default_factory=dict)
-    """The architecture's fields, merged over its defaults (``dew.spec.models``)."""
+    """The architecture's fields, merged over its defaults (``dew.contract.models``)."""
     dtype: DtypeName = "bfloat16"
     """Compute dtype; parameter storage is independent."""
     param_dtype: DtypeName | None = None
@@ -76,7 +76,7 @@ class ModelConfig:
     rest, xla on any other backend."""
 
     def __post_init__(self) -> None:
-        from dew.spec.models import architecture, resolve_fields
+        from dew.contract.models import architecture, resolve_fields
 
         try:
             architecture(self.architecture)
@@ -92,7 +92,7 @@ class ModelConfig:
                     f"set the precision once, as model.{name} (or give both the same value)")
 
     def _precision(self) -> dict[str, object]:
-        from dew.spec.models import architecture
+        from dew.contract.models import architecture
 
         declared = architecture(self.architecture).precision()
         values = {"dtype": self.dtype, "param_dtype": self.param_dtype,
@@ -118,7 +118,7 @@ class ModelConfig:
         """Build the architecture from ``fields()``; ``rngs`` seeds its initialisation."""
         from flax import nnx
 
-        from dew.spec.models import build
+        from dew.contract.models import build
 
         if isinstance(rngs, int):
             rngs = nnx.Rngs(rngs)
@@ -270,7 +270,7 @@ class Layout:
     axes say: splitting them saves nothing and costs a collective."""
 
     def __post_init__(self) -> None:
-        from dew.spec.axes import LOGICAL_AXES
+        from dew.contract.axes import LOGICAL_AXES
 
         mesh_axes = tuple(f.name for f in dataclasses.fields(MeshSpec))
         for name, axes in self.rules.items():

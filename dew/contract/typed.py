@@ -32,8 +32,8 @@ class JsonString:
 
 def registry_of(cls: type) -> Mapping[str, type] | None:
     """The registry a base class dispatches through (``DataSpec`` -> datasets), or None."""
-    from dew.spec.data import DataSpec, datasets
-    from dew.spec.schedules import ScheduleSpec, schedules
+    from dew.contract.data import DataSpec, datasets
+    from dew.contract.schedules import ScheduleSpec, schedules
 
     if cls is DataSpec:
         return datasets

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from dew.spec.registry import Registry
+from dew.contract.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)

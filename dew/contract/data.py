@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from dew.spec.registry import Registry
+from dew.contract.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np

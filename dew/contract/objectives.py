@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dew.spec.registry import Registry
+from dew.contract.registry import Registry
 
 if TYPE_CHECKING:
-    from dew.spec.config import RunConfig
-    from dew.spec.data import Dataset
+    from dew.contract.config import RunConfig
+    from dew.contract.data import Dataset
 
 
 class ObjectiveSpec:
