@@ -126,9 +126,9 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 stop(f"hydra.sweeper.params: {problem}")
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
-        """Name job directories by the searched keys: the sweep record (``dew.cli.train.SWEEP_ENV``)
+        """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
         the sweep directory's name wrote lists the command line's sweeps, not the search space."""
-        from dew.cli.train import SWEEP_ENV
+        from dew.launching.naming import SWEEP_ENV
 
         record = json.loads(os.environ.get(SWEEP_ENV) or '{"dir": null, "swept": []}')
         record["swept"] = sorted({*record["swept"], *space})

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
-import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,10 +28,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.schema import member_schema, register_resolvers, schema_of
-from dew.recipe import Recipe
 from dew.contract.data import datasets
 from dew.contract.schedules import schedules
 from dew.contract.typed import ConfigError
+from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
+from dew.recipe import Recipe
 
 log = logging.getLogger("dew")
 
@@ -80,8 +78,8 @@ def register_configs() -> None:
         cs.store(group="schema/schedule", name=name, node=member_schema(cls))
     register_resolvers()
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
-    OmegaConf.register_new_resolver("dew_sweep", _sweep_name, replace=True)
-    OmegaConf.register_new_resolver("dew_job", _job_dirname, replace=True)
+    OmegaConf.register_new_resolver("dew_sweep", sweep_name, replace=True)
+    OmegaConf.register_new_resolver("dew_job", job_dirname, replace=True)
     OmegaConf.register_new_resolver("dew_launch_dir", lambda: Path(launch_dir()).as_uri(), replace=True)
 
 
@@ -100,75 +98,6 @@ def _group_listing() -> str:
 
 
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-
-SWEEP_ENV = "DEW_SWEEP"
-"""The environment variable that carries a sweep's directory name and swept keys from the process
-that starts the sweep to every job (the basic launcher's, in the same process, and submitit's, in
-processes that inherit the environment), so that all agree on one directory."""
-
-FIXED_KEYS = ("trainer.name", "trainer.checkpoint_dir", "experiment")
-"""Overrides a job directory's name leaves out when no sweep record says which keys were swept."""
-
-JOB_NAME_MAX = 120
-"""Longest job directory name (most filesystems take 255 bytes per path component)."""
-
-
-def _sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> str:
-    """A sweep's directory under checkpoint_dir: ``<name>-sweep-<digest>`` (``sweep-<digest>`` for an
-    unnamed run), the digest that of the sweep's command line. The same command launched again finds
-    the same directory, resumes its unfinished jobs and leaves its finished ones as they are (a time
-    stamp would start the sweep over); a different command gets another. It is never a run
-    directory, so a sweep over a named experiment does not write into the run that name holds.
-
-    Resolved first in the process that starts the sweep, where ``overrides`` are the command line's
-    own (``optim.learning_rate=1e-3,3e-3``); that process records the name and the swept keys in
-    $DEW_SWEEP for every job (``_job_dirname``).
-    """
-    if known := os.environ.get(SWEEP_ENV):
-        return json.loads(known)["dir"]
-    command = sorted(str(o) for o in overrides)
-    digest = hashlib.sha1("\n".join(command).encode()).hexdigest()[:10]
-    candidate = f"{name}-sweep-{digest}" if name else f"sweep-{digest}"
-    parts = Path(candidate).parts
-    for depth in range(1, len(parts) + 1):  # a name like a/b puts the sweep inside run a
-        inside = os.path.join(checkpoint_dir, *parts[:depth])
-        if os.path.exists(os.path.join(inside, "run.json")):
-            raise ValueError(f"trainer.name={name!r}: the sweep's directory {candidate!r} would lie inside the run "
-                             f"{inside}; a sweep never writes into a run directory: name it elsewhere")
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
-    swept = [o.key_or_group for o in parsed if o.is_sweep_override()]
-    os.environ[SWEEP_ENV] = json.dumps({"dir": candidate, "swept": swept})
-    return candidate
-
-
-def sweep_record(config: DictConfig) -> str | None:
-    """The sweep's record (its directory and swept keys) as ``_sweep_name`` decides it in the
-    launching process: the launchers pickle it with every job, so a job that does not inherit the
-    environment (``--export=NONE``) agrees with the launching process. None for a sweep directory
-    given on the command line (``hydra.sweep.dir=...``), which every job composes alike."""
-    str(config.hydra.sweep.dir)  # resolving the directory records the sweep
-    return os.environ.get(SWEEP_ENV)
-
-
-def _job_dirname(num: Any, overrides: Any) -> str:
-    """A sweep job's directory: its number (unique in the sweep), then the swept keys with this
-    job's values (``0-optim.learning_rate=0.001``), made safe as one path component. Fixed
-    overrides are left out, so every job's name shows what tells it apart; the full list is in the
-    job's ``.hydra/overrides.yaml``. Without a sweep record, every override but ``FIXED_KEYS``."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    known = os.environ.get(SWEEP_ENV)
-    swept = set(json.loads(known)["swept"]) if known else None
-    parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
-    pairs = sorted((o.key_or_group, o.get_value_element_as_str()) for o in parsed
-                   if (o.key_or_group in swept if swept is not None else o.key_or_group not in FIXED_KEYS))
-    text = ",".join(f"{k}={v}" for k, v in pairs)
-    safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
-    if len(safe) > JOB_NAME_MAX:  # keep the start readable; the hash keeps two long names apart
-        safe = f"{safe[:JOB_NAME_MAX - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-    return f"{num}-{safe}" if safe else str(num)
 
 
 def run_name(recipe: Recipe) -> str:
@@ -245,7 +174,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         container = OmegaConf.to_container(cfg, resolve=True)
         recipe = Recipe.from_dict(container)
         from dew.build import build_run
-        from dew.training.process import from_process_zero
+        from dew.launching.pool import from_process_zero
         from dew.training.setup import check_setup, claim, listen, start_process
 
         start_process(recipe.trainer)  # XLA flags checked and set, the process pool, before any backend opens
@@ -291,7 +220,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
             write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
     except Preempted as stopped:
         print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
-        from dew.cli.launchers import exit_after_stop
+        from dew.launching.stop_exit import exit_after_stop
 
         exit_after_stop(stopped.signum)
     except Exception as err:  # noqa: BLE001 - a run that stops on its own terms ends with a sentence
@@ -352,17 +281,6 @@ def _gathered(model: Any) -> Any:
     return nnx.merge(graphdef, state)
 
 
-def launcher_without_multirun(args: Any) -> str | None:
-    """A launcher chosen on a single run, where Hydra would ignore it and train right here (on a
-    cluster's login node): the sentence that says so and how to launch. ``--cfg``, ``--info`` and
-    ``--help`` only show the config, and may."""
-    chosen = [o for o in args.overrides if re.fullmatch(r"\+*hydra/launcher=\S+", o)]
-    if not chosen or args.multirun or args.cfg or args.info or args.help or args.hydra_help:
-        return None
-    return (f"{chosen[0]} takes effect only on a multirun: without -m Hydra ignores the launcher and trains "
-            f"in this process; run: dew-train -m {' '.join(args.overrides)}")
-
-
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
@@ -371,6 +289,7 @@ def main() -> None:
     from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 
     from dew.cli.overrides import check_overrides, check_unset_records
+    from dew.launching.checks import launcher_without_multirun
 
     try:
         args = get_args_parser().parse_known_args()[0]

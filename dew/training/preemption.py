@@ -4,7 +4,7 @@ SIGUSR2 is what submitit sends before a time limit and on preemption, SIGTERM wh
 sends, SIGINT what Ctrl-C sends. Any of them makes the run finish the step in flight, save a
 checkpoint of the state after it (every process its own shards, at the same step), write a ``stop``
 event to the journal, and raise ``Preempted``; ``dew-train`` then exits the way the launcher
-expects (``dew.cli.train``), and the same command (or submitit's requeue) resumes from that
+expects (``dew.launching.stop_exit``), and the same command (or submitit's requeue) resumes from that
 checkpoint.
 
 Agreement across processes is JAX's, not dew's: after ``jax.distributed.initialize`` JAX's

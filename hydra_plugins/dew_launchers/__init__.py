@@ -1,53 +1,27 @@
 """dew's launchers, as Hydra plugins (Hydra instantiates launchers only from the ``hydra_plugins``
 package): Hydra's basic launcher and hydra-submitit-launcher's SLURM and local launchers, each of
-which checks every job of a sweep before it starts any (``dew.cli.sweep_launch.CheckedLaunch``), plus
-what a dew job needs in its own process. ``launch/hydra/launcher/{dew_basic,slurm,local}.yaml``
-select them; ``dew_basic`` is dew's default.
+which checks every job of a sweep before it starts any, plus what a dew job needs in its own
+process. ``launch/hydra/launcher/{dew_basic,slurm,local}.yaml`` select them; ``dew_basic`` is dew's
+default.
 
-A submitit job runs in a fresh Python process that unpickles the launcher and composes the job's
-config again there. Two things do not travel in the pickle and are restored here: dew's OmegaConf
-resolvers (OmegaConf keeps them in a process-wide table), and, for the local executor, the JAX
-coordinator's address. SLURM jobs need no address: inside srun, ``jax.distributed.initialize()``
-finds the cluster itself.
-
-The local executor tells every task its rank and the task count (submitit's job environment) but
-names no meeting point, and all local jobs of a sweep start at once, so each job needs its own
-coordinator port: the launching process picks one free port per job (``dew.cli.launchers.
-free_ports``) and the job's tasks read it from the pickled launcher. Concurrent jobs never collide,
-and a requeued job (the same pickle) meets on the same port again.
-
-The sweep's directory and swept keys are decided in the launching process (``dew.cli.train.
-_sweep_name``) and travel in the pickle too (``sweep``), not through the environment, so a job
-submitted with ``--export=NONE`` writes where the launching process said.
-
-``SlurmLauncher`` adds what real sites need to hydra-submitit-launcher's: ``gres`` alone (no
-``--gpus-per-node`` beside it), ``tasks_per_node`` one per GPU by default, ``--wckey`` only when
-set, ``--requeue`` by default, the job named after the sweep, ``SRUN_CPUS_PER_TASK`` exported (srun
-of Slurm 22.05-23.02 does not inherit ``--cpus-per-task``), and ``dry_run``: print the batch script
-instead of submitting it.
+The classes are thin: what they do is dew's launching package, the mixins before each library
+class: ``dew.launching.launchers`` (what every launcher does with a sweep's job list),
+``dew.launching.local_launcher`` (one coordinator port per job, Ctrl-C passed on) and
+``dew.launching.slurm_launcher`` (what real sites need, ``dry_run``). A submitit job runs in a
+fresh Python process that unpickles the launcher and composes the job's config again there: dew's
+OmegaConf resolvers and the sweep's record (``dew.launching.naming``) are restored there.
 """
 
-import os
-import re
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
 
 from dew import compat
-from dew.cli.sweep_launch import CheckedLaunch, SubmititLaunch
-
-
-def _job_process_setup() -> None:
-    from dew.cli.train import register_configs
-    from dew.training.preemption import install_early
-
-    install_early()  # a signal during set-up or restore is the run's, not submitit's (preemption.py)
-    register_configs()
+from dew.launching.launchers import CheckedLaunch
+from dew.launching.local_launcher import LocalLaunch
+from dew.launching.slurm_launcher import SlurmLaunch
 
 
 class BasicLauncher(CheckedLaunch, compat.hydra_basic_launcher()):
@@ -55,27 +29,10 @@ class BasicLauncher(CheckedLaunch, compat.hydra_basic_launcher()):
     before the first starts: dew's default launcher (conf/config.yaml)."""
 
 
-class _SweepInPickle:
-    """The sweep's record (``dew.cli.train.SWEEP_ENV``: its directory and swept keys), taken in the
-    launching process and set again in each job's process from the pickle."""
-
-    sweep: str | None = None
-
-    def record_sweep(self) -> None:
-        from dew.cli.train import sweep_record
-
-        self.sweep = sweep_record(self.config)
-
-    def restore_sweep(self) -> None:
-        from dew.cli.train import SWEEP_ENV
-
-        if self.sweep is not None:
-            os.environ[SWEEP_ENV] = self.sweep
-
-
 @dataclass
 class DewSlurmConf(config.SlurmQueueConf):
-    """The ``slurm`` profile's fields: hydra-submitit-launcher's, and dew's additions."""
+    """The ``slurm`` profile's fields: hydra-submitit-launcher's, and dew's additions
+    (``dew.launching.slurm_launcher.slurm_parameters`` reads them)."""
 
     _target_: str = "hydra_plugins.dew_launchers.SlurmLauncher"
     tasks_per_node: Optional[int] = None  # type: ignore[assignment]  # noqa: UP045 - OmegaConf reads Optional
@@ -96,117 +53,9 @@ class DewSlurmConf(config.SlurmQueueConf):
 ConfigStore.instance().store(group="hydra/launcher", name="dew_slurm_schema", node=DewSlurmConf, provider="dew")
 
 
-def gpus_in_gres(gres: str | None) -> int | None:
-    """The GPU count of a ``--gres`` value: ``gpu:8`` and ``gpu:a100:8`` are 8."""
-    m = re.search(r"(?:^|,)gpu(?::[\w.-]+)?:(\d+)", gres or "")
-    return int(m.group(1)) if m else None
+class SlurmLauncher(SlurmLaunch, submitit_launcher.SlurmLauncher):
+    """hydra-submitit-launcher's SLURM launcher, dew's way (``dew.launching.slurm_launcher``)."""
 
 
-def slurm_parameters(params: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
-    """The launcher's fields as hydra-submitit-launcher passes them on, made what real sites need."""
-    params = dict(params)
-    extra = dict(params.pop("additional_parameters", None) or {})
-    gpus = params.get("gpus_per_node")
-    if params.get("gres"):
-        params.pop("gpus_per_node", None)  # --gres alone asks for the GPUs; both conflict at some sites
-        gpus = gpus_in_gres(params["gres"])
-    if params.get("tasks_per_node") is None:
-        params["tasks_per_node"] = gpus or 1
-    params["name"] = params.get("name") or Path(sweep_dir).name
-    extra.setdefault("requeue" if params.pop("requeue", True) else "no-requeue", True)
-    params.pop("dry_run", None)
-    if params.get("cpus_per_task"):  # srun of Slurm 22.05-23.02 does not inherit --cpus-per-task
-        params["setup"] = [f"export SRUN_CPUS_PER_TASK={params['cpus_per_task']}", *(params.get("setup") or [])]
-    params["additional_parameters"] = extra
-    return params
-
-
-class SlurmLauncher(_SweepInPickle, SubmititLaunch, submitit_launcher.SlurmLauncher):
-    """hydra-submitit-launcher's SLURM launcher, with dew's resolvers and sweep in the job process
-    and the parameters real sites need (``slurm_parameters``)."""
-
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        self.record_sweep()
-        dry_run = bool(self.params.get("dry_run"))
-        self.params = slurm_parameters(self.params, str(self.config.hydra.sweep.dir))
-        if dry_run:
-            return self.print_script(job_overrides, initial_job_idx)
-        return super().launch(job_overrides, initial_job_idx)
-
-    def print_script(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
-        """Print the batch script ``launch`` would submit (one for a whole sweep: a job array) and
-        each job's overrides; submit nothing."""
-        from dew import compat
-
-        names = compat.submitit_slurm_parameter_names()
-        folder = str(Path(self.params["submitit_folder"]).absolute())  # as the executor makes it
-        skip = {"submitit_folder", "max_num_timeout"}
-        params = {names.get(k, k): v for k, v in self.params.items() if k not in skip}
-        if params.get("mem") is not None:
-            params["mem"] = f"{params['mem']}GB"
-        if len(job_overrides) > 1:
-            params["map_count"] = len(job_overrides)
-        command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-        print(compat.submitit_sbatch_script(folder, command, **params))
-        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
-            print(f"# job {idx}: {' '.join(overrides)}")
-        print(f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "
-              f"{self.config.hydra.sweep.dir}")
-        return []
-
-    def requested_devices(self) -> int | None:
-        """Every node's GPUs (``gpus_per_node``, or the count in ``gres``), where they are known."""
-        nodes = self.params.get("nodes")
-        gpus = self.params.get("gpus_per_node") or gpus_in_gres(self.params.get("gres"))
-        return nodes * gpus if isinstance(nodes, int) and isinstance(gpus, int) and gpus > 0 else None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _job_process_setup()
-        self.restore_sweep()
-        return super().__call__(*args, **kwargs)
-
-
-class LocalLauncher(_SweepInPickle, SubmititLaunch, submitit_launcher.LocalLauncher):
-    """hydra-submitit-launcher's local launcher, with dew's resolvers in the job process and one
-    coordinator port per job, chosen by the launching process. Ctrl-C in the terminal reaches the
-    tasks, which save and stop, while the launcher waits for them (``interrupted``); a launcher
-    that dies takes its jobs with it (``dew.cli.sweep_launch.watch_launcher``)."""
-
-    ports: dict[int, int]
-    launcher_pid: int
-
-    def requested_devices(self) -> int | None:
-        tasks = self.params.get("tasks_per_node")
-        cpu_devices = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
-        on_cpu = os.environ.get("JAX_PLATFORMS", "") == "cpu" or not self.params.get("gpus_per_node")
-        known = isinstance(tasks, int) and on_cpu and "JAX_NUM_CPU_DEVICES" in os.environ
-        return tasks * cpu_devices if known else None
-
-    def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from dew import compat
-        from dew.cli.launchers import free_ports
-
-        self.ports = free_ports(len(job_overrides), first=initial_job_idx)
-        self.record_sweep()
-        self.launcher_pid = os.getpid()
-        self.controllers: list[Any] = []
-        with compat.submitit_local_controllers(self.controllers):
-            return super().start_and_wait(job_overrides, initial_job_idx)
-
-    def interrupted(self) -> bool:
-        from dew.cli.sweep_launch import wait_for_controllers
-
-        wait_for_controllers(self.controllers)
-        return True
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "controllers"}  # processes do not pickle
-
-    def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, *args: Any) -> Any:
-        from dew.cli.sweep_launch import watch_launcher
-
-        _job_process_setup()
-        self.restore_sweep()
-        watch_launcher(self.launcher_pid)
-        os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{self.ports[job_num]}"
-        return super().__call__(sweep_overrides, job_dir_key, job_num, *args)
+class LocalLauncher(LocalLaunch, submitit_launcher.LocalLauncher):
+    """hydra-submitit-launcher's local launcher, dew's way (``dew.launching.local_launcher``)."""

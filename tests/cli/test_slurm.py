@@ -157,7 +157,7 @@ def test_each_task_gets_its_own_gpus_through_the_stand_in(slurm_cluster, monkeyp
 
 
 def test_the_profile_real_sites_need():
-    from hydra_plugins.dew_launchers import slurm_parameters
+    from dew.launching.slurm_launcher import slurm_parameters
     from tests.cli.test_launch import launcher
 
     composed = launcher("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=null", "hydra.launcher.gres=gpu:8")

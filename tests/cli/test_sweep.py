@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from dew.cli.train import SWEEP_ENV, _job_dirname, _sweep_name
+from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
 from dew.training.tracking import artifact_name
 from tests.training.conftest import TINY, dew_train
 
@@ -31,14 +31,14 @@ def test_job_names_show_the_swept_values(monkeypatch):
     fixed = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "trainer.steps=2",
              "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", "trainer.compilation_cache_dir=null"]
     monkeypatch.setenv(SWEEP_ENV, json.dumps({"dir": "s", "swept": ["optim.learning_rate", "trainer.seed"]}))
-    a = _job_dirname(0, [*fixed, "optim.learning_rate=0.001", "trainer.seed=1"])
-    b = _job_dirname(1, [*fixed, "optim.learning_rate=0.003", "trainer.seed=1"])
+    a = job_dirname(0, [*fixed, "optim.learning_rate=0.001", "trainer.seed=1"])
+    b = job_dirname(1, [*fixed, "optim.learning_rate=0.003", "trainer.seed=1"])
     assert (a, b) == ("0-optim.learning_rate=0.001,trainer.seed=1", "1-optim.learning_rate=0.003,trainer.seed=1")
     # Without the sweep's record: every override but the fixed keys, long ones cut with a hash.
     monkeypatch.delenv(SWEEP_ENV)
-    long_a = _job_dirname(0, [*fixed, "optim.learning_rate=0.001"])
+    long_a = job_dirname(0, [*fixed, "optim.learning_rate=0.001"])
     assert long_a.startswith("0-flow_matching.sample_steps=1,") and "experiment" not in long_a
-    assert len(long_a) <= 2 + 120 and long_a != _job_dirname(0, [*fixed, "optim.learning_rate=0.003"])
+    assert len(long_a) <= 2 + 120 and long_a != job_dirname(0, [*fixed, "optim.learning_rate=0.003"])
 
 
 def test_a_sweep_named_inside_a_run_is_refused(tmp_path, monkeypatch):
@@ -47,8 +47,8 @@ def test_a_sweep_named_inside_a_run_is_refused(tmp_path, monkeypatch):
     (tmp_path / "a" / "run.json").write_text("{}")
     try:
         with pytest.raises(ValueError, match="would lie inside the run"):
-            _sweep_name("a/b", str(tmp_path), ["optim.learning_rate=1e-3,3e-3"])
-        assert _sweep_name("a", str(tmp_path), ["optim.learning_rate=1e-3,3e-3"]).startswith("a-sweep-")
+            sweep_name("a/b", str(tmp_path), ["optim.learning_rate=1e-3,3e-3"])
+        assert sweep_name("a", str(tmp_path), ["optim.learning_rate=1e-3,3e-3"]).startswith("a-sweep-")
         assert json.loads(os.environ[SWEEP_ENV])["swept"] == ["optim.learning_rate"]
     finally:
         os.environ.pop(SWEEP_ENV, None)

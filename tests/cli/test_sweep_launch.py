@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.cli.sweep_launch import SWEEP_LOCK_DIR
+from dew.launching.sweep_lock import SWEEP_LOCK_DIR
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.training.lock import holder
 from dew.training.tracking import read_journal

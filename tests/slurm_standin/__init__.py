@@ -82,6 +82,6 @@ def slurm_cluster(tmp_path: Path):
 def task_view() -> tuple[int, int, list[int] | None]:
     """What a task of a job sees, run inside the job by submitit: (its rank, the tasks of its srun
     step, the GPUs dew gives it)."""
-    from dew.training.slurm import local_device_ids, step_tasks
+    from dew.launching.slurm import local_device_ids, step_tasks
 
     return int(os.environ["SLURM_PROCID"]), step_tasks(os.environ), local_device_ids(os.environ)

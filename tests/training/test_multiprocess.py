@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.cli.launchers import free_ports
+from dew.launching.pool import free_ports
 from dew.training.tracking import read_journal
 from tests.training.conftest import TINY, fast_env, losses
 

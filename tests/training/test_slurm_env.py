@@ -1,11 +1,11 @@
-"""Where a process stands in a SLURM job (dew/training/slurm.py), for each layout, from the variables
+"""Where a process stands in a SLURM job (dew/launching/slurm.py), for each layout, from the variables
 SLURM sets there: inside an srun step or not, and which GPUs are each task's on a node of 8."""
 
 from __future__ import annotations
 
 import pytest
 
-from dew.training.slurm import local_device_ids, outside_step, step_tasks, tasks_per_node
+from dew.launching.slurm import local_device_ids, outside_step, step_tasks, tasks_per_node
 
 JOB = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
        "SLURM_TASKS_PER_NODE": "8(x2)", "SLURM_GPUS_ON_NODE": "8"}

@@ -1,14 +1,6 @@
 """A sweep's jobs as the launching process sees them, before anything is queued: each job's config
-composed and converted, its run directory, and the checks a single run makes before it writes
-anything. dew's launchers (``hydra_plugins.dew_launchers``) run them on the whole job list first,
-so a bad value is refused in seconds on the login node instead of after the queue wait in every
-task's log, and a sweep whose jobs are alive is not submitted twice.
-
-The launching process opens no JAX backend (a login node may have no accelerator, and the basic
-launcher's jobs, which run in this process, must still set XLA's flags and join their pool): the
-mesh is checked as an abstract mesh over the devices the launcher requests (SLURM: nodes x GPUs
-per node; local: tasks x the CPU devices each task simulates), and the model and the optimizer only
-as shapes.
+composed and converted as the job will compose its own, and its run directory; and, after the jobs
+ran, how each one ended (its journal's last event). ``dew.launching.checks`` checks them.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 
 @dataclasses.dataclass
@@ -37,7 +29,7 @@ class SweepJob:
     hydra: DictConfig
     """The job's whole config, ``hydra`` node included."""
     recipe: Any = None
-    """The job's converted config, once ``check_job`` has converted it."""
+    """The job's converted config, once ``dew.launching.checks.check_job`` has converted it."""
 
     def describe(self) -> str:
         """``job 0 (optim.learning_rate=0.001 trainer.name=x)``"""
@@ -47,7 +39,7 @@ class SweepJob:
 
 
 @contextmanager
-def _hydra_config(cfg: DictConfig) -> Iterator[None]:
+def hydra_config(cfg: DictConfig) -> Iterator[None]:
     """Within: ``HydraConfig`` is ``cfg``'s (``${hydra:...}`` resolves as in the job), restored after."""
     from hydra.core.hydra_config import HydraConfig
 
@@ -68,53 +60,13 @@ def compose_jobs(config: DictConfig, hydra_context: Any, job_overrides: Sequence
         sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.num = initial_job_idx + offset
-        with _hydra_config(sweep_config):
+        with hydra_config(sweep_config):
             run_dir = os.path.join(str(sweep_config.hydra.sweep.dir), str(sweep_config.hydra.sweep.subdir))
         task = copy.deepcopy(sweep_config)
         with read_write(task), open_dict(task):
             del task["hydra"]
         jobs.append(SweepJob(initial_job_idx + offset, list(overrides), task, run_dir, sweep_config))
     return jobs
-
-
-def check_job(job: SweepJob, device_count: int | None) -> None:
-    """Raise ``ConfigError``/``ValueError``/``OSError`` with the message a single run would print,
-    for any problem the job's run would find before writing anything."""
-    from dew.recipe import Recipe
-
-    with _hydra_config(job.hydra):
-        container = OmegaConf.to_container(job.config, resolve=True)
-    recipe = job.recipe = Recipe.from_dict(container)  # before JAX is imported: a typo fails at once
-    from dew.build import build_run
-    from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-    from dew.training.trainer import check
-
-    check_xla_flags(recipe.trainer)
-    recipe, objective, dataset = build_run(recipe)
-    check(recipe, objective, dataset, device_count=device_count or _known_devices(recipe))
-    check_checkpoint_dir(recipe.trainer, job.run_dir)
-
-
-def _known_devices(recipe: Any) -> int:
-    """Where the launcher cannot know the device count: the product of the mesh's fixed sizes."""
-    sizes = [s for s in dataclasses.asdict(recipe.trainer.mesh).values() if s != -1]
-    count = 1
-    for s in sizes:
-        count *= s
-    return count
-
-
-def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
-    """One line per job that fails its checks: the job, its overrides and the message."""
-    from dew.contract.typed import ConfigError
-
-    lines = []
-    for job in jobs:
-        try:
-            check_job(job, device_count)
-        except (ConfigError, ValueError, OSError) as err:
-            lines.append(f"{job.describe()}: {err}")
-    return lines
 
 
 def stop_record(job: SweepJob) -> dict[str, Any] | None:

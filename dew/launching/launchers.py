@@ -1,21 +1,18 @@
 """What every dew launcher (``hydra_plugins/dew_launchers``) does with a sweep's job list: every
 job checked before any starts, and a sweep whose jobs are alive refused (``CheckedLaunch``); the
-end of a sweep whose jobs stopped on a signal, one line per job (``SubmititLaunch``); and, for the
-local executor, Ctrl-C passed on to the jobs and waited for, and tasks that end with a launcher
-that was killed."""
+end of a sweep whose jobs stopped on a signal, one line per job (``SubmititLaunch``); and what a
+submitit job needs in its own process (``job_process_setup``). The Hydra launcher classes are these
+mixins before Hydra's and hydra-submitit-launcher's classes; ``dew.launching.local_launcher`` and
+``dew.launching.slurm_launcher`` hold what each submitit launcher adds."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-SWEEP_LOCK_DIR = ".launch"
-"""Where in a sweep's directory the launching process holds the run lock while its jobs run (a
-hidden directory of its own: a ``.lock`` beside the jobs would make ``dew-runs`` take the sweep
-for a run)."""
+from dew.launching.sweep_lock import holding_the_sweep, refuse_live_jobs, wait_until_released
 
 
 class CheckedLaunch:
@@ -32,7 +29,8 @@ class CheckedLaunch:
         return None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from dew.cli.sweep_jobs import compose_jobs, failures
+        from dew.launching.checks import failures
+        from dew.launching.jobs import compose_jobs
         from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
         from dew.training.lock import RunLockedError
 
@@ -72,24 +70,6 @@ def searching(config: Any) -> bool:
     return not target.endswith(".BasicSweeper")
 
 
-@contextlib.contextmanager
-def holding_the_sweep(sweep_dir: str) -> Iterator[None]:
-    """Hold the sweep's lock for the block (``RunLockedError`` if another process holds it), and
-    leave no trace of it after: the sweep's directory then holds its jobs alone."""
-    import shutil
-
-    from dew.training.rundir import hold
-
-    lock_dir = os.path.join(sweep_dir, SWEEP_LOCK_DIR)
-    held = hold(lock_dir)
-    held.__enter__()  # raises, leaving the other process's lock as it is, when one holds it
-    try:
-        yield
-    finally:
-        held.__exit__(None, None, None)
-        shutil.rmtree(lock_dir, ignore_errors=True)
-
-
 def _leave_no_trace(sweep_dir: str) -> None:
     """Remove the sweep directory Hydra's sweeper made for its ``multirun.yaml``, if that is all it
     holds, and the directories it made for it (those left empty, below the working directory)."""
@@ -101,21 +81,6 @@ def _leave_no_trace(sweep_dir: str) -> None:
     while parent.startswith(os.getcwd() + os.sep) and not os.listdir(parent):
         os.rmdir(parent)
         parent = os.path.dirname(parent)
-
-
-def refuse_live_jobs(sweep_dir: str, jobs: Sequence[Any]) -> None:
-    """Raise ``RunLockedError`` if the sweep is being launched by another live process, or one of
-    its jobs' run directories is in use."""
-    from dew.training.lock import RunLockedError, describe, holder
-
-    if (who := holder(os.path.join(sweep_dir, SWEEP_LOCK_DIR))) is not None:
-        raise RunLockedError(f"the sweep {sweep_dir} is being run by {describe(who)}: its jobs are alive, and "
-                             "the same command run again would start them twice. Wait for it to end (it "
-                             "resumes what it did not finish when run again) or stop it")
-    for job in jobs:
-        if (who := holder(job.run_dir)) is not None:
-            raise RunLockedError(f"{job.describe()} is running: {job.run_dir} is in use by {describe(who)}; "
-                                 "the same command run again would start it twice. Wait for it to end or stop it")
 
 
 class SubmititLaunch(CheckedLaunch):
@@ -151,23 +116,12 @@ class SubmititLaunch(CheckedLaunch):
         return False
 
 
-def wait_until_released(jobs: Sequence[Any], every_s: float = 0.5) -> None:
-    """Wait until no process holds any job's run directory: a job the scheduler reports ended
-    (cancelled) can still be saving its checkpoint, and only then says where it stopped."""
-    import time
-
-    from dew.training.lock import holder
-
-    while any(holder(job.run_dir) is not None for job in jobs):
-        time.sleep(every_s)
-
-
 def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
     """Print one line per job that stopped on a signal (and per job not finished) and exit with a
     stopped run's status; False, printing nothing, when no job stopped so."""
     import shlex
 
-    from dew.cli.sweep_jobs import stop_record
+    from dew.launching.jobs import stop_record
     from dew.training.lock import holder
 
     stops = {job.num: stop_record(job) for job in jobs}
@@ -191,47 +145,12 @@ def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
     sys.exit(130 if interrupted or "interrupted" in reasons else 143)
 
 
-def wait_for_controllers(controllers: Sequence[Any]) -> None:
-    """After Ctrl-C: the tasks of every local job got it from the terminal (their controllers
-    ignore it: ``compat.submitit_local_controllers``); pass it on as SIGTERM, which each controller
-    forwards to its tasks (for a launcher interrupted alone; a task already stopping takes no
-    notice), and wait until every job has saved and ended. Ctrl-C again only tells the tasks to
-    stop at once (the terminal sends it to them); this process waits still."""
-    import signal
-    import time
+def job_process_setup() -> None:
+    """In a submitit job's own process, before its task runs: dew's stop handlers listen from the
+    start (a signal during set-up or restore is the run's, not submitit's: ``dew.training.preemption``)
+    and dew's OmegaConf resolvers, which do not travel in the pickle, are registered again."""
+    from dew.cli.train import register_configs
+    from dew.training.preemption import install_early
 
-    for process in controllers:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    while any(p.poll() is None for p in controllers):
-        try:
-            time.sleep(0.1)
-        except KeyboardInterrupt:
-            continue
-
-
-def watch_launcher(launcher_pid: int, every_s: float = 1.0) -> None:
-    """In a local job's task: stop the run (SIGTERM to this process: it saves at the next step
-    boundary and ends) once the process that launched it, or the task's controller, is gone, so
-    that no task outlives a killed launcher, holding its run's lock."""
-    import signal
-    import threading
-    import time
-
-    controller = os.getppid()
-
-    def alive(pid: int) -> bool:  # a zombie (dead, not yet reaped by its parent) is gone too
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
-        except OSError:
-            return True
-
-    def watch() -> None:
-        while os.getppid() == controller and alive(launcher_pid):
-            time.sleep(every_s)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-    threading.Thread(target=watch, name="dew-watch-launcher", daemon=True).start()
+    install_early()
+    register_configs()

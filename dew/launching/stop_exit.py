@@ -1,30 +1,15 @@
-"""What dew's submitit launchers (``hydra_plugins/dew_launchers``) share with ``dew-train``: a
-free coordinator port per local job, and the exit after a run stopped on a signal. What the
-launchers do with a sweep's job list is ``dew.cli.sweep_launch``."""
+"""How a process leaves once its run stopped on a signal and saved its checkpoint: submitit's requeue
+handshake (rank 0 requeues, every rank waits for it), or the status a shell reports for a process the
+signal ended; and, for a run alone in its process, at once, without the interpreter's teardown."""
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import NoReturn
 
 from dew import compat
-
-
-def free_ports(count: int, *, first: int = 0) -> dict[int, int]:
-    """``count`` distinct free TCP ports on this machine, keyed ``first``, ``first + 1``, ...: all
-    sockets stay bound until every port is chosen, so no two are the same."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return {first + i: s.getsockname()[1] for i, s in enumerate(sockets)}
-    finally:
-        for s in sockets:
-            s.close()
+from dew.launching.pool import barrier
 
 
 def exit_after_stop(signum: int | None) -> NoReturn:
@@ -51,7 +36,7 @@ def exit_after_stop(signum: int | None) -> NoReturn:
             try:
                 handler(signum, None)
             finally:
-                _barrier("dew/requeued")
+                barrier("dew/requeued")
     _exit(128 + signum)
 
 
@@ -76,10 +61,3 @@ def _exit(status: int) -> NoReturn:
     sys.stderr.flush()
     os._exit(status)
 
-
-def _barrier(name: str, timeout_s: float = 120) -> None:
-    import jax
-
-    client = compat.jax_distributed_client()
-    if client is not None and jax.process_count() > 1:
-        client.wait_at_barrier(name, int(timeout_s * 1000))

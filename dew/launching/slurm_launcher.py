@@ -1,0 +1,92 @@
+"""What dew's SLURM launcher (``hydra/launcher=slurm``) adds to hydra-submitit-launcher's: dew's
+resolvers and the sweep's record in the job's process, every job checked before any is queued
+(``SubmititLaunch``), and what real sites need: ``gres`` alone (no ``--gpus-per-node`` beside it),
+``tasks_per_node`` one per GPU by default, ``--wckey`` only when set, ``--requeue`` by default, the
+job named after the sweep, ``SRUN_CPUS_PER_TASK`` exported (srun of Slurm 22.05-23.02 does not
+inherit ``--cpus-per-task``), and ``dry_run``: print the batch script instead of submitting it.
+SLURM jobs need no coordinator address: inside srun, ``jax.distributed.initialize()`` finds the
+cluster itself (``dew.launching.pool``)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dew.launching.launchers import SubmititLaunch, job_process_setup
+from dew.launching.naming import SweepInPickle
+
+
+def gpus_in_gres(gres: str | None) -> int | None:
+    """The GPU count of a ``--gres`` value: ``gpu:8`` and ``gpu:a100:8`` are 8."""
+    m = re.search(r"(?:^|,)gpu(?::[\w.-]+)?:(\d+)", gres or "")
+    return int(m.group(1)) if m else None
+
+
+def slurm_parameters(params: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
+    """The launcher's fields as hydra-submitit-launcher passes them on, made what real sites need."""
+    params = dict(params)
+    extra = dict(params.pop("additional_parameters", None) or {})
+    gpus = params.get("gpus_per_node")
+    if params.get("gres"):
+        params.pop("gpus_per_node", None)  # --gres alone asks for the GPUs; both conflict at some sites
+        gpus = gpus_in_gres(params["gres"])
+    if params.get("tasks_per_node") is None:
+        params["tasks_per_node"] = gpus or 1
+    params["name"] = params.get("name") or Path(sweep_dir).name
+    extra.setdefault("requeue" if params.pop("requeue", True) else "no-requeue", True)
+    params.pop("dry_run", None)
+    if params.get("cpus_per_task"):  # srun of Slurm 22.05-23.02 does not inherit --cpus-per-task
+        params["setup"] = [f"export SRUN_CPUS_PER_TASK={params['cpus_per_task']}", *(params.get("setup") or [])]
+    params["additional_parameters"] = extra
+    return params
+
+
+class SlurmLaunch(SweepInPickle, SubmititLaunch):
+    """hydra-submitit-launcher's SLURM launcher, with dew's resolvers and sweep in the job process
+    and the parameters real sites need (``slurm_parameters``). A mixin before
+    hydra-submitit-launcher's ``SlurmLauncher``."""
+
+    params: dict[str, Any]
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        self.record_sweep()
+        dry_run = bool(self.params.get("dry_run"))
+        self.params = slurm_parameters(self.params, str(self.config.hydra.sweep.dir))
+        if dry_run:
+            return self.print_script(job_overrides, initial_job_idx)
+        return super().launch(job_overrides, initial_job_idx)
+
+    def print_script(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
+        """Print the batch script ``launch`` would submit (one for a whole sweep: a job array) and
+        each job's overrides; submit nothing."""
+        from dew import compat
+
+        names = compat.submitit_slurm_parameter_names()
+        folder = str(Path(self.params["submitit_folder"]).absolute())  # as the executor makes it
+        skip = {"submitit_folder", "max_num_timeout"}
+        params = {names.get(k, k): v for k, v in self.params.items() if k not in skip}
+        if params.get("mem") is not None:
+            params["mem"] = f"{params['mem']}GB"
+        if len(job_overrides) > 1:
+            params["map_count"] = len(job_overrides)
+        command = f"{sys.executable} -u -m submitit.core._submit {folder}"
+        print(compat.submitit_sbatch_script(folder, command, **params))
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            print(f"# job {idx}: {' '.join(overrides)}")
+        print(f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "
+              f"{self.config.hydra.sweep.dir}")
+        return []
+
+    def requested_devices(self) -> int | None:
+        """Every node's GPUs (``gpus_per_node``, or the count in ``gres``), where they are known."""
+        nodes = self.params.get("nodes")
+        gpus = self.params.get("gpus_per_node") or gpus_in_gres(self.params.get("gres"))
+        return nodes * gpus if isinstance(nodes, int) and isinstance(gpus, int) and gpus > 0 else None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        job_process_setup()
+        self.restore_sweep()
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
