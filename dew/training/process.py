@@ -11,8 +11,6 @@ from dew import compat
 from dew.contract.config import TrainerConfig
 from dew.launching.pool import join_process_pool
 
-log = logging.getLogger("dew")
-
 
 def prepare_process(trainer: TrainerConfig) -> None:
     """Apply ``xla_flags``, the compilation cache and ``multi_host`` to this process."""
