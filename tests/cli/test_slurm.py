@@ -50,7 +50,6 @@ def setup_lines(env: dict[str, str]) -> str:
     return f"hydra.launcher.setup=[{lines}]"
 
 
-@pytest.mark.slow
 def no_flock(env: dict[str, str]) -> dict[str, str] | None:
     """``env`` on a filesystem whose ``flock`` fails (ENOSYS, as Lustre without ``-o flock``), where
     the simulation (tests/fs_sim, the run lock's tests) exists; None where it does not."""
@@ -61,6 +60,7 @@ def no_flock(env: dict[str, str]) -> dict[str, str] | None:
     return noflock_env(env)
 
 
+@pytest.mark.slow
 def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):  # noqa: F811
     env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20")
     env = slurm_cluster.env(no_flock(env) or env)
