@@ -58,6 +58,7 @@ def test_help_lists_groups_and_options(workdir: Path):
 def test_multirun_gives_each_job_its_own_run(workdir: Path):
     sweep = [a for a in TINY if not a.startswith("trainer.name")] + ["trainer.name=null", "trainer.steps=2",
                                                                      "trainer.eval_every=null"]
+    sweep.append(f"trainer.compilation_cache_dir={workdir / 'cache'}")  # job 1 loads what job 0 compiled
     journals = []
     for _ in range(2):  # the same command again: the same sweep, whose finished jobs are left alone
         result = dew("-m", *sweep, "optim.learning_rate=0.001,0.003", cwd=workdir, env=fast_env())

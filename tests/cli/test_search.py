@@ -158,21 +158,30 @@ def test_dew_train_names_the_unset_schedule_and_writes_nothing(workdir: Path):
 
 
 @pytest.fixture(scope="module")
-def interrupted_study(tmp_path_factory):
+def xla_cache(tmp_path_factory) -> str:
+    """A compilation cache the studies of this module share: their trials differ in the optimizer's
+    settings, so each compiles its own train step, but the model's initialisation, the evaluation and
+    the sampling are the same programs in every trial (~2.5 s of compiling a trial loads instead)."""
+    return f"trainer.compilation_cache_dir={tmp_path_factory.mktemp('xla')}"
+
+
+@pytest.fixture(scope="module")
+def interrupted_study(tmp_path_factory, xla_cache):
     """One study of 4 trials under the basic launcher, SIGKILLed once its third trial has saved
     step 2 (of 3) and then run again with the same command: (work dir, sweep dir, trial states after
     the kill, the first two trials' journals as they were)."""
     work = tmp_path_factory.mktemp("study")
 
-    def third_trial_saved_step_2(cwd: Path) -> bool:  # then it evaluates at step 3: seconds to catch it
+    def third_trial_saved_step_2(cwd: Path) -> bool:  # then it trains step 3 and evaluates: ~1 s to catch it
         return any((job / "2" / "_CHECKPOINT_METADATA").exists() for job in cwd.glob("ck/*/2-*"))
 
-    killed = dew_train(*SEARCH, *SHORT, cwd=work, kill_when=third_trial_saved_step_2, poll=0.05, timeout=600)
+    killed = dew_train(*SEARCH, *SHORT, xla_cache, cwd=work, kill_when=third_trial_saved_step_2, poll=0.01,
+                       timeout=600)
     assert killed is None, killed.stdout[-3000:]
     [sweep] = list((work / "ck").glob("digits-sweep-*"))
     states = [t.state.name for t in study_of(sweep).trials]
     before = {n: (work / "tracking" / sweep.name / jobs(sweep)[n] / "journal.jsonl").read_text() for n in (0, 1)}
-    again = dew_train(*SEARCH, *SHORT, cwd=work, timeout=600)
+    again = dew_train(*SEARCH, *SHORT, xla_cache, cwd=work, timeout=600)
     assert again is not None and again.returncode == 0, again.stdout[-3000:]
     return work, sweep, states, before
 
@@ -231,14 +240,14 @@ def test_dew_runs_shows_the_study_best_first_and_plots_it(interrupted_study, tmp
 
 
 @pytest.mark.slow
-def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(workdir: Path):
+def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(workdir: Path, xla_cache):
     from dew.cli.runs import run
 
     # The preset's TPE sampler (seed 0) draws 0.001, 1e6, 0.001, 0.001 from this choice: the second
     # trial of the first batch of two diverges, and the second batch runs all the same.
     local = ["hydra/launcher=local", "hydra.launcher.tasks_per_node=1", "hydra.sweeper.n_jobs=2",
              "optim.learning_rate=choice(1e6,0.001)", "optim.weight_decay=0.05"]
-    result = dew_train(*SEARCH, *local, *SHORT, cwd=workdir, timeout=600)
+    result = dew_train(*SEARCH, *local, *SHORT, xla_cache, cwd=workdir, timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
     study = study_of(sweep)

@@ -50,7 +50,6 @@ def setup_lines(env: dict[str, str]) -> str:
     return f"hydra.launcher.setup=[{lines}]"
 
 
-@pytest.mark.slow
 def no_flock(env: dict[str, str]) -> dict[str, str] | None:
     """``env`` on a filesystem whose ``flock`` fails (ENOSYS, as Lustre without ``-o flock``), where
     the simulation (tests/fs_sim, the run lock's tests) exists; None where it does not."""
@@ -61,13 +60,16 @@ def no_flock(env: dict[str, str]) -> dict[str, str] | None:
     return noflock_env(env)
 
 
+@pytest.mark.slow
 def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):  # noqa: F811
     env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20")
     env = slurm_cluster.env(no_flock(env) or env)
-    alone = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *RUN, "trainer.name=alone"], cwd=workdir,
+    # One compilation cache for every start: the requeued job loads what job 0 compiled (the same config).
+    cache = f"trainer.compilation_cache_dir={workdir / 'cache'}"
+    alone = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *RUN, cache, "trainer.name=alone"], cwd=workdir,
                              env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "alone.out", "w"),
                              stderr=subprocess.STDOUT)
-    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", *SLURM, setup_lines(env), *RUN,
+    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", *SLURM, setup_lines(env), *RUN, cache,
                               "trainer.name=sl", "trainer.seed=0,0"], cwd=workdir, env=env,
                              stdout=open(workdir / "sweep.out", "w"), stderr=subprocess.STDOUT)
     try:

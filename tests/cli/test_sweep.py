@@ -70,8 +70,9 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
     assert record["optim"]["optimizer_opts"] == {"b1": 0.8}
     before = sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in (work / "ck" / "digits").rglob("*"))
 
+    # Job 1 loads the initialisation, evaluation and sampling programs job 0 compiled (a cache in the work dir).
     sweep = dew_train("-m", *TINY, *SHORT, "optim.learning_rate=1e-3,3e-3", "trainer.wandb={project: p, offline: true}",
-                      cwd=work)
+                      f"trainer.compilation_cache_dir={work / 'cache'}", cwd=work)
     assert sweep is not None and sweep.returncode == 0, sweep.stdout[-3000:]
     assert sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in (work / "ck" / "digits").rglob("*")) == before
     [folder] = list((work / "ck").glob("digits-sweep-*"))

@@ -107,9 +107,12 @@ def events(journal: list[dict]) -> list[tuple[str, int]]:
 
 
 def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
+    # Every start below shares one compilation cache: the model's initialisation, the evaluation and
+    # the sampling compile once, the pool's step once for the sweep's job 0 and the requeued tasks.
+    run_args = [*RUN, f"trainer.compilation_cache_dir={workdir / 'cache'}"]
     # (1) One process of 8 devices, stopped by SIGUSR2: a checkpoint at the step, status 128 + 12.
     ref_journal = workdir / "tracking" / "ref" / "journal.jsonl"
-    alone = start([*RUN, "trainer.name=ref"], workdir, fast_env(JAX_NUM_CPU_DEVICES="8"), "ref.out")
+    alone = start([*run_args, "trainer.name=ref"], workdir, fast_env(JAX_NUM_CPU_DEVICES="8"), "ref.out")
     until(lambda: logged(ref_journal, 3) or alone.poll() is not None)
     os.kill(alone.pid, signal.SIGUSR2)
     assert wait([alone]) == [128 + signal.SIGUSR2], (workdir / "ref.out").read_text()
@@ -117,7 +120,7 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
     assert len(stop) == 1 and stop[0]["reason"] == "preempted" and (workdir / "ck" / "ref" / str(stop[0]["step"])).is_dir()
 
     # (2) The same run resumed by two processes of 4 devices: the process count may change.
-    assert wait(pool([*RUN, "trainer.name=ref"], workdir, tasks=2, devices=4)) == [0, 0], \
+    assert wait(pool([*run_args, "trainer.name=ref"], workdir, tasks=2, devices=4)) == [0, 0], \
         (workdir / "rank0.out").read_text() + (workdir / "rank1.out").read_text()
     ref = read_journal(ref_journal)
     assert events(ref)[-3:] == [("stop", stop[0]["step"]), ("resume", stop[0]["step"]), ("end", STEPS)]
@@ -127,7 +130,7 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
 
     # (3) A sweep of 2 jobs x 2 tasks (4 devices each) under the local launcher; SIGUSR2 to every
     # task mid-run: each job saves, submitit requeues it, it resumes and ends.
-    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", "hydra/launcher=local", *RUN,
+    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", "hydra/launcher=local", *run_args,
                               "trainer.name=sweep", "optim.learning_rate=0.001,0.002"], cwd=workdir,
                              env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "sweep.out", "w"),
                              stderr=subprocess.STDOUT, text=True)

@@ -256,7 +256,7 @@ def test_dew_train_on_a_filesystem_whose_flock_fails(workdir: Path):
 
     env = noflock_env(fast_env())
     args = [*TINY, "trainer.name=r", "trainer.steps=20", "trainer.eval_every=null", "trainer.checkpoint_every=10",
-            "trainer.checkpoint_dir=ck"]
+            "trainer.checkpoint_dir=ck", f"trainer.compilation_cache_dir={workdir / 'cache'}"]  # the resume loads
     run = workdir / "ck" / "r"
     assert dew_train(*args, cwd=workdir, env=env, kill_when=lambda w: (run / "10").is_dir()) is None
     killed = _lease(run)
