@@ -185,3 +185,46 @@ def test_state_from_other_data_is_refused(ds):
 def test_bad_eval_fraction():
     with pytest.raises(ValueError, match=r"data.eval_fraction=1.5"):
         Digits(eval_fraction=1.5)
+
+
+def test_the_arrays_are_kept_whole_and_a_later_process_loads_them_without_scikit_learn(tmp_path, raw, monkeypatch):
+    """The first load builds the arrays and the split with scikit-learn and keeps them; a later
+    process reads them back, equal, without importing scikit-learn (0.7 s a process); a damaged file
+    is built again, and a cache that cannot be written is only not kept."""
+    import os
+    import subprocess
+    import sys
+
+    from dew.data.digits import FIELDS, cached_path, digits_arrays, split_digits
+
+    env = {**os.environ, "DEW_DATA_DIR": str(tmp_path / "data")}
+    code = ("import sys, numpy as np\n"
+            "from dew.data.digits import FIELDS, digits_arrays\n"
+            "a = digits_arrays(0.1)\n"
+            "np.savez(sys.argv[1], **a)\n"
+            "print('sklearn' in sys.modules)")
+    first = subprocess.run([sys.executable, "-c", code, str(tmp_path / "first.npz")], env=env,
+                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run([sys.executable, "-c", code, str(tmp_path / "again.npz")], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False"), first.stderr + again.stderr
+    images, labels = raw
+    train, held = split_digits(0.1)
+    with np.load(tmp_path / "first.npz") as one, np.load(tmp_path / "again.npz") as two:
+        for name, want in zip(FIELDS, (images.astype(np.uint8), labels, train, held)):
+            np.testing.assert_array_equal(one[name], want)
+            np.testing.assert_array_equal(two[name], want)
+            assert one[name].dtype == two[name].dtype
+    assert sorted(p.name for p in (tmp_path / "data" / "digits").iterdir()) == [os.path.basename(cached_path(0.1))]
+
+    monkeypatch.setenv("DEW_DATA_DIR", str(tmp_path / "data"))
+    kept = cached_path(0.1)
+    with open(kept, "r+b") as f:
+        f.truncate(100)  # damaged: built again and kept whole
+    np.testing.assert_array_equal(digits_arrays(0.1)["held_out"], held)
+    with np.load(kept) as whole:
+        np.testing.assert_array_equal(whole["held_out"], held)
+    assert len(list((tmp_path / "data" / "digits").iterdir())) == 1  # no temporary file left
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DEW_DATA_DIR", str(tmp_path / "file"))  # cannot be written: loaded all the same
+    np.testing.assert_array_equal(digits_arrays(0.1)["train"], train)
