@@ -16,7 +16,10 @@ second on a CPU, in subprocesses, one after the other, sharing a compilation cac
     JAX_PLATFORMS=cpu python bench/stop_latency.py [--hidden 384 --depth 8 --batch 128 --delay 5]
 
 The last line printed is JSON: {"bench": "stop_latency", "exit_over_step": ..., ...}; ``exit_over_step``
-is the signal-to-exit time in step times (the bound: 3).
+is the signal-to-exit time in step times (the bound: 3). The time is split in three from the stop
+checkpoint's own record (orbax's ``_CHECKPOINT_METADATA``: when its save began and when it was
+committed, wall-clock): ``landing_s`` from the signal to the save's start (the steps the devices had
+to finish), ``save_s`` the save, ``after_s`` from the commit to the process's exit.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ def stop(args: argparse.Namespace, work: Path) -> dict:
         if not first.wait(1800):
             raise RuntimeError("the run never logged its first step:\n" + "".join(lines[-20:]))
         time.sleep(args.delay)
-        sent = time.perf_counter()
+        sent, sent_wall = time.perf_counter(), time.time()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=1800)
         exited = time.perf_counter() - sent
@@ -87,7 +90,17 @@ def stop(args: argparse.Namespace, work: Path) -> dict:
             proc.kill()
     reader.join(10)
     stops = [r for r in journal(work, "stop") if r.get("event") == "stop"]
-    return {"exit_s": exited, "returncode": code, "stopped_at": stops[-1]["step"] if stops else None}
+    stopped_at = stops[-1]["step"] if stops else None
+    return {"exit_s": exited, "returncode": code, "stopped_at": stopped_at,
+            **(parts(work, stopped_at, sent_wall, exited) if stopped_at is not None else {})}
+
+
+def parts(work: Path, step: int, sent: float, exited: float) -> dict:
+    """Signal to save, the save, commit to exit, in seconds, from the stop checkpoint's record of
+    when its save began and was committed (wall-clock nanoseconds)."""
+    record = json.loads((work / "ck" / "stop" / str(step) / "_CHECKPOINT_METADATA").read_text())
+    began, committed = record["init_timestamp_nsecs"] / 1e9, record["commit_timestamp_nsecs"] / 1e9
+    return {"landing_s": began - sent, "save_s": committed - began, "after_s": sent + exited - committed}
 
 
 def main() -> None:
@@ -106,8 +119,12 @@ def main() -> None:
         result = stop(args, work)
     print(f"SIGINT {args.delay:g} s after step 1: exited {result['exit_s']:.1f} s later (exit status "
           f"{result['returncode']}), stopped at step {result['stopped_at']}", flush=True)
+    if "save_s" in result:
+        print(f"signal to save {result['landing_s']:.2f} s, save {result['save_s']:.2f} s, commit to exit "
+              f"{result['after_s']:.2f} s", flush=True)
     print(json.dumps({"bench": "stop_latency", "exit_over_step": round(result["exit_s"] / step_s, 2),
                       "exit_s": round(result["exit_s"], 2), "step_s": round(step_s, 3),
+                      **{k: round(result[k], 2) for k in ("landing_s", "save_s", "after_s") if k in result},
                       "stopped_at": result["stopped_at"], "returncode": result["returncode"],
                       "delay_s": args.delay, "hidden": args.hidden, "depth": args.depth, "batch": args.batch}))
 

@@ -237,3 +237,23 @@ def orbax_reads_settle() -> Iterator[None]:
         yield
     finally:
         asyncio_utils._run_sync_via_new_loop = original
+
+
+def orbax_uncompressed_standard_handler() -> Any:
+    """orbax's ``StandardCheckpointHandler`` (what ``ocp.args.StandardSave`` and ``StandardRestore``
+    run), writing its arrays without compression; its restore is orbax's own, which reads each
+    array as its stored metadata says (compressed or not), so checkpoints written either way restore
+    alike.
+
+    orbax-checkpoint 0.12.8 offers ``use_compression`` on ``PyTreeCheckpointHandler`` only (zstd,
+    level 1, on by default); ``StandardCheckpointHandler`` delegates every save and restore to one
+    it builds in ``__init__`` as ``_impl``, with its own defaults and no way to pass that option.
+    The replacement is built with those same defaults (read from its signature), compression off."""
+    import inspect
+
+    import orbax.checkpoint as ocp
+
+    handler = ocp.StandardCheckpointHandler()
+    defaults = {name: p.default for name, p in inspect.signature(ocp.StandardCheckpointHandler).parameters.items()}
+    handler._impl = ocp.PyTreeCheckpointHandler(**defaults, use_compression=False)
+    return handler

@@ -108,6 +108,23 @@ def test_orbax_restores_run_through_run_sync():
     assert "_run_sync_via_new_loop(" in inspect.getsource(asyncio_utils.run_sync)
 
 
+def test_orbax_standard_handler_delegates_to_a_pytree_handler_it_builds_with_its_own_defaults():
+    """``orbax_uncompressed_standard_handler`` replaces ``StandardCheckpointHandler._impl`` with a
+    ``PyTreeCheckpointHandler`` built from the standard handler's defaults: that attribute must still
+    be where every save and restore goes, and each default a PyTree handler's parameter."""
+    import orbax.checkpoint as ocp
+
+    from orbax.checkpoint._src.handlers import standard_checkpoint_handler as standard
+
+    assert isinstance(ocp.StandardCheckpointHandler()._impl, ocp.PyTreeCheckpointHandler)
+    for method in (standard.StandardCheckpointHandler.async_save, standard.StandardCheckpointHandler.restore):
+        assert "self._impl." in inspect.getsource(method), method.__name__
+    params = set(inspect.signature(ocp.StandardCheckpointHandler).parameters)
+    assert params <= set(inspect.signature(ocp.PyTreeCheckpointHandler).parameters) - {"use_compression"}
+    handler = compat.orbax_uncompressed_standard_handler()
+    assert isinstance(handler, ocp.StandardCheckpointHandler) and isinstance(handler._impl, ocp.PyTreeCheckpointHandler)
+
+
 def test_hydra_args_parser_reads_overrides_and_flags():
     args, unknown = compat.hydra_args_parser().parse_known_args(["-m", "trainer.steps=3", "model=dit", "--cfg", "job"])
     assert (args.overrides, args.multirun, args.cfg, unknown) == (["trainer.steps=3", "model=dit"], True, "job", [])
