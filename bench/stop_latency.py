@@ -2,8 +2,9 @@
 
 A stop is honoured at a step boundary, after a checkpoint of the state there. The loop dispatches
 steps without waiting for them, so how late the stop lands is how far the host has run ahead of the
-devices: the trainer bounds that lead to one step (docs/performance.md, "Stopping"), so SIGINT to
-exit should take about one to three steps' time plus the save, whatever the step time.
+devices: the trainer bounds that lead to one step, and to none once steps take half a second or
+more (docs/performance.md, "Stopping"), so at such steps SIGINT to exit should take at most the
+rest of one step, the save and the exit.
 
 Two ``dew-train`` runs of the digits experiment at a width and depth that make a step take about a
 second on a CPU, in subprocesses, one after the other, sharing a compilation cache:

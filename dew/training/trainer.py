@@ -37,6 +37,7 @@ from dew.training import adapt, sharding, warmstart
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
 from dew.training.mup import with_mup_groups
+from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats
 from dew.training.profiler import Profiler
@@ -249,7 +250,7 @@ def _run(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> Tra
 
 def _loop(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> tuple[TrainState, dict[str, float]]:
     """(5) The loop: the state after the last step, and the last evaluation."""
-    previous: dict[str, jax.Array] = {}  # the metrics of the step before the one just dispatched
+    pace = Pace()
     last_eval: dict[str, float] = {}
     while at.step < setup.total_steps:
         p.profiler.before(at.step)
@@ -258,10 +259,9 @@ def _loop(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> tu
         first = p.story.starting_step()
         with jax.profiler.StepTraceAnnotation("train", step_num=at.step):
             state, step_metrics = p.train_step(state, batch)
-        # Step s is queued behind s-1: wait for s-1, so the host leads the devices by one step and a
-        # stop, a save or a progress line is about steps the devices have run.
-        jax.block_until_ready(previous)
-        previous = step_metrics
+        # Step s is queued behind s-1: wait for s-1 (for s once steps are long), so the host leads the
+        # devices by one step at most and a stop, a save or a progress line is about steps they have run.
+        pace.wait(step_metrics)
         at.step, at.records = at.step + 1, at.records + batch_size
         step = at.step
         if first:  # the first metrics come after the first step, whatever log_every is

@@ -76,10 +76,9 @@ class Slow(wrappers.Objective):
         return out._replace(total=out.total + 0.0 * x.sum())
 
 
-def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, monkeypatch):
-    """Before each dispatch, the steps dispatched whose metrics are not ready: at most the one the
-    devices run and the one queued behind it, so a signal lands within two steps. Metrics are
-    fetched every 100 steps only: nothing but the bound holds the host back."""
+def _in_flight_at_each_dispatch(tmp_path: Path, monkeypatch, name: str) -> list[int]:
+    """Before each dispatch, the steps dispatched whose metrics are not ready. Metrics are fetched
+    every 100 steps only: nothing but the pace holds the host back."""
     import jax
 
     from dew.training import trainer
@@ -99,8 +98,25 @@ def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, mon
 
     monkeypatch.setattr(trainer, "compile_train_step", counted)
     train_tiny(tmp_path, "trainer.steps=10", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-               "trainer.log_every=100", name="paced", objective=Slow)
-    assert len(in_flight) == 10 and max(in_flight) <= 1, in_flight
+               "trainer.log_every=100", name=name, objective=Slow)
+    return in_flight
+
+
+def test_the_host_runs_at_most_one_step_ahead_of_the_devices(tmp_path: Path, monkeypatch):
+    """Short steps: at most the one the devices run and the one queued behind it are in flight at a
+    dispatch, so a signal lands within two steps, and the devices never wait for the host."""
+    in_flight = _in_flight_at_each_dispatch(tmp_path, monkeypatch, "paced")
+    assert len(in_flight) == 10 and max(in_flight) <= 1 and sum(in_flight) >= 5, in_flight
+
+
+def test_once_steps_are_long_the_host_does_not_run_ahead(tmp_path: Path, monkeypatch):
+    """Long steps (here: every step counts as long): each step is waited for before the next is
+    dispatched, so none is in flight at a dispatch and a signal lands within the running step."""
+    from dew.training import pace
+
+    monkeypatch.setattr(pace, "LONG_STEP_S", 0.0)
+    in_flight = _in_flight_at_each_dispatch(tmp_path, monkeypatch, "long")
+    assert in_flight == [0] * 10, in_flight
 
 
 def test_a_signal_during_the_restore_stops_the_run_at_its_first_step(tmp_path: Path, monkeypatch):
