@@ -98,9 +98,12 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
     assert "the same command run again would start them twice" in again.stderr
 
 
-# Each signal goes 2 logged steps after a resume; its stop lands a few steps later, 10 on a machine
-# at load 10-23 (stops measured at steps 1, 9, 19 and 1, 10, 22): 40 steps leave them room.
-STEPS = 40
+# Each signal goes 2 logged steps after a resume; its stop lands where JAX's preemption sync point
+# agrees, a few steps later on a loaded machine (stops measured at steps 1, 9, 19 and 1, 10, 22 at
+# load 10-23) but tens of steps later on a quiet one, where these tiny steps take milliseconds (with
+# 40 steps a fresh-clone CI run reached the end before the Ctrl-C's stop landed). 100 steps cost a
+# second or two more where steps are that fast.
+STEPS = 100
 LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
          "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck",
          "trainer.compilation_cache_dir=cache"]  # later launches reuse what the first compiled
