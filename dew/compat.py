@@ -257,3 +257,23 @@ def orbax_uncompressed_standard_handler() -> Any:
     defaults = {name: p.default for name, p in inspect.signature(ocp.StandardCheckpointHandler).parameters.items()}
     handler._impl = ocp.PyTreeCheckpointHandler(**defaults, use_compression=False)
     return handler
+
+
+# ---------------------------------------------------------------------------- hydra-optuna-sweeper
+
+OPTUNA_SWEEPER_PRIVATE = ("_get_directions", "_process_searchspace_config", "_parse_sweeper_params_config",
+                          "_to_grid_sampler_choices", "_configure_trials")
+"""The private methods of hydra-optuna-sweeper's ``OptunaSweeperImpl`` that dew's resumable sweeper
+(``dew.cli.study_sweeper``, a subclass) calls on itself: checked against hydra-optuna-sweeper 1.3.0
+(tests/test_compat.py)."""
+
+
+def optuna_sweeper_impl() -> Any:
+    """hydra-optuna-sweeper's private ``_impl`` module: ``OptunaSweeperImpl``, the sweeper dew's
+    resumable one subclasses (its study in the sweep directory, resumed, one writer), and
+    ``create_params_from_overrides``, which turns the sweep's overrides into Optuna distributions.
+    The plugin's public face (``OptunaSweeper``) only forwards to them. Checked against 1.3.0;
+    importing it imports Optuna, so it is called only where a search runs."""
+    from hydra_plugins.hydra_optuna_sweeper import _impl
+
+    return _impl

@@ -204,3 +204,21 @@ def test_hydra_basic_launcher_is_hydras_default():
 
     launcher = compat.hydra_basic_launcher()
     assert issubclass(launcher, Launcher) and launcher.__name__ == "BasicLauncher"
+
+
+def test_optuna_sweeper_impl_has_what_the_resumable_sweeper_uses():
+    """The resumable sweeper subclasses ``OptunaSweeperImpl``, calls ``create_params_from_overrides``
+    and the base's private methods ``OPTUNA_SWEEPER_PRIVATE`` on itself: each still there."""
+    impl = compat.optuna_sweeper_impl()
+    assert isinstance(impl.OptunaSweeperImpl, type) and callable(impl.create_params_from_overrides)
+    missing = [m for m in compat.OPTUNA_SWEEPER_PRIVATE if not callable(getattr(impl.OptunaSweeperImpl, m, None))]
+    assert not missing, missing
+    import inspect
+
+    import dew.cli.study_sweeper as sweeper
+
+    called = {m for m in compat.OPTUNA_SWEEPER_PRIVATE if f"self.{m}(" in inspect.getsource(sweeper)}
+    own = {m for m in vars(sweeper.ResumableOptunaSweeper) if m.startswith("_") and not m.startswith("__")}
+    base_private = {m for m in dir(impl.OptunaSweeperImpl) if m.startswith("_") and not m.startswith("__")}
+    used = {m for m in base_private - own if f"self.{m}(" in inspect.getsource(sweeper)}
+    assert used == called == set(compat.OPTUNA_SWEEPER_PRIVATE), (used, called)

@@ -12,6 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARIES = {"jax", "jaxlib", "flax", "optax", "orbax", "hydra", "omegaconf", "submitit", "qwix", "grain", "wandb"}
+PLUGINS = ("hydra_plugins.hydra_optuna_sweeper", "hydra_plugins.hydra_submitit_launcher")
+"""Other libraries' Hydra plugins, in the ``hydra_plugins`` namespace dew's own plugins share."""
+
+
+def library(module: str) -> bool:
+    """Whether ``module`` is one of the libraries', not dew's."""
+    return module.split(".")[0] in LIBRARIES or any(module == p or module.startswith(p + ".") for p in PLUGINS)
+
 ALLOWED = {"dew/compat.py"}
 IN_STRINGS = re.compile(rf"\b(?:import|from)\s+(?:{'|'.join(sorted(LIBRARIES))})(?:\.\w+)*\._\w+")
 """A private module named in code that runs elsewhere (``python -c "import jaxlib._jax"``)."""
@@ -33,12 +41,12 @@ def _imports(tree: ast.AST) -> Iterator[tuple[int, str, str | None]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] in LIBRARIES:
+                if library(alias.name):
                     bad = alias.name if any(map(private, parts)) else ""
                     yield node.lineno, bad, alias.asname or parts[0]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             parts = node.module.split(".")
-            if parts[0] in LIBRARIES:
+            if library(node.module):
                 for alias in node.names:
                     bad = f"{node.module}.{alias.name}" if any(map(private, [*parts, alias.name])) else ""
                     yield node.lineno, bad, alias.asname or alias.name
@@ -99,6 +107,8 @@ import jaxlib._jax as xla
 from hydra._internal.utils import get_args_parser
 from submitit.core.job_environment import JobEnvironment
 from orbax.checkpoint import _src
+from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+from hydra_plugins.dew_launchers import _private_of_dew
 import qwix
 import optax as ox
 from dew import compat
@@ -120,6 +130,7 @@ def fine(x):
     (tmp_path / "m.py").write_text(code)
     found = [f.split(": ", 1)[1] for f in findings(tmp_path / "m.py", tmp_path)]
     assert found == ["import jax._src.xla_bridge", "import jaxlib._jax", "import hydra._internal.utils.get_args_parser",
-                     "import orbax.checkpoint._src", "JobEnvironment._usr_sig", "getattr(ox, '_private')",
+                     "import orbax.checkpoint._src",
+                     "import hydra_plugins.hydra_optuna_sweeper._impl.OptunaSweeperImpl", "JobEnvironment._usr_sig", "getattr(ox, '_private')",
                      "qwix.QtProvider._init_rule", "'import jaxlib._jax' in a string",
                      "super()._init_rule in Rule(qwix.PtqProvider)"], found

@@ -35,10 +35,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import optuna
-from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl, create_params_from_overrides
 from omegaconf import OmegaConf
 
+from dew import compat
 from dew.contract.rundir import STUDY_LOCK_DIR, study_url
+
+OptunaSweeperImpl = compat.optuna_sweeper_impl().OptunaSweeperImpl
+create_params_from_overrides = compat.optuna_sweeper_impl().create_params_from_overrides
 
 log = logging.getLogger("dew")
 
