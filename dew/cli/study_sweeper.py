@@ -40,8 +40,9 @@ from omegaconf import OmegaConf
 from dew import compat
 from dew.contract.rundir import STUDY_LOCK_DIR, study_url
 
-OptunaSweeperImpl = compat.optuna_sweeper_impl().OptunaSweeperImpl
-create_params_from_overrides = compat.optuna_sweeper_impl().create_params_from_overrides
+_impl = compat.optuna_sweeper_impl()
+OptunaSweeperImpl = _impl.OptunaSweeperImpl
+create_params_from_overrides = _impl.create_params_from_overrides
 
 log = logging.getLogger("dew")
 
