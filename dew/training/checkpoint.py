@@ -41,8 +41,6 @@ from dew.contract.rundir import BEST_METRIC, damaged_name
 log = logging.getLogger("dew")
 
 
-
-
 class CheckpointDamagedError(RuntimeError):
     """No saved step of the run restores; ``damaged`` holds each step tried and what is wrong with it."""
 
