@@ -16,9 +16,11 @@ Two kinds, one file, ``<run dir>/.lock``:
   a lock manager), EOPNOTSUPP or any other error but "held": the file holds the holder's host, PID,
   SLURM job id and a heartbeat time that a daemon thread renews every ``STALE_S / 6`` seconds by
   writing a new file and renaming it over the old one. It needs nothing from the filesystem but an
-  atomic hard link and rename. It is taken by hard-linking a complete file to ``.lock`` (which
-  fails if one exists); a lease that is not live any more is moved aside by rename (only one taker
-  can move it), checked to be the one judged, and the new one linked in its place. A lease is not
+  atomic hard link, rename and unlink. It is taken by hard-linking a complete file to ``.lock``
+  (which fails if one exists); a lease that is not live any more is removed under
+  ``.lock.takeover`` (created the same way, so takers judge and remove one at a time: two that
+  interleaved could remove the lease one of them had just linked), after checking ``.lock`` still
+  holds the lease judged, and the new one linked in its place. A lease is not
   live once released (marked so by its holder on exit), when its heartbeat is older than its bound
   (``STALE_S``, or ``DEW_LEASE_STALE_S`` in the holder's environment), when it was held on this host
   by a process that no longer exists, or, for a writer, when it was held by an earlier run of this
@@ -55,6 +57,10 @@ as often). It must exceed the clock skew between the cluster's nodes and the lon
 holder's process; ``STALE_ENV`` in the holder's environment overrides it for that lease."""
 
 STALE_ENV = "DEW_LEASE_STALE_S"
+
+TAKEOVER_STALE_S = 10.0
+"""Seconds after which a takeover file (``.lock.takeover``, held for the milliseconds a taker needs
+to judge and remove a lease that is not live) counts as left by a taker that died."""
 
 RENEWALS_PER_BOUND = 6
 """Heartbeats per stale bound: a holder misses five in a row before its lease can be taken."""
@@ -200,44 +206,65 @@ class _Lease:
             except FileExistsError:
                 pass  # on NFS possibly a retransmitted link that did succeed: the link count tells
             except OSError:  # a filesystem without hard links: create-exclusive, then write
-                return self._create_exclusive(temp)
+                return _create_exclusive(self.path, temp)
             return os.stat(temp).st_nlink == 2  # open(2)'s NFS-safe test: the link is ours
         finally:
             os.unlink(temp)
 
-    def _create_exclusive(self, temp: str) -> bool:
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with open(temp, "rb") as f, os.fdopen(fd, "wb") as out:
-            out.write(f.read())
-            out.flush()
-            os.fsync(out.fileno())
-        return True
-
     def _remove(self, judged: bytes) -> bool:
-        """Move ``.lock`` aside if it still holds ``judged``; put back what another process wrote
-        in between. True if it was removed (or was gone already)."""
-        aside = f"{self.path}.{self.record['lease']}.aside"
+        """Remove ``.lock`` if it still holds ``judged``: True if removed (or gone already), False if
+        it changed or another taker is at work (read it again). One taker at a time, under the
+        takeover file: judging and removing must not interleave with another taker's, or one could
+        remove the lease another had just taken in the stale one's place."""
+        if not self._begin_takeover():
+            return False
         try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
+            found = _read_file(self.path)
+            if found is None:
+                return True
+            if found[1] != judged:  # renewed or taken since it was read
+                return False
+            os.unlink(self.path)
             return True
-        with open(aside, "rb") as f:
-            moved = f.read(4096)
-        if moved != judged:  # renewed or taken since it was read: not ours to remove
+        finally:
+            os.unlink(self._takeover_path)
+
+    @property
+    def _takeover_path(self) -> str:
+        return f"{self.path}.takeover"
+
+    def _begin_takeover(self) -> bool:
+        """Create the takeover file (True), or wait a moment while another taker holds it (False).
+        One left by a taker that died (older than ``TAKEOVER_STALE_S``, by the time it holds) is removed."""
+        temp = self._staged(heartbeat=time.time())
+        try:
             try:
-                os.link(aside, self.path)
+                os.link(temp, self._takeover_path)
             except FileExistsError:
                 pass
-        os.unlink(aside)
-        return moved == judged
+            except OSError:  # no hard links
+                if _create_exclusive(self._takeover_path, temp):
+                    return True
+            if os.stat(temp).st_nlink == 2:
+                return True
+        finally:
+            os.unlink(temp)
+        found = _read_file_quietly(self._takeover_path)
+        since = found[0].get("heartbeat") if found else None
+        if isinstance(since, (int, float)) and time.time() - since > TAKEOVER_STALE_S:
+            log.warning("%s: removing the takeover file a process left %.0f s ago", self.local, time.time() - since)
+            _set_aside(self._takeover_path, f"{self._takeover_path}.{self.record['lease']}.aside")
+        time.sleep(0.01)
+        return False
 
     def acquire(self) -> None:
         """Take the lease or raise ``RunLockedError`` naming its live holder."""
-        for _ in range(20):
+        deadline = time.monotonic() + 3 * TAKEOVER_STALE_S  # past a takeover file a dead taker left
+        displaced: tuple[str, str] | None = None
+        while time.monotonic() < deadline:
             if self._create():
+                if displaced:  # said by the process that took its place only
+                    log.warning("%s: taking over the run lock of %s: %s", self.local, *displaced)
                 self._start()
                 return
             found = _read_file(self.path)
@@ -248,7 +275,7 @@ class _Lease:
             if reason is None:
                 raise _busy(self.local, record)
             if self._remove(data) and reason:
-                log.warning("%s: taking over the run lock of %s: %s", self.local, describe(record), reason)
+                displaced = (describe(record), reason)
         raise RunLockedError(f"{self.local}: could not take the run lock: other processes keep taking it")
 
     def _start(self) -> None:
@@ -377,6 +404,19 @@ def holder(directory: str | os.PathLike, *, writer: bool = False) -> dict[str, A
         return found[0] if not_live(found[0], writer=writer) is None else None
     held = _flock_holder(path)
     return None if held is not None and writer and _own_earlier_run(held) else held
+
+
+def _create_exclusive(path: str, temp: str) -> bool:
+    """Create ``path`` holding ``temp``'s bytes if it does not exist (where hard links fail)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with open(temp, "rb") as f, os.fdopen(fd, "wb") as out:
+        out.write(f.read())
+        out.flush()
+        os.fsync(out.fileno())
+    return True
 
 
 def _set_aside(path: str, aside: str) -> None:

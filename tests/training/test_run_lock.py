@@ -303,6 +303,52 @@ def test_one_of_several_racing_processes_takes_a_stale_lease(tmp_path: Path, no_
     assert all(f"in use by process {winners[0]} on" in out for out in outs if out.startswith("refused")), outs
 
 
+def _write_takeover(run: Path, age: float) -> None:
+    import json
+
+    (run / ".lock.takeover").write_text(json.dumps({"host": "node-18", "pid": 5151, "heartbeat": time.time() - age}))
+
+
+@pytest.mark.parametrize("no_flock", ["ENOSYS"], indirect=True)
+def test_a_taker_waits_while_another_judges_the_stale_lease(tmp_path: Path, no_flock):
+    """CI once saw two takers interleave: one moved aside the lease another had just linked in the
+    stale one's place. Takers now judge and remove one at a time: while another's takeover file is
+    there, this process waits, then reads what that taker left (here its live lease) and is refused."""
+    import threading
+
+    from dew.training.lock import RunLock
+
+    _write_lease(tmp_path, heartbeat=time.time() - 120)
+    _write_takeover(tmp_path, age=0)
+
+    def other_taker_finishes():
+        time.sleep(0.3)
+        _write_lease(tmp_path, host="node-18", pid=5151, lease="the other taker's")
+        (tmp_path / ".lock.takeover").unlink()
+
+    finishing = threading.Thread(target=other_taker_finishes)
+    finishing.start()
+    try:
+        with pytest.raises(RuntimeError, match="in use by process 5151 on node-18"):
+            RunLock(tmp_path).acquire()
+    finally:
+        finishing.join()
+    assert _lease(tmp_path)["lease"] == "the other taker's"
+
+
+@pytest.mark.parametrize("no_flock", ["ENOSYS"], indirect=True)
+def test_a_takeover_file_a_dead_taker_left_is_removed_with_a_line(tmp_path: Path, no_flock, caplog):
+    from dew.training.lock import TAKEOVER_STALE_S, RunLock
+
+    _write_lease(tmp_path, heartbeat=time.time() - 120)
+    _write_takeover(tmp_path, age=TAKEOVER_STALE_S + 5)
+    with caplog.at_level("WARNING", logger="dew"), RunLock(tmp_path):
+        assert _lease(tmp_path)["pid"] == os.getpid()
+    assert "removing the takeover file a process left 15 s ago" in caplog.text
+    assert "taking over the run lock of process 4242 on node-17" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+
+
 def test_a_requeued_job_takes_over_a_flock_its_earlier_run_left(tmp_path: Path, monkeypatch, caplog):
     """NFS can keep a dead node's flock: a requeued job (same SLURM job id) sets that file aside and
     locks a new one; another job is still refused. (The earlier run here is alive, holding its flock
