@@ -24,6 +24,9 @@ class CheckedLaunch:
 
     config: Any
     hydra_context: Any
+    dry_run = False
+    """A launch that only prints what it would submit (the SLURM launcher's ``dry_run``): checked
+    like any other, and leaving nothing behind, not even Hydra's ``multirun.yaml``."""
 
     def requested_devices(self) -> int | None:
         return None
@@ -49,7 +52,10 @@ class CheckedLaunch:
                 _leave_no_trace(sweep_dir)
                 sys.exit(EXIT_BAD_INPUT)
             with holding_the_sweep(sweep_dir):
-                return self.run_jobs(jobs, job_overrides, initial_job_idx)
+                results = self.run_jobs(jobs, job_overrides, initial_job_idx)
+            if self.dry_run:
+                _leave_no_trace(sweep_dir)
+            return results
         except RunLockedError as err:
             print(f"dew-train: error: {err}", file=sys.stderr, flush=True)
             sys.exit(EXIT_BUSY)

@@ -53,11 +53,14 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         self.record_sweep()
-        dry_run = bool(self.params.get("dry_run"))
+        self.dry_run = bool(self.params.get("dry_run"))
         self.params = slurm_parameters(self.params, str(self.config.hydra.sweep.dir))
-        if dry_run:
+        return super().launch(job_overrides, initial_job_idx)  # the checks, then start_and_wait
+
+    def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        if self.dry_run:  # checked as a submission is, and then only printed
             return self.print_script(job_overrides, initial_job_idx)
-        return super().launch(job_overrides, initial_job_idx)
+        return super().start_and_wait(job_overrides, initial_job_idx)
 
     def print_script(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """Print the batch script ``launch`` would submit (one for a whole sweep: a job array) and

@@ -206,6 +206,8 @@ def test_every_command_of_the_cluster_guide_runs(workdir: Path):
 
     (workdir / "data").mkdir()
     np.random.default_rng(0).integers(0, 256, 200_000).astype("<u2").tofile(workdir / "data" / "corpus.bin")
+    # the vocabulary beside it, as dew-prepare writes it (a dry run checks the jobs as a launch does)
+    (workdir / "data" / "tokens.json").write_text('{"format": "dew-tokens", "version": 1, "vocab_size": 256}')
     commands = launch_readme_commands()
     assert len(commands) >= 4, commands
     for command in commands:
@@ -216,7 +218,7 @@ def test_every_command_of_the_cluster_guide_runs(workdir: Path):
             assert result.returncode == 0 and result.stdout.startswith("#!/bin/bash"), (command, result.stderr[-3000:])
             assert "# dry run: nothing submitted" in result.stdout and "#SBATCH --requeue" in result.stdout
             assert "--wckey" not in result.stdout and "export SRUN_CPUS_PER_TASK=" in result.stdout
-            assert not list(workdir.rglob(".submitit"))
+            assert not list(workdir.rglob(".submitit")) and not (workdir / "checkpoints").exists()  # no trace
             if "hydra.launcher.nodes=2" in args and "hydra.launcher.gpus_per_node=8" in args:
                 print(f"$ {command}\n{result.stdout}")
                 for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
@@ -226,3 +228,13 @@ def test_every_command_of_the_cluster_guide_runs(workdir: Path):
         for job in _jobs(args) if "--cfg" not in args else [args]:
             result = dew(*(job if "--cfg" in job else ["--cfg", "job", "--resolve", *job]), cwd=workdir)
             assert result.returncode == 0, (command, result.stderr[-3000:])
+
+
+def test_a_dry_run_checks_the_jobs_as_a_launch_does(workdir: Path):
+    """A dry run of a sweep with a bad job prints no script: exit 2 naming the job and the field, and
+    nothing left in the working directory (not even Hydra's multirun.yaml)."""
+    bad = dew("-m", "hydra/launcher=slurm", "experiment=digits", "model.dtype=float16,float33",
+              "hydra.launcher.dry_run=true", cwd=workdir)
+    assert bad.returncode == 2 and "#!/bin/bash" not in bad.stdout, bad.stdout + bad.stderr
+    assert "job 1 (experiment=digits model.dtype=float33): model.dtype: expected one of" in bad.stderr, bad.stderr
+    assert "nothing was started: 1 of 2 jobs would fail" in bad.stderr and not list(workdir.iterdir())
