@@ -201,13 +201,7 @@ class _Lease:
         """Link a complete lease to ``.lock`` if there is none: True if this took it."""
         temp = self._staged(heartbeat=time.time())
         try:
-            try:
-                os.link(temp, self.path)
-            except FileExistsError:
-                pass  # on NFS possibly a retransmitted link that did succeed: the link count tells
-            except OSError:  # a filesystem without hard links: create-exclusive, then write
-                return _create_exclusive(self.path, temp)
-            return os.stat(temp).st_nlink == 2  # open(2)'s NFS-safe test: the link is ours
+            return _link_new(temp, self.path)
         finally:
             os.unlink(temp)
 
@@ -238,14 +232,7 @@ class _Lease:
         One left by a taker that died (older than ``TAKEOVER_STALE_S``, by the time it holds) is removed."""
         temp = self._staged(heartbeat=time.time())
         try:
-            try:
-                os.link(temp, self._takeover_path)
-            except FileExistsError:
-                pass
-            except OSError:  # no hard links
-                if _create_exclusive(self._takeover_path, temp):
-                    return True
-            if os.stat(temp).st_nlink == 2:
+            if _link_new(temp, self._takeover_path):
                 return True
         finally:
             os.unlink(temp)
@@ -404,6 +391,18 @@ def holder(directory: str | os.PathLike, *, writer: bool = False) -> dict[str, A
         return found[0] if not_live(found[0], writer=writer) is None else None
     held = _flock_holder(path)
     return None if held is not None and writer and _own_earlier_run(held) else held
+
+
+def _link_new(temp: str, path: str) -> bool:
+    """Make ``path`` a hard link to the complete file ``temp`` unless ``path`` exists: True if this
+    call made it."""
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        pass  # on NFS possibly a retransmitted link that did succeed: the link count tells
+    except OSError:  # a filesystem without hard links: create-exclusive, then write
+        return _create_exclusive(path, temp)
+    return os.stat(temp).st_nlink == 2  # open(2)'s NFS-safe test: the link is ours
 
 
 def _create_exclusive(path: str, temp: str) -> bool:
