@@ -8,6 +8,7 @@ update that moves one fails there, loudly and by name, instead of somewhere deep
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -148,6 +149,44 @@ def submitit_sbatch_script(folder: str, command: str, **parameters: Any) -> str:
     from submitit.slurm import slurm
 
     return slurm._make_sbatch_string(command=command, folder=folder, **parameters)
+
+
+@contextlib.contextmanager
+def submitit_slurm_script(make: Callable[[str, str, int | None], str]) -> Iterator[None]:
+    """Within: submitit's SLURM executor submits the batch script ``make(folder, command,
+    map_count)`` returns (the job folder, the command submitit runs in each task, the array's size
+    or None), so that the script a dry run prints and the one ``sbatch`` receives come from one
+    function. submitit 1.5.4 builds the script in ``SlurmExecutor._make_submission_file_text``
+    from its own parameters, where a ``None`` (``wckey``) is dropped and submitit's default
+    (``--wckey=submitit``) comes back."""
+    from submitit.slurm import slurm
+
+    original = slurm.SlurmExecutor._make_submission_file_text
+
+    def text(self: Any, command: str, uid: str) -> str:
+        return make(str(self.folder), command, self.parameters.get("map_count"))
+
+    slurm.SlurmExecutor._make_submission_file_text = text
+    try:
+        yield
+    finally:
+        slurm.SlurmExecutor._make_submission_file_text = original
+
+
+def submitit_slurm_command(folder: str) -> str:
+    """The command submitit's SLURM executor runs in each task for the job folder ``folder``
+    (``SlurmExecutor._submitit_command_str`` of submitit 1.5.4, which needs an executor, and an
+    executor needs ``srun`` on PATH)."""
+    import shlex
+
+    return " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(folder)])
+
+
+def submitit_mem(mem_gb: float) -> str:
+    """``mem_gb`` as submitit's SLURM executor writes ``--mem`` (``slurm._convert_mem``)."""
+    from submitit.slurm import slurm
+
+    return slurm._convert_mem(mem_gb)
 
 
 def submitit_slurm_parameter_names() -> dict[str, str]:

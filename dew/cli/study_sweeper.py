@@ -83,6 +83,8 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                  "give one direction, minimize or maximize")
         self._check_space(space)
         self._record_searched_keys(space)
+        if rehearsal(self.config):
+            return self._rehearse(space, fixed, directions[0])
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         with holding_the_study(self.sweep_dir):
             self._sweep(space, fixed, directions[0])
@@ -103,6 +105,14 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             for group in _consecutive(trials):
                 self._run(study, group, self._configure_trials(group, space, fixed))
         self._report(study)
+
+    def _rehearse(self, space: dict[str, Any], fixed: dict[str, Any], direction: Any) -> None:
+        """``dew-train --check`` or a dry run: the first batch of trials a new study would draw (the
+        sampler's seed as configured), drawn in a study held in memory, handed to the launcher,
+        which checks (or prints) them and starts nothing; nothing is told, written or continued."""
+        study = optuna.create_study(sampler=self.sampler, direction=direction)
+        trials = [study.ask() for _ in range(min(self.n_trials, max(self.n_jobs, 1)))]
+        self.launcher.launch(self._configure_trials(trials, space, fixed), initial_job_idx=0)
 
     def _search_space(self, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(distributions, fixed values) from hydra.sweeper.params and the command line, as the
@@ -168,6 +178,14 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         log.info("best trial %d: %s = %s", best.number, best.params, best.value)
         OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
                        Path(self.sweep_dir) / "optimization_results.yaml")
+
+
+def rehearsal(config: Any) -> bool:
+    """Whether this command only checks (``dew-train --check``) or prints what it would submit (a
+    launcher's ``dry_run``): a study then draws its first batch of trials and stops."""
+    from dew.launching.checks import checking
+
+    return checking() or bool(OmegaConf.select(config, "hydra.launcher.dry_run", default=False))
 
 
 def stop(message: str) -> NoReturn:

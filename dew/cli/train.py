@@ -31,6 +31,7 @@ from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.contract.data import datasets
 from dew.contract.schedules import schedules
 from dew.contract.typed import ConfigError
+from dew.launching.checks import CHECK_FLAG, check_only, checked, checking
 from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
 from dew.recipe import Recipe
 
@@ -156,23 +157,25 @@ def stop_status(err: BaseException) -> int | None:
     return next((code for cls, code in statuses.items() if isinstance(err, cls)), None)
 
 
+def _leave_no_trace() -> None:
+    """Remove the job directory Hydra made for a job of a sweep that failed before writing into it."""
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    if HydraConfig.get().mode == RunMode.MULTIRUN and job_dir.is_dir() and not any(job_dir.iterdir()):
+        job_dir.rmdir()
+
+
 def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
     from dew.training.lock import RunLockedError
     from dew.training.rundir import RunDirError, refuse_if_held, run_dir, write_hydra_record
-
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    job_dir = Path(HydraConfig.get().runtime.output_dir)
-
-    def leave_no_trace() -> None:
-        if multirun and job_dir.is_dir() and not any(job_dir.iterdir()):
-            job_dir.rmdir()  # Hydra made the job's directory; leave no trace of a bad job
 
     error, status, agreed, caught, held = None, EXIT_BAD_INPUT, False, None, contextlib.ExitStack()  # held: to the end
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
         recipe = Recipe.from_dict(container)
+        if checking():
+            return check_single_run(recipe)
         from dew.build import build_run
         from dew.launching.pool import from_process_zero
         from dew.training.setup import check_setup, claim, listen, start_process
@@ -203,7 +206,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         error, status = (error, status) if error else verdict
     if error:
         held.close()
-        leave_no_trace()
+        _leave_no_trace()
         fail(error, status, caught)
     is_main = jax.process_index() == 0
     from dew.objectives.metrics import builtin_metrics
@@ -227,7 +230,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         status = stop_status(err)
         if status is None:
             raise  # anything else is a bug: its traceback is the report
-        leave_no_trace()
+        _leave_no_trace()
         fail(str(err), status)
     if is_main:
         print(f"dew-train: run {name!r} is in {setup.path}", flush=True)
@@ -236,6 +239,29 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     if not in_a_search():
         return state
     return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
+
+
+def check_single_run(recipe: Recipe) -> None:
+    """``dew-train --check`` on one run: every check the run makes before it writes anything
+    (``dew.launching.checks.check_run``), over the devices it would train on here, and one line."""
+    from dew.launching.checks import check_run
+    from dew.launching.pool import joins_a_pool
+    from dew.training.rundir import run_dir
+
+    path = os.fspath(run_dir(recipe, run_name(recipe)))
+    devices = None
+    if not joins_a_pool(recipe.trainer.multi_host):  # this process alone: its own devices
+        import dataclasses
+
+        from dew.training.setup import start_process
+
+        start_process(dataclasses.replace(recipe.trainer, multi_host=False))  # the run's flags, as it sets them
+        import jax
+
+        devices = jax.device_count()
+    check_run(recipe, path, devices)
+    print(f"dew-train: check: the run passes every check a launch makes; nothing was written (its directory "
+          f"would be {path})", flush=True)
 
 
 def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
@@ -283,6 +309,9 @@ def _gathered(model: Any) -> Any:
 
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
+    if CHECK_FLAG in sys.argv[1:]:
+        sys.argv.remove(CHECK_FLAG)
+        check_only()
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     sys.argv[1:] = set_json_keys(sys.argv[1:], json_fields(Recipe))  # model.config.mup=true
     register_configs()
@@ -303,6 +332,10 @@ def main() -> None:
                    or check_unset_records(overrides, Recipe, conf_dir())):
         fail(problem)
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
+    if checking() and args and args.multirun and not (args.cfg or args.info or args.help or args.hydra_help):
+        count = checked()
+        print(f"dew-train: check: {count} job{'s' if count != 1 else ''} pass every check a launch makes "
+              f"(for a search: its first trials); nothing was started or written", flush=True)
 
 
 if __name__ == "__main__":

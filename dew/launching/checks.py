@@ -14,6 +14,7 @@ as shapes.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,36 @@ from omegaconf import OmegaConf
 from dew.launching.jobs import SweepJob, hydra_config
 
 
+CHECK_FLAG = "--check"
+"""``dew-train --check ...``: every check a launch makes, for a run, a sweep or a study's first
+trials, and nothing trained, queued or written (docs/launching.md, "Checking before launching")."""
+
+_checking = False
+_checked: list[int] = []
+
+
+def check_only(on: bool = True) -> None:
+    """Make this process's launch a check (``dew-train --check``)."""
+    global _checking
+    _checking = on
+    _checked.clear()
+
+
+def checking() -> bool:
+    """Whether this process only checks (``dew-train --check``)."""
+    return _checking
+
+
+def record_checked(count: int) -> None:
+    """Count jobs that passed every check (the summary ``dew-train --check`` prints at its end)."""
+    _checked.append(count)
+
+
+def checked() -> int:
+    """How many jobs passed every check in this process."""
+    return sum(_checked)
+
+
 def check_job(job: SweepJob, device_count: int | None) -> None:
     """Raise ``ConfigError``/``ValueError``/``OSError`` with the message a single run would print,
     for any problem the job's run would find before writing anything."""
@@ -30,15 +61,28 @@ def check_job(job: SweepJob, device_count: int | None) -> None:
 
     with hydra_config(job.hydra):
         container = OmegaConf.to_container(job.config, resolve=True)
-    recipe = job.recipe = Recipe.from_dict(container)  # before JAX is imported: a typo fails at once
+    job.recipe = Recipe.from_dict(container)  # before JAX is imported: a typo fails at once
+    check_run(job.recipe, job.run_dir, device_count)
+
+
+def check_run(recipe: Any, run_dir: str, device_count: int | None) -> None:
+    """Every check a run makes before it writes anything, for the run ``recipe`` in ``run_dir``:
+    the XLA flags, the data (present, sized), the model and the optimizer as shapes, the run's
+    length against its warmup and cadences, the mesh over ``device_count`` devices (the mesh's
+    fixed sizes where the count is unknown), the checkpoint directory, and a run directory that
+    already holds another run's record or is held by a live process. Reads only."""
     from dew.build import build_run
     from dew.training.preflight import check_checkpoint_dir, check_xla_flags
+    from dew.training.rundir import prepare_run_dir, refuse_if_held, trained_objective
     from dew.training.trainer import check
 
     check_xla_flags(recipe.trainer)
     recipe, objective, dataset = build_run(recipe)
     check(recipe, objective, dataset, device_count=device_count or _known_devices(recipe))
-    check_checkpoint_dir(recipe.trainer, job.run_dir)
+    check_checkpoint_dir(recipe.trainer, run_dir)
+    refuse_if_held(run_dir)
+    name = os.path.relpath(run_dir, recipe.trainer.checkpoint_dir)
+    prepare_run_dir(recipe, name, write=False, trains=trained_objective(recipe, objective))
 
 
 def _known_devices(recipe: Any) -> int:
@@ -53,12 +97,16 @@ def _known_devices(recipe: Any) -> int:
 def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
     """One line per job that fails its checks: the job, its overrides and the message."""
     from dew.contract.typed import ConfigError
+    from dew.training.lock import RunLockedError
 
     lines = []
     for job in jobs:
+        if job.problem:  # Hydra could not compose it
+            lines.append(f"{job.describe()}: {job.problem}")
+            continue
         try:
             check_job(job, device_count)
-        except (ConfigError, ValueError, OSError) as err:
+        except (ConfigError, ValueError, OSError, RunLockedError) as err:
             lines.append(f"{job.describe()}: {err}")
     return lines
 

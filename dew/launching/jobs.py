@@ -30,6 +30,9 @@ class SweepJob:
     """The job's whole config, ``hydra`` node included."""
     recipe: Any = None
     """The job's converted config, once ``dew.launching.checks.check_job`` has converted it."""
+    problem: str | None = None
+    """Why Hydra could not compose the job (an override it cannot merge); its ``config`` and
+    ``hydra`` are then the sweep's, and its ``run_dir`` the sweep's directory."""
 
     def describe(self) -> str:
         """``job 0 (optim.learning_rate=0.001 trainer.name=x)``"""
@@ -55,9 +58,16 @@ def hydra_config(cfg: DictConfig) -> Iterator[None]:
 def compose_jobs(config: DictConfig, hydra_context: Any, job_overrides: Sequence[Sequence[str]],
                  initial_job_idx: int) -> list[SweepJob]:
     """Every job's config and run directory, composed as each job will compose its own."""
+    from hydra.errors import HydraException
+
     jobs = []
     for offset, overrides in enumerate(job_overrides):
-        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        try:
+            sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        except HydraException as err:  # the job fails as it would in its own process: one line
+            jobs.append(SweepJob(initial_job_idx + offset, list(overrides), config, str(config.hydra.sweep.dir),
+                                 config, problem=_first_lines(err)))
+            continue
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.num = initial_job_idx + offset
         with hydra_config(sweep_config):
@@ -67,6 +77,13 @@ def compose_jobs(config: DictConfig, hydra_context: Any, job_overrides: Sequence
             del task["hydra"]
         jobs.append(SweepJob(initial_job_idx + offset, list(overrides), task, run_dir, sweep_config))
     return jobs
+
+
+def _first_lines(err: BaseException) -> str:
+    """Hydra's message and the first line of its cause (``Error merging override x=1.5``: ``Value
+    '1.5' could not be converted to Integer``), on one line."""
+    lines = [str(e).strip().splitlines()[0] for e in (err, err.__cause__) if e is not None and str(e).strip()]
+    return ": ".join(lines)
 
 
 def stop_record(job: SweepJob) -> dict[str, Any] | None:

@@ -31,26 +31,37 @@ class CheckedLaunch:
     def requested_devices(self) -> int | None:
         return None
 
+    def launcher_problem(self) -> str | None:
+        """What stops this launcher from starting any job on this machine (no ``sbatch`` here),
+        as one sentence; None when it can."""
+        return None
+
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from dew.launching.checks import failures
-        from dew.launching.jobs import compose_jobs
         from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
+        from dew.launching.checks import checking, failures, record_checked
+        from dew.launching.jobs import compose_jobs
         from dew.training.lock import RunLockedError
 
         sweep_dir = str(self.config.hydra.sweep.dir)
         jobs = compose_jobs(self.config, self.hydra_context, job_overrides, initial_job_idx)
         try:
             refuse_live_jobs(sweep_dir, jobs)
-            if (lines := failures(jobs, self.requested_devices())) and searching(self.config):
+            lines, problem = failures(jobs, self.requested_devices()), self.launcher_problem()
+            if lines and searching(self.config) and not checking() and not problem:
                 for line in lines:  # a search's trial that fails its checks is a failed trial, not the end
                     print(f"dew-train: warning: {line}: the trial fails and the search goes on", file=sys.stderr)
-            elif lines:
-                for line in lines:
+            elif lines or problem:
+                for line in [*lines, *([problem] if problem else [])]:
                     print(f"dew-train: error: {line}", file=sys.stderr)
-                print(f"dew-train: nothing was started: {len(lines)} of {len(jobs)} jobs would fail",
-                      file=sys.stderr, flush=True)
+                if lines:
+                    print(f"dew-train: nothing was started: {len(lines)} of {len(jobs)} jobs would fail",
+                          file=sys.stderr, flush=True)
                 _leave_no_trace(sweep_dir)
                 sys.exit(EXIT_BAD_INPUT)
+            if checking():  # dew-train --check: checked, and nothing started
+                record_checked(len(jobs))
+                _leave_no_trace(sweep_dir)
+                return []
             with holding_the_sweep(sweep_dir):
                 results = self.run_jobs(jobs, job_overrides, initial_job_idx)
             if self.dry_run:
@@ -78,10 +89,11 @@ def searching(config: Any) -> bool:
 
 def _leave_no_trace(sweep_dir: str) -> None:
     """Remove the sweep directory Hydra's sweeper made for its ``multirun.yaml``, if that is all it
-    holds, and the directories it made for it (those left empty, below the working directory)."""
-    if not (os.path.isdir(sweep_dir) and os.listdir(sweep_dir) == ["multirun.yaml"]):
+    holds (or nothing), and the directories it made for it (those left empty, below the working directory)."""
+    if not os.path.isdir(sweep_dir) or set(os.listdir(sweep_dir)) - {"multirun.yaml"}:
         return
-    os.remove(os.path.join(sweep_dir, "multirun.yaml"))
+    if os.path.exists(record := os.path.join(sweep_dir, "multirun.yaml")):
+        os.remove(record)
     os.rmdir(sweep_dir)
     parent = os.path.dirname(os.path.abspath(sweep_dir))
     while parent.startswith(os.getcwd() + os.sep) and not os.listdir(parent):

@@ -63,6 +63,14 @@ def _pool_arguments() -> dict[str, object]:
     return args
 
 
+def joins_a_pool(multi_host: bool | None) -> bool:
+    """Whether ``join_process_pool(multi_host)`` would join a pool of processes here (then the
+    devices a run trains on are known only once every process has joined)."""
+    if multi_host is False or slurm.outside_step(os.environ):
+        return False
+    return bool(multi_host) or _cluster_configured()
+
+
 def join_process_pool(multi_host: bool | None) -> None:
     """Join the pool as ``trainer.multi_host`` asks: ``None`` when a cluster is configured, ``True``
     always (failing loudly), ``False`` never. Before JAX opens a backend."""

@@ -9,8 +9,9 @@ cluster itself (``dew.launching.pool``)."""
 
 from __future__ import annotations
 
+import functools
 import re
-import sys
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -44,39 +45,70 @@ def slurm_parameters(params: dict[str, Any], sweep_dir: str) -> dict[str, Any]:
     return params
 
 
+def batch_script(params: dict[str, Any], folder: str, command: str, map_count: int | None) -> str:
+    """The batch script for the launcher's parameters (``slurm_parameters``' result), the job folder
+    submitit writes to, the command each task runs and the array's size (None: one job). The one
+    function behind both the script a dry run prints and the script ``sbatch`` receives
+    (``compat.submitit_slurm_script``). ``--wckey`` appears only when ``wckey`` is set: submitit's
+    executor drops a ``None`` and puts back its own default, ``submitit``."""
+    from dew import compat
+
+    names = compat.submitit_slurm_parameter_names()
+    script = {names.get(k, k): v for k, v in params.items() if k not in ("submitit_folder", "max_num_timeout")}
+    script = {k: v for k, v in script.items() if v is not None}
+    if "mem" in script:
+        script["mem"] = compat.submitit_mem(script["mem"])
+    script.setdefault("wckey", None)
+    if map_count is not None:
+        script["map_count"] = map_count
+    return compat.submitit_sbatch_script(folder, command, **script)
+
+
 class SlurmLaunch(SweepInPickle, SubmititLaunch):
-    """hydra-submitit-launcher's SLURM launcher, with dew's resolvers and sweep in the job process
-    and the parameters real sites need (``slurm_parameters``). A mixin before
-    hydra-submitit-launcher's ``SlurmLauncher``."""
+    """hydra-submitit-launcher's SLURM launcher, with dew's resolvers and sweep in the job process,
+    the parameters real sites need (``slurm_parameters``) and dew's batch script (``batch_script``).
+    A mixin before hydra-submitit-launcher's ``SlurmLauncher``."""
 
     params: dict[str, Any]
+    given: dict[str, Any] | None = None
+    """The launcher's fields as configured (``params`` is remade from them at every launch: a
+    search launches once per batch of trials)."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         self.record_sweep()
-        self.dry_run = bool(self.params.get("dry_run"))
-        self.params = slurm_parameters(self.params, str(self.config.hydra.sweep.dir))
+        if self.given is None:
+            self.given = dict(self.params)
+        self.dry_run = bool(self.given.get("dry_run"))
+        self.params = slurm_parameters(self.given, str(self.config.hydra.sweep.dir))
         return super().launch(job_overrides, initial_job_idx)  # the checks, then start_and_wait
+
+    def launcher_problem(self) -> str | None:
+        from dew.launching.checks import checking
+
+        if self.dry_run and not checking():
+            return None
+        missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
+        if not missing:
+            return None
+        return (f"hydra/launcher=slurm: {' and '.join(missing)} not found on PATH: this machine is not a SLURM "
+                "login node. Submit from one, or see the batch script with hydra.launcher.dry_run=true")
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         if self.dry_run:  # checked as a submission is, and then only printed
             return self.print_script(job_overrides, initial_job_idx)
-        return super().start_and_wait(job_overrides, initial_job_idx)
+        from dew import compat
+
+        with compat.submitit_slurm_script(functools.partial(batch_script, self.params)):
+            return super().start_and_wait(job_overrides, initial_job_idx)
 
     def print_script(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """Print the batch script ``launch`` would submit (one for a whole sweep: a job array) and
         each job's overrides; submit nothing."""
         from dew import compat
 
-        names = compat.submitit_slurm_parameter_names()
-        folder = str(Path(self.params["submitit_folder"]).absolute())  # as the executor makes it
-        skip = {"submitit_folder", "max_num_timeout"}
-        params = {names.get(k, k): v for k, v in self.params.items() if k not in skip}
-        if params.get("mem") is not None:
-            params["mem"] = f"{params['mem']}GB"
-        if len(job_overrides) > 1:
-            params["map_count"] = len(job_overrides)
-        command = f"{sys.executable} -u -m submitit.core._submit {folder}"
-        print(compat.submitit_sbatch_script(folder, command, **params))
+        folder = str(Path(self.params["submitit_folder"]).expanduser().absolute())  # as the executor makes it
+        count = len(job_overrides) if len(job_overrides) > 1 else None
+        print(batch_script(self.params, folder, compat.submitit_slurm_command(folder), count))
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             print(f"# job {idx}: {' '.join(overrides)}")
         print(f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ import pytest
 
 from dew.training.tracking import read_journal
 from tests.cli.test_docs import _jobs
-from tests.conftest import REPO, dew
+from tests.conftest import REPO, dew, tree
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
 from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
@@ -238,3 +240,61 @@ def test_a_dry_run_checks_the_jobs_as_a_launch_does(workdir: Path):
     assert bad.returncode == 2 and "#!/bin/bash" not in bad.stdout, bad.stdout + bad.stderr
     assert "job 1 (experiment=digits model.dtype=float33): model.dtype: expected one of" in bad.stderr, bad.stderr
     assert "nothing was started: 1 of 2 jobs would fail" in bad.stderr and not list(workdir.iterdir())
+
+
+# The dry run is the submission: the script the dry run prints is, byte for byte, the one sbatch receives.
+HELD = [*TINY, "trainer.steps=4", "trainer.checkpoint_dir=ck", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0",
+        "hydra.launcher.timeout_min=5"]
+
+
+def printed_script(stdout: str) -> str:
+    """The batch script a dry run printed (``print`` adds the newline the split takes)."""
+    script = stdout.split("\n# job ", 1)[0]
+    assert script.startswith("#!/bin/bash") and script.endswith("\n"), stdout
+    return script
+
+
+def submitted_script(workdir: Path, cluster, *args: str) -> str:
+    """Launch ``dew-train -m args`` on the stand-in with its jobs held (never run), and return the one
+    script sbatch received; the launcher, waiting on held jobs, is killed."""
+    env = cluster.env(fast_env(SLURM_STANDIN_HOLD="1"))
+    launcher = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", *args], cwd=workdir, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        until(lambda: list((cluster.state / "scripts").glob("*.sh")) or launcher.poll() is not None, timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+    scripts = list((cluster.state / "scripts").glob("*.sh"))
+    assert len(scripts) == 1, launcher.stdout.read().decode()[-3000:]
+    return scripts[0].read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, args", [
+    ("one run", ["trainer.name=one"]),
+    ("a 4-job array", ["trainer.name=four", "trainer.seed=0,1,2,3", "hydra.launcher.wckey=proj"]),
+    ("a study's first batch", ["trainer.name=study", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6",
+                               "hydra.sweeper.n_jobs=2", "optim.learning_rate=tag(log, interval(1e-4, 1e-2))"]),
+])
+def test_the_dry_run_prints_the_script_sbatch_receives(workdir: Path, slurm_cluster, kind, args):  # noqa: F811
+    env = slurm_cluster.env(fast_env())
+    dry = dew("-m", *HELD, *args, "hydra.launcher.dry_run=true", cwd=workdir, env=env)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    printed = printed_script(dry.stdout)
+    assert tree(workdir) == [] and slurm_cluster.jobs() == [], "a dry run submits and writes nothing"
+    jobs = {"one run": 1, "a 4-job array": 4, "a study's first batch": 2}[kind]
+    assert dry.stdout.count("\n# job ") == jobs, dry.stdout
+    assert ("#SBATCH --wckey=proj" in printed) == ("hydra.launcher.wckey=proj" in args) and "--wckey=submitit" not in printed
+    assert ("#SBATCH --array=0-3%4" in printed) == (jobs == 4) and ("#SBATCH --array=0-1%2" in printed) == (jobs == 2)
+    assert submitted_script(workdir, slurm_cluster, *HELD, *args) == printed
+
+
+def test_a_slurm_launch_without_slurm_is_one_line(workdir: Path):
+    result = dew("-m", *HELD, "trainer.name=nowhere", cwd=workdir, env=fast_env(PATH=os.path.dirname(sys.executable)))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == (
+        "dew-train: error: hydra/launcher=slurm: sbatch and srun not found on PATH: this machine is not a SLURM "
+        "login node. Submit from one, or see the batch script with hydra.launcher.dry_run=true")
+    assert tree(workdir) == []

@@ -11,7 +11,9 @@ coordinator of an ``srun`` step, is reachable without a hosts file.
 - ``sbatch script`` reads the script's ``#SBATCH`` lines, gives the job (each task of an
   ``--array``) an id, prints ``Submitted batch job <id>`` (the id alone with ``--parsable``) and runs
   the script for real in the background under a small controller (``_run``): the variables sbatch
-  sets, ``--output`` opened in append mode, ``--export=NONE`` honoured (only ``SLURM_*`` kept).
+  sets, ``--output`` opened in append mode, ``--export=NONE`` honoured (only ``SLURM_*`` kept). The
+  script's bytes as sbatch read them are kept in ``scripts/<id>.sh``; with ``SLURM_STANDIN_HOLD=1``
+  (``sbatch --hold``'s effect) the job stays PENDING and never runs.
 - ``srun command`` inside the script starts ``nodes x ntasks-per-node`` tasks on this machine with
   the variables ``srun`` sets (``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
   ``SLURM_STEP_*``, ``CUDA_VISIBLE_DEVICES`` from the GPU options), pins each task to its CPUs as
@@ -130,11 +132,14 @@ def free_job_id(count: int) -> int:
 def sbatch(args: list[str]) -> None:
     parsable = "--parsable" in args
     path = Path(next(a for a in args if not a.startswith("--"))).resolve()
-    options = sbatch_options(path.read_text())
+    received = path.read_bytes()
+    options = sbatch_options(received.decode())
     array = re.match(r"(\d+)-(\d+)", options.get("array", ""))
     indices = list(range(int(array.group(1)), int(array.group(2)) + 1)) if array else [None]
     first = free_job_id(len(indices))
     (state_dir() / "jobs").mkdir(exist_ok=True)
+    (state_dir() / "scripts").mkdir(exist_ok=True)
+    (state_dir() / "scripts" / f"{first}.sh").write_bytes(received)
     for n, index in enumerate(indices):
         key = str(first) if index is None else f"{first}_{index}"
         job = {"key": key, "job_id": first + n, "array_job_id": first if array else None, "array_task_id": index,
@@ -143,6 +148,8 @@ def sbatch(args: list[str]) -> None:
                "pgid": None, "tasks": [], "steps": 0, "exit_code": None}
         with locked():
             save(job)
+        if os.environ.get("SLURM_STANDIN_HOLD") == "1":
+            continue
         subprocess.Popen([sys.executable, "-I", __file__, "_run", key], start_new_session=True, env=os.environ,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     print(first if parsable else f"Submitted batch job {first}", flush=True)
