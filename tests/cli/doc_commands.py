@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
-from pathlib import Path
 
 import yaml
 
