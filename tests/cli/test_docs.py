@@ -1,117 +1,129 @@
-"""The documentation runs: every ``dew-train`` command in a code block of README.md and docs/*.md is
-executed by the real CLI (trained for one step of a tiny model, or composed and converted: see
-``TRAINED``), and the defaults the docs state are the program's."""
+"""The documentation runs: every shell command of README.md, docs/*.md, launch/README.md and
+``dew-train --help`` (collected by tests/cli/doc_commands.py, nothing registered here) runs, page
+by page in the page's order, in a directory holding the files the pages say to have (a corpus, a
+prepared token directory, token shards: ``user_dir``).
+
+- The cheap ones run in full, as written, through bash (so ``$sweep`` and ``$(ls -d ...)`` expand
+  as a user's shell expands them): ``dew-train --help``/``--cfg``, ``dew-plan``, ``dew-runs``,
+  ``dew-prepare``, ``dew-sample``, ``dew-export``, and the shell variables later commands read. A
+  command shown with its output (a ``$``-prompt block) must print that output's first line.
+- A training command (``dew-train`` otherwise) runs through ``_check``: everything a launch checks
+  before training, nothing written.
+- A command a page marks (``<!-- dew-docs: skip ... -->``, ``# not run: ...``) is reported with
+  the page's reason and not run; any other command that is not dew's fails the test (it must be
+  marked).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import re
-import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from dew.recipe import Recipe
-from tests.conftest import REPO, dew, tree
-from tests.training.conftest import dew_train, fast_env
+from tests.cli.doc_commands import Command, collect, documented, pages
+from tests.conftest import REPO, cli_env, tree
 
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
-PLUGIN_DOCS = {"extending.md"}
-"""Docs whose commands train a plugin the guide itself defines: tests/test_extending.py builds it and
-runs them."""
+FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
+"""Programs run in full; dew-train runs in full only to show something (INFO_FLAGS)."""
+INFO_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help"}
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    """(file, command) for every ``dew-train ...`` line in a fenced code block, comment dropped."""
-    found: dict[str, str] = {}
-    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        if doc.name in PLUGIN_DOCS:
-            continue
-        for block in FENCE.findall(doc.read_text()):
-            for line in re.sub(r"\\\n\s*", " ", block).splitlines():  # a command continued with \ is one line
-                match = re.search(r"(?:^|[\s/])(dew-train(?:\s.*)?)$", line)
-                if match:
-                    command = re.split(r"\s#\s", match.group(1))[0]
-                    command = re.split(r"\s(?:&&?|;|\|\|?)(?:\s|$)", command)[0].strip()  # the command, not the shell around it
-                    found.setdefault(command, doc.name)
-    return sorted((doc, command) for command, doc in found.items())
+    """(page file name, command) for every ``dew-train`` command the docs show (tests/cli/test_search.py
+    and test_slurm.py read them)."""
+    return sorted({(Path(c.page).name, c.text[c.text.index("dew-train"):])
+                   for c in documented() if c.program == "dew-train"})
 
 
-COMMANDS = documented_commands()
+# --- the check: everything a launch checks, nothing trained ---------------------------------------
 
-TRAINED = {
-    "dew-train experiment=digits model.config='{\"depth\": 2, \"hidden_size\": 64, \"num_heads\": 4}'",
-    "dew-train optim/schedule=power optim.schedule.decay_fraction=0.1",
-    "dew-train -m experiment=digits optim.learning_rate=1e-3,3e-3",
-    "dew-train experiment=digits trainer.quantization='{act_qtype: null}' lora='{rank: 4, targets: [\"blocks/.*\"]}'",
-    "dew-train data=token_windows data.path='shards/train_*.bin' data.val_path=shards/val.bin data.seq_len=1024 "
-    "data.vocab_size=50257",
-}
-"""The commands trained for one step (each a different path through the build: a JSON model record,
-a schedule, a sweep, both adapters, token files). Every other command runs as ``dew-train --cfg job
---resolve <command>``, and the config it prints is converted as dew-train converts it: the real
-parser and the real conversion, without a minute of JAX per command (the experiment=digits runs
-are trained by tests/cli/test_pulse.py)."""
-
-# One optimizer step of a tiny model, nothing evaluated or checkpointed mid-run, minimal samples.
-RUN_TAIL = ["trainer.steps=1", "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.log_every=1",
-            "trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1",
-            "masked_diffusion.samples=1", "masked_diffusion.sample_steps=1", "model.dtype=float32"]
+def _check(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """``dew-train --check <args>``: (exit status, stderr). Until the flag lands on main, a stand-in
+    in this process: what dew-train's ``main`` checks before Hydra starts, then every job composed as
+    the job composes it and checked as a launch checks it (``check_job``: conversion, every field,
+    data present, warmup against length, the mesh against the fixed mesh sizes, the run directory)."""
+    with _inside(cwd, env):
+        return _stand_in_check(list(args))
 
 
-def _tail(args: list[str]) -> list[str]:
-    """What makes ``args`` a one-step run of a tiny model."""
-    tail = list(RUN_TAIL)
-    tail.append("trainer.batch_size=2" if "data=token_windows" in args else "trainer.batch_size=8")
-    if any(a.startswith("model.config=") for a in args):
-        pass  # the whole JSON record, as written
-    elif any(a.startswith("experiment=") for a in args):  # an option set model.config: change its keys
-        tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
-    else:
-        tail.append("model.config={depth: 1, hidden_size: 32, num_heads: 2}")
-    if "experiment=digits" in args or any(a.startswith("optim/schedule=") for a in args):
-        tail.append("optim.schedule.warmup_steps=0")
-    return tail
+@contextlib.contextmanager
+def _inside(cwd: Path, env: dict[str, str]) -> Iterator[None]:
+    """Within: ``cwd`` the working directory and ``env`` set, both restored after."""
+    before, saved = os.getcwd(), {k: os.environ.get(k) for k in env}
+    os.chdir(cwd)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
-def _make_shards(work: Path) -> None:
-    """The files docs/data.md's token_windows command names: raw uint16 ids below its vocabulary."""
-    rng = np.random.default_rng(0)
-    (work / "shards").mkdir()
-    for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
-        rng.integers(0, 50257, n).astype("<u2").tofile(work / "shards" / name)
+def _stand_in_check(args: list[str]) -> tuple[int, str]:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
+    from dew.cli.overrides import check_overrides, check_unset_records
+    from dew.cli.train import conf_dir, register_configs
+    from dew.cli.trial import search_unavailable
+    from dew.compat import hydra_args_parser
+    from dew.contract.typed import ConfigError
+    from dew.launching.checks import check_job, launcher_without_multirun
+    from dew.recipe import Recipe
+
+    args = set_json_keys(quote_json_overrides(args, json_fields(Recipe)), json_fields(Recipe))
+    register_configs()
+    parsed = hydra_args_parser().parse_args(args)
+    overrides = list(parsed.overrides)
+    if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
+                   or launcher_without_multirun(parsed) or check_unset_records(overrides, Recipe, conf_dir())):
+        return 2, f"dew-train: error: {problem}\n"
+    lines = []
+    for num, job in enumerate(_jobs(["-m", *overrides]) if parsed.multirun else [overrides]):
+        try:
+            check_job(_compose_job(num, job, multirun=parsed.multirun), None)
+        except (ConfigError, ValueError, OSError, HydraException, OmegaConfBaseException) as err:
+            lines.append(f"dew-train: error: {f'job {num} ({chr(32).join(job)}): ' if parsed.multirun else ''}{err}\n")
+    return (2 if lines else 0), "".join(lines)
 
 
-def test_the_docs_have_commands():
-    commands = [c for _, c in COMMANDS]
-    assert TRAINED <= set(commands), TRAINED - set(commands)
-    assert len(commands) >= 10
+def _compose_job(num: int, overrides: list[str], *, multirun: bool):
+    """The job as the launcher composes it (``dew.launching.jobs.compose_jobs``): config and run dir."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict, read_write
 
+    from dew.cli.train import conf_dir
+    from dew.launching.jobs import SweepJob, hydra_config
 
-@pytest.mark.slow
-@pytest.mark.parametrize("doc, command", COMMANDS, ids=[c for _, c in COMMANDS])
-def test_a_documented_command_runs(tmp_path, doc, command):
-    args = shlex.split(command)[1:]
-    work = tmp_path / "work"
-    work.mkdir()
-    if command in TRAINED:
-        if "data=token_windows" in args:
-            _make_shards(work)
-        result = dew_train(*args, *_tail(args), "trainer.checkpoint_dir=ck", cwd=work, timeout=600, env=fast_env())
-        assert result is not None and result.returncode == 0, f"{doc}: {command}\n{result.stdout[-3000:]}"
-        assert [p for p in tree(work) if p.endswith("run.json")], f"{doc}: {command} wrote no run"
-        return
-    if any(a.startswith("--") for a in args):  # --help, --cfg: as written
-        result = dew(*args, cwd=work)
-        assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
-        return
-    for job in _jobs(args):  # a sweep: each of its jobs (Hydra takes --cfg or -m, not both)
-        result = dew("--cfg", "job", "--resolve", *job, cwd=work)
-        assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"
-        Recipe.from_dict(yaml.safe_load(result.stdout))  # raises as dew-train would, naming the field
-    assert tree(work) == []
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg.hydra.job):
+        cfg.hydra.job.num = num
+    with hydra_config(cfg):
+        if multirun:
+            run_dir = os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir))
+        else:
+            run_dir = os.path.join(cfg.trainer.checkpoint_dir, OmegaConf.select(cfg, "trainer.name") or "run")
+    task = cfg.copy()
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return SweepJob(num, overrides, task, run_dir, cfg)
 
 
 def _jobs(args: list[str]) -> list[list[str]]:
@@ -133,6 +145,215 @@ def _jobs(args: list[str]) -> list[list[str]]:
         else:
             choices.append([arg])
     return [list(job) for job in itertools.product(*choices)]
+
+
+# --- the user's directory: the files the pages say to have -----------------------------------------
+
+@pytest.fixture(scope="module")
+def user_template(tmp_path_factory) -> Path:
+    """A corpus (``corpus/*.txt``, ``held_out.txt``), the token directory dew-prepare makes of it
+    (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md) and
+    raw token shards (``shards/``: docs/data.md, docs/weights.md)."""
+    from dew.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("user")
+    (root / "corpus").mkdir()
+    for i in range(2):
+        (root / "corpus" / f"{i}.txt").write_text(f"The quick brown fox {i} jumps over the lazy dog.\n" * 400)
+    (root / "held_out.txt").write_text("The lazy dog sleeps.\n" * 200)
+    prepare([str(root / "corpus" / "0.txt"), str(root / "corpus" / "1.txt")], str(root / "data" / "tiny"))
+    rng = np.random.default_rng(0)
+    rng.integers(0, 256, 200_000).astype("<u2").tofile(root / "data" / "corpus.bin")
+    (root / "data" / "tokens.json").write_text('{"format": "dew-tokens", "version": 1, "vocab_size": 256}')
+    (root / "shards").mkdir()
+    for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
+        rng.integers(0, 50257, n).astype("<u2").tofile(root / "shards" / name)
+    return root
+
+
+def _user_dir(template: Path, tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    shutil.copytree(template, work)
+    return work
+
+
+# --- running a page --------------------------------------------------------------------------------
+
+def _bash(command: Command, variables: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``command`` as a user's shell runs it, the page's earlier variables set, dew's scripts on PATH."""
+    env = cli_env(**variables)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(["bash", "-c", command.text], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _words(command: Command, variables: dict[str, str], cwd: Path) -> list[str]:
+    """The command's words after the shell's expansions (``$sweep``, ``$(...)``, globs left to dew)."""
+    result = subprocess.run(["bash", "-c", f"set -f; printf '%s\\0' {command.text}"], cwd=cwd,
+                            env=cli_env(**variables), capture_output=True, text=True, check=True)
+    return result.stdout.split("\0")[:-1]
+
+
+def mode(command: Command) -> str:
+    """``skip``, ``full`` or ``check``; ``unmarked`` for a command that is not dew's and not marked."""
+    if command.skip:
+        return "skip"
+    if command.program in FULL or command.program == "python -m dew":
+        return "full"
+    if command.program == "dew-train":
+        return "full" if INFO_FLAGS & set(command.argv()) else "check"
+    return "unmarked"
+
+
+def run_page(commands: list[Command], cwd: Path) -> list[str]:
+    """Run a page's commands in order in ``cwd``: the problems, one line each (empty: all ran)."""
+    problems, variables = [], {}
+    for command in commands:
+        how = mode(command)
+        if how == "skip":
+            print(f"not run: {command} ({command.skip})")
+        elif how == "unmarked":
+            problems.append(f"{command}: not a dew command, and the page gives no reason not to run it "
+                            f"(<!-- dew-docs: skip REASON --> before the fence, or # not run: REASON)")
+        elif command.program == "variable":
+            name, _, _ = command.text.partition("=")
+            result = _bash(Command(command.page, command.line, f"{command.text}; printf %s \"${name}\""), variables, cwd)
+            variables[name] = result.stdout
+            if result.returncode or not result.stdout:
+                problems.append(f"{command}: set nothing ({result.stderr.strip()})")
+        elif how == "full":
+            problems += _full(command, variables, cwd)
+        else:
+            words = _words(command, variables, cwd)
+            args = words[words.index("dew-train") + 1:]
+            status, stderr = _check(args, cwd, cli_env(**command.env()))
+            if status:
+                problems.append(f"{command}: exit {status}: {stderr.strip()}")
+            elif read := _read_later(command, commands):
+                problems += _train_small(command, args, *read, cwd)
+    return problems
+
+
+# --- runs a later command reads: trained small ------------------------------------------------------
+
+def _run_path(args: list[str]) -> str | None:
+    """Where the command's run goes, as later commands name it: ``checkpoints/<trainer.name>`` (the
+    command's, or its experiment preset's), ``checkpoints/<name>-sweep-`` for a multirun."""
+    import yaml
+
+    named = {k: v for k, _, v in (a.partition("=") for a in args)}
+    name = named.get("trainer.name")
+    preset = REPO / "conf" / "experiment" / f"{named.get('experiment', '')}.yaml"
+    if name is None and preset.is_file():
+        name = (yaml.safe_load(preset.read_text()).get("trainer") or {}).get("name")
+    if not name:
+        return None
+    return f"checkpoints/{name}-sweep-" if {"-m", "--multirun"} & set(args) else f"checkpoints/{name}"
+
+
+def _read_later(command: Command, commands: list[Command]) -> tuple[bool, bool] | None:
+    """None when no later command of the page reads the run ``command`` trains (of several commands
+    training one run, the one nearest before the reader makes it); else whether one names a step
+    of it, and whether one starts a run from it (``trainer.init_from``: its shapes must be kept)."""
+    run = _run_path(command.argv())
+    if not run:
+        return None
+    path = re.compile(rf"{re.escape(run)}{'' if run.endswith('-') else r'(?=/|\s|$)'}(/\d+)?")
+    reads, starts = [], False
+    for other in commands[commands.index(command) + 1:]:
+        if mode(other) == "check" and _run_path(other.argv()) == run and not reads:
+            return None  # a later command trains that run again: it is the one read
+        if mode(other) != "skip":
+            found = [m.group(1) or "" for m in path.finditer(other.text)]
+            reads, starts = reads + found, starts or bool(found and other.program == "dew-train")
+    return (any(reads), starts) if reads else None
+
+
+def _train_small(command: Command, args: list[str], steps_named: bool, shapes_kept: bool, cwd: Path) -> list[str]:
+    """Train the run a later command reads, small: batches of 8, a tiny model unless a later run
+    starts from it, and two steps unless a later command names one of its steps."""
+    from tests.conftest import dew
+    from tests.training.conftest import fast_env
+
+    tail = ["trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1",
+            "flow_matching.sample_steps=1", "trainer.batch_size=8", "trainer.log_every=1"]
+    if not shapes_kept and not any(a.startswith("model.config=") for a in args):
+        tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+    if not steps_named:
+        tail += ["trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=null",
+                 "optim.schedule.warmup_steps=0"]
+    result = dew(*args, *tail, cwd=cwd, env=fast_env(**command.env()), timeout=600)
+    if result.returncode:
+        return [f"{command}: trained small (for the commands after it), exit {result.returncode}: "
+                f"{result.stderr.strip()[-2000:]}"]
+    return []
+
+
+def _full(command: Command, variables: dict[str, str], cwd: Path) -> list[str]:
+    result = _bash(command, variables, cwd)
+    shown = (command.output or [""])[0].strip()
+    if command.output:  # the page shows what it prints: an error, in the docs' case
+        if shown not in result.stdout + result.stderr:
+            return [f"{command}: does not print the page's {shown!r}: {(result.stdout + result.stderr)[-2000:]}"]
+        return []
+    if result.returncode:
+        return [f"{command}: exit {result.returncode}: {(result.stderr or result.stdout).strip()[-2000:]}"]
+    return []
+
+
+PAGES = [*pages(), "dew-train --help"]
+
+
+def _commands(page: str) -> list[Command]:
+    if page == "dew-train --help":
+        return [c for c in documented() if c.page == page]
+    return collect(page, (REPO / page).read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", PAGES)
+def test_every_command_of_a_page_runs(page, user_template, tmp_path):
+    work = _user_dir(user_template, tmp_path)
+    before = tree(work)
+    commands = _commands(page)
+    problems = run_page(commands, work)
+    counts = {how: sum(mode(c) == how for c in commands) for how in ("full", "check", "skip")}
+    print(f"{page}: {len(commands)} commands: {counts}")
+    assert not problems, "\n".join(problems)
+    writers = [c for c in commands if (mode(c) == "full" and c.program not in ("dew-train", "variable"))
+               or (mode(c) == "check" and _read_later(c, commands))]
+    if not writers:
+        assert tree(work) == before  # a check writes nothing
+
+
+def test_the_collector_finds_every_kind_of_command():
+    text = ("Text.\n\n```bash\n$ dew-train --help\nusage: ...\n$ dew-runs \\\n  ck\n```\n\n"
+            "<!-- dew-docs: skip needs a GPU -->\n```\npython bench/gpu.py\n```\n\n"
+            "```\nsweep=$(ls -d ck/*)   # the sweep\nJAX_PLATFORMS=cpu dew-plan model=dit_xl2 # not run: slow\n"
+            "ck/run/  a tree line, not a command\n```\n\n```python\ndew-train x=1\n```\n")
+    found = collect("page.md", text)
+    assert [(c.line, c.text, c.program, c.skip, c.output) for c in found] == [
+        (4, "dew-train --help", "dew-train", None, ["usage: ..."]),
+        (6, "dew-runs ck", "dew-runs", None, []),
+        (12, "python bench/gpu.py", "python", "needs a GPU", []),
+        (16, "sweep=$(ls -d ck/*)", "variable", None, []),
+        (17, "JAX_PLATFORMS=cpu dew-plan model=dit_xl2", "dew-plan", "slow", []),
+    ]
+    assert found[-1].env() == {"JAX_PLATFORMS": "cpu"} and found[-1].argv() == ["dew-plan", "model=dit_xl2"]
+
+
+@pytest.mark.slow
+def test_a_typo_in_a_documented_field_fails(tmp_path):
+    """A command added to a page with a misspelt field fails the page, naming the field."""
+    [command] = collect("new.md", "```\ndew-train experiment=digits trainer.stepz=10\n```\n")
+    problems = run_page([command], tmp_path)
+    assert len(problems) == 1 and "trainer.stepz" in problems[0] and "exit 2" in problems[0], problems
+    assert tree(tmp_path) == []
+
+
+def test_the_docs_have_commands():
+    commands = documented()
+    assert len({c.page for c in commands}) >= 10 and sum(mode(c) == "check" for c in commands) >= 20
 
 
 def test_data_md_states_both_defaults():
