@@ -7,7 +7,7 @@ prepared token directory, token shards: ``user_dir``).
   as a user's shell expands them): ``dew-train --help``/``--cfg``, ``dew-plan``, ``dew-runs``,
   ``dew-prepare``, ``dew-sample``, ``dew-export``, and the shell variables later commands read. A
   command shown with its output (a ``$``-prompt block) must print that output's first line.
-- A training command (``dew-train`` otherwise) runs through ``_check``: everything a launch checks
+- A training command (``dew-train`` otherwise) runs as ``dew-train --check``: everything a launch checks
   before training, nothing written.
 - A command a page marks (``<!-- dew-docs: skip ... -->``, ``# not run: ...``) is reported with
   the page's reason and not run; any other command that is not dew's fails the test (it must be
@@ -16,14 +16,12 @@ prepared token directory, token shards: ``user_dir``).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +32,7 @@ from tests.conftest import REPO, cli_env, tree
 
 FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
 """Programs run in full; dew-train runs in full only to show something (INFO_FLAGS)."""
-INFO_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help"}
+INFO_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help", "--check"}
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -47,83 +45,12 @@ def documented_commands() -> list[tuple[str, str]]:
 # --- the check: everything a launch checks, nothing trained ---------------------------------------
 
 def _check(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
-    """``dew-train --check <args>``: (exit status, stderr). Until the flag lands on main, a stand-in
-    in this process: what dew-train's ``main`` checks before Hydra starts, then every job composed as
-    the job composes it and checked as a launch checks it (``check_job``: conversion, every field,
-    data present, warmup against length, the mesh against the fixed mesh sizes, the run directory)."""
-    with _inside(cwd, env):
-        return _stand_in_check(list(args))
+    """``dew-train --check <args>``, as a user runs it: (exit status, stderr). Everything a launch
+    checks before training (for a study: its first trials), nothing written."""
+    from tests.conftest import dew
 
-
-@contextlib.contextmanager
-def _inside(cwd: Path, env: dict[str, str]) -> Iterator[None]:
-    """Within: ``cwd`` the working directory and ``env`` set, both restored after."""
-    before, saved = os.getcwd(), {k: os.environ.get(k) for k in env}
-    os.chdir(cwd)
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.chdir(before)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _stand_in_check(args: list[str]) -> tuple[int, str]:
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
-    from dew.cli.overrides import check_overrides, check_unset_records
-    from dew.cli.train import conf_dir, register_configs
-    from dew.cli.trial import search_unavailable
-    from dew.compat import hydra_args_parser
-    from dew.contract.typed import ConfigError
-    from dew.launching.checks import check_job, launcher_without_multirun
-    from dew.recipe import Recipe
-
-    args = set_json_keys(quote_json_overrides(args, json_fields(Recipe)), json_fields(Recipe))
-    register_configs()
-    parsed = hydra_args_parser().parse_args(args)
-    overrides = list(parsed.overrides)
-    if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
-                   or launcher_without_multirun(parsed) or check_unset_records(overrides, Recipe, conf_dir())):
-        return 2, f"dew-train: error: {problem}\n"
-    lines = []
-    for num, job in enumerate(_jobs(["-m", *overrides]) if parsed.multirun else [overrides]):
-        try:
-            check_job(_compose_job(num, job, multirun=parsed.multirun), None)
-        except (ConfigError, ValueError, OSError, HydraException, OmegaConfBaseException) as err:
-            lines.append(f"dew-train: error: {f'job {num} ({chr(32).join(job)}): ' if parsed.multirun else ''}{err}\n")
-    return (2 if lines else 0), "".join(lines)
-
-
-def _compose_job(num: int, overrides: list[str], *, multirun: bool):
-    """The job as the launcher composes it (``dew.launching.jobs.compose_jobs``): config and run dir."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf, open_dict, read_write
-
-    from dew.cli.train import conf_dir
-    from dew.launching.jobs import SweepJob, hydra_config
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg.hydra.job):
-        cfg.hydra.job.num = num
-    with hydra_config(cfg):
-        if multirun:
-            run_dir = os.path.join(str(cfg.hydra.sweep.dir), str(cfg.hydra.sweep.subdir))
-        else:
-            run_dir = os.path.join(cfg.trainer.checkpoint_dir, OmegaConf.select(cfg, "trainer.name") or "run")
-    task = cfg.copy()
-    with read_write(task), open_dict(task):
-        del task["hydra"]
-    return SweepJob(num, overrides, task, run_dir, cfg)
+    result = dew("--check", *args, cwd=cwd, env=env)
+    return result.returncode, result.stderr
 
 
 def _jobs(args: list[str]) -> list[list[str]]:
