@@ -6,6 +6,9 @@ key is not in the node, not which keys are) and a value its grammar cannot parse
 Only what the typed config tree decides is judged here; a key under a free-form field (``Any``, a
 JSON dict) or under a registered record whose member the command line chooses (``data``,
 ``optim.schedule``) is left to Hydra and to the strict conversion, which name it themselves.
+
+Also the command lines that print instead of training, rewritten before Hydra reads them
+(``first_job_to_print``: ``-m`` with ``--cfg``; ``hydra_help_args``: ``--hydra-help``).
 """
 
 from __future__ import annotations
