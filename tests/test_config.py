@@ -343,3 +343,22 @@ def test_records_need_their_required_fields():
     with pytest.raises(ValueError, match="escape|relative path"):
         TrainerConfig(name="../elsewhere")
     assert JsonString  # the marker class is public for recipes' own JSON fields
+
+
+def test_the_epoch_cadence_makes_at_most_ten_events_a_run():
+    """docs/training.md, "Length and cadences": "epoch" is one pass, or the fewest whole passes that
+    keep a run to EPOCH_EVENTS evaluations (checkpoints); a number of steps is kept as given."""
+    from dew.contract.config import EPOCH_EVENTS, epochs_between
+
+    class Digits:  # 1,617 records at batch 256: 6 steps an epoch
+        batch_size, num_records, resumable = 256, 1617, True
+
+    assert EPOCH_EVENTS == 10
+    assert [epochs_between(total, 6) for total in (1, 6, 60, 61, 120, 121, 200)] == [1, 1, 1, 2, 2, 3, 4]
+    for steps, every in ((30, 6), (60, 6), (61, 12), (200, 24), (900, 90)):
+        t = TrainerConfig(batch_size=256, steps=steps)
+        assert t.eval_interval(Digits()) == every and t.checkpoint_interval(Digits()) == every
+        assert steps // every <= EPOCH_EVENTS
+    assert TrainerConfig(batch_size=256, epochs=30).eval_interval(Digits()) == 6 * 4  # 189 steps: every 4 epochs
+    explicit = TrainerConfig(batch_size=256, steps=200, eval_every=6, checkpoint_every=7)
+    assert explicit.eval_interval(Digits()) == 6 and explicit.checkpoint_interval(Digits()) == 7

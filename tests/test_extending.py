@@ -92,6 +92,13 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
     run = work / "ck" / "blobs"
+    # A classifier draws no samples: the trainer does not suggest dew-sample, which refuses it in a line.
+    assert "next: dew-runs plot" in result.stderr and "dew-sample" not in result.stdout + result.stderr
+    sampled = dew(str(run), cwd=work, env=env, script="dew.cli.sample")
+    assert sampled.returncode == 2 and "Traceback" not in sampled.stderr, sampled.stderr[-3000:]
+    assert sampled.stderr.strip().splitlines() == [
+        "dew-sample: error: the run's objective 'classification' cannot sample: it defines neither sample_grid "
+        "(images) nor sample_text (text)"]
     record = json.loads((run / "run.json").read_text())
     assert record["model"]["architecture"] == "mlp"
     assert record["model"]["config"] == {"hidden": 64, "depth": 2, "features": 8, "classes": 4}

@@ -21,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from dew.cli.console import console_script
+
 EXIT_BAD_INPUT = 2
 
 
@@ -93,6 +95,7 @@ def write_hf(r: Any, out: str) -> str:
     return out
 
 
+@console_script
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

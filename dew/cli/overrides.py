@@ -6,6 +6,9 @@ key is not in the node, not which keys are) and a value its grammar cannot parse
 Only what the typed config tree decides is judged here; a key under a free-form field (``Any``, a
 JSON dict) or under a registered record whose member the command line chooses (``data``,
 ``optim.schedule``) is left to Hydra and to the strict conversion, which name it themselves.
+
+Also the command lines that print instead of training, rewritten before Hydra reads them
+(``first_job_to_print``: ``-m`` with ``--cfg``; ``hydra_help_args``: ``--hydra-help``).
 """
 
 from __future__ import annotations
@@ -186,3 +189,68 @@ def _one_value(override: Any) -> str | None:
     except Exception:  # noqa: BLE001 - an interval or a glob: left out of the composition
         return None
     return f"{override.get_key_element()}={first}"
+
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
+PRINT_FLAGS = ("--cfg", "-c", "--info", "-i")
+
+
+def first_job_to_print(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """``-m`` with ``--cfg`` or ``--info``, which Hydra refuses together (with a traceback), as the
+    command line that prints the config of the sweep's first job, composed as the sweep composes it
+    (``hydra.mode=MULTIRUN``: the sweep's launcher, sweeper and directories under ``--cfg hydra``),
+    each swept value replaced by its first; and a note saying which job that is (None without a
+    sweep). Any other command line comes back as it is. Raises ValueError for a value the sweeper
+    samples (``interval(...)``): no job's config is known before the sweep runs."""
+    flags = {a.split("=")[0] for a in argv if a.startswith("-")}
+    if not (flags & set(MULTIRUN_FLAGS) and flags & set(PRINT_FLAGS)):
+        return list(argv), None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    from dew.compat import hydra_args_parser
+
+    rest = [a for a in argv if a not in MULTIRUN_FLAGS]
+    try:
+        overrides = hydra_args_parser().parse_known_args(rest)[0].overrides
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except (SystemExit, HydraException):
+        return rest, None  # Hydra reports its own usage and grammar errors
+    first: dict[str, str] = {}
+    for o in (o for o in parsed if o.is_sweep_override()):
+        if (value := _one_value(o)) is None:
+            raise ValueError(f"{o.input_line}: the sweeper samples this value, so no job's config is known "
+                             "before the sweep runs; give it one value to print a config with --cfg")
+        first[o.input_line] = value
+    out = with_overrides([first.get(a, a) for a in rest], ["hydra.mode=MULTIRUN"])
+    note = f"the config of the sweep's first job ({' '.join(first.values())})" if first else None
+    return out, note
+
+
+def with_overrides(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """``argv`` with the overrides ``extra`` put before its first override, or at its end when it has
+    none: Hydra's parser reads the overrides as one run of arguments, not two."""
+    from dew.compat import hydra_args_parser
+
+    try:
+        overrides = hydra_args_parser().parse_known_args(list(argv))[0].overrides
+    except SystemExit:
+        overrides = []
+    at = next((i for i, a in enumerate(argv) if a in overrides), len(argv))
+    return [*argv[:at], *extra, *argv[at:]]
+
+
+def hydra_help_args(argv: Sequence[str], launch_uri: str) -> list[str]:
+    """``--hydra-help``'s command line as dew shows it: Hydra composes that help from its own config
+    alone (not conf/config.yaml), so dew's template (``hydra/hydra_help=dew``) and the launcher
+    profiles' directory are named here, and the overrides of dew's own config (``experiment=digits``),
+    which Hydra's config alone would refuse, are left out: they change nothing in Hydra's help."""
+    from dew.compat import hydra_args_parser
+
+    try:
+        overrides = set(hydra_args_parser().parse_known_args(list(argv))[0].overrides)
+    except SystemExit:
+        return list(argv)  # Hydra reports its own usage errors
+    own = [a for a in argv if a not in overrides or a.lstrip("+~").startswith(("hydra/", "hydra."))]
+    extra = [] if any(a.startswith("hydra/hydra_help=") for a in own) else ["hydra/hydra_help=dew"]
+    return with_overrides(own, [*extra, f"hydra.searchpath=[{launch_uri}]"])

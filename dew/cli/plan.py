@@ -15,6 +15,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from dew.cli.console import console_script
 from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs
 from dew.recipe import Recipe
 from dew.contract.typed import ConfigError
@@ -33,6 +34,7 @@ def plan_from_hydra(cfg: DictConfig) -> Any:
     return result
 
 
+@console_script
 def main() -> None:
     register_configs()
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(plan_from_hydra)()

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from dew.cli.console import console_script
 from dew.runs.discover import RunsError, find_runs
 from dew.runs.status import Run, read_run
 
@@ -158,6 +159,7 @@ def _studies(directories: Sequence[str], tracking: str | None) -> str:
     return "".join(f"{study_text(s)}\n\n" for d in directories if (s := _study(d, tracking)) is not None)
 
 
+@console_script
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         print(run(sys.argv[1:] if argv is None else argv))

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from dew.cli.console import console_script
 from dew.contract.rundir import RUN_RECORD, SAMPLE_PREFIX
 
 EXIT_BAD_INPUT = 2
@@ -287,9 +288,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_samples(objective: Any) -> None:
+    """Refuse a run whose objective draws no samples (a plugin's classifier, say), naming it."""
+    from dew.contract.objectives import can_sample, summary_name
+
+    if not can_sample(objective):
+        name = summary_name(objective) or type(objective).__name__
+        raise SampleError(f"the run's objective {name!r} cannot sample: it defines neither sample_grid (images) "
+                          "nor sample_text (text)")
+
+
 def run(args: argparse.Namespace) -> str:
     """Sample as ``args`` say; returns the file written."""
-    r = for_inference(restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema))
+    r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
+    check_samples(r.objective)
+    r = for_inference(r)
     stem = os.path.join(args.run_dir, f"{SAMPLE_PREFIX}-step{r.step}-seed{args.seed}")
     source = f"step {r.step}, {'EMA' if r.ema else 'trained parameters'}, seed {args.seed}"
     if r.damaged:
@@ -326,6 +339,7 @@ def run(args: argparse.Namespace) -> str:
     return out
 
 
+@console_script
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

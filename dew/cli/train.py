@@ -26,6 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dew.cli.console import console_script
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.contract.data import datasets
@@ -79,6 +80,7 @@ def register_configs() -> None:
         cs.store(group="schema/schedule", name=name, node=member_schema(cls))
     register_resolvers()
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
+    OmegaConf.register_new_resolver("dew_hydra_groups", _hydra_group_listing, replace=True)
     OmegaConf.register_new_resolver("dew_sweep", sweep_name, replace=True)
     OmegaConf.register_new_resolver("dew_job", job_dirname, replace=True)
     OmegaConf.register_new_resolver("dew_launch_dir", lambda: Path(launch_dir()).as_uri(), replace=True)
@@ -96,6 +98,36 @@ def _group_listing() -> str:
             if options:
                 groups.setdefault(folder.relative_to(root).as_posix(), set()).update(options)
     return "\n".join(f"{group}: {', '.join(sorted(options))}" for group, options in sorted(groups.items()))
+
+
+def _hydra_group_listing() -> str:
+    """Hydra's own config groups and their options, for --hydra-help, by the names the docs use:
+    the launchers are dew's profiles in launch/ (``dew_basic``, ``local``, ``slurm``), not the
+    ConfigStore nodes Hydra's listing shows (``dew_slurm_schema``, ``submitit_local``, ...), which
+    those extend. "(default)" marks what dew-train runs with (conf/config.yaml, else Hydra's own)."""
+    from importlib.resources import files
+
+    from hydra.conf import HydraConf
+    from hydra.core.config_store import ConfigStore
+
+    groups: dict[str, set[str]] = {}
+    for root in (Path(str(files("hydra.conf"))) / "hydra", Path(conf_dir()) / "hydra"):
+        for folder in (p for p in root.rglob("*") if p.is_dir()):
+            if options := {f.stem for f in folder.glob("*.yaml")}:
+                groups.setdefault(f"hydra/{folder.relative_to(root).as_posix()}", set()).update(options)
+    groups["hydra/launcher"] = {f.stem for f in (Path(launch_dir()) / "hydra" / "launcher").glob("*.yaml")}
+    for group in ("hydra/sweeper", "hydra/sweeper/sampler"):
+        groups[group] = {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml")}
+    chosen = {f"hydra/{k}": v for entry in HydraConf().defaults if isinstance(entry, dict) for k, v in entry.items()}
+    for entry in OmegaConf.load(Path(conf_dir()) / "config.yaml").defaults:
+        for key, value in (entry.items() if isinstance(entry, DictConfig) else ()):
+            if key.startswith("override hydra/"):
+                chosen[key.removeprefix("override ")] = value
+
+    def shown(group: str, option: str) -> str:
+        return f"{option} (default)" if chosen.get(group) == option else option
+
+    return "\n".join(f"{g}: {', '.join(shown(g, o) for o in sorted(options))}" for g, options in sorted(groups.items()))
 
 
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -279,7 +311,9 @@ def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
 def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
     """Samples of the trained model in the run directory, for objectives that draw them. Every
     process takes part in gathering a model split over processes; process 0 samples alone."""
-    if not (hasattr(objective, "sample_grid") or hasattr(objective, "sample_text")):
+    from dew.contract.objectives import can_sample
+
+    if not can_sample(objective):
         return
     import jax
 
@@ -307,6 +341,25 @@ def _gathered(model: Any) -> Any:
     return nnx.merge(graphdef, state)
 
 
+def for_printing(argv: list[str]) -> None:
+    """``argv`` rewritten in place for the commands that print instead of training. ``--hydra-help``
+    takes dew's template (conf/hydra/hydra_help/dew.yaml) and finds the launcher profiles: Hydra
+    composes it from its own config alone, without conf/config.yaml's choices and search path.
+    ``-m`` with ``--cfg`` or ``--info`` prints the sweep's first job (``first_job_to_print``), which
+    is named on stderr (stdout stays the config alone)."""
+    from dew.cli.overrides import first_job_to_print, hydra_help_args
+
+    if "--hydra-help" in argv:
+        argv[1:] = hydra_help_args(argv[1:], Path(launch_dir()).as_uri())
+    try:
+        argv[1:], note = first_job_to_print(argv[1:])
+    except ValueError as err:
+        fail(str(err))
+    if note:
+        print(f"dew-train: {note}", file=sys.stderr)
+
+
+@console_script
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     if CHECK_FLAG in sys.argv[1:]:
@@ -314,6 +367,7 @@ def main() -> None:
         check_only()
     sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
     sys.argv[1:] = set_json_keys(sys.argv[1:], json_fields(Recipe))  # model.config.mup=true
+    for_printing(sys.argv)  # --hydra-help; -m with --cfg or --info
     register_configs()
     from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 

@@ -405,10 +405,13 @@ class TrainerConfig:
     """Steps between metric fetches (and log lines)."""
     eval_every: Cadence = "epoch"
     """Steps between validation passes: a number of steps, "epoch" for one pass over the data, None
-    to never validate. "epoch" over a stream that reports no record count raises a ValueError."""
+    to never validate. "epoch" over a stream that reports no record count raises a ValueError. A run
+    longer than ``EPOCH_EVENTS`` (10) epochs takes "epoch" as every few whole epochs, so that it
+    validates at most 10 times; a number of steps is kept as given."""
     checkpoint_every: Cadence = "epoch"
-    """Steps between checkpoints, the same three answers. None is what a stream whose iterator cannot
-    report a read position trains with; the trainer refuses any other answer for one."""
+    """Steps between checkpoints, the same three answers ("epoch" bounded to at most 10 checkpoints
+    a run, as for eval_every). None is what a stream whose iterator cannot report a read position
+    trains with; the trainer refuses any other answer for one."""
     accumulation: int = 1
     """Micro-batches per optimizer update."""
     batch_ramp: Ramp | None = None
@@ -507,6 +510,14 @@ class TrainerConfig:
                              "this dataset is a stream that reports none: give a number of steps")
         return records_to_steps(self, dataset.num_records)
 
+    def _epoch_cadence(self, dataset: Dataset, field: str) -> int:
+        """The steps of an ``"epoch"`` cadence: one pass over the data, or as many whole passes as
+        keep the run to at most ``EPOCH_EVENTS`` evaluations (checkpoints) when it is longer."""
+        per_epoch = self._steps_per_epoch(dataset, field)
+        if self.steps is None and self.epochs is None:
+            return per_epoch  # no length yet: total_steps says so
+        return per_epoch * epochs_between(self.total_steps(dataset), per_epoch)
+
     def total_steps(self, dataset: Dataset) -> int:
         """Return the run's length in steps, from steps or from epochs over data."""
         if self.steps is not None:
@@ -521,7 +532,7 @@ class TrainerConfig:
     def eval_interval(self, dataset: Dataset) -> int | None:
         """Return the steps between validation passes over data, or None for never."""
         if self.eval_every == "epoch":
-            return self._steps_per_epoch(dataset, "eval_every")
+            return self._epoch_cadence(dataset, "eval_every")
         return self.eval_every
 
     def checkpoint_interval(self, dataset: Dataset) -> int | None:
@@ -531,8 +542,20 @@ class TrainerConfig:
                              "iterator cannot report a read position, so a checkpoint could not "
                              "resume it; train it with trainer.checkpoint_every=null")
         if self.checkpoint_every == "epoch":
-            return self._steps_per_epoch(dataset, "checkpoint_every")
+            return self._epoch_cadence(dataset, "checkpoint_every")
         return self.checkpoint_every
+
+
+EPOCH_EVENTS = 10
+"""The most evaluations (and checkpoints) an ``"epoch"`` cadence makes in one run: a run of more
+epochs evaluates every few epochs instead (``epochs_between``). A number of steps is kept as given."""
+
+
+def epochs_between(total_steps: int, steps_per_epoch: int) -> int:
+    """Whole epochs between two events of an ``"epoch"`` cadence: 1, or the fewest that keep a run of
+    ``total_steps`` to at most ``EPOCH_EVENTS`` of them (a 200-step run of 7-step epochs: every 3
+    epochs, 9 events rather than 28)."""
+    return max(1, math.ceil(total_steps / (steps_per_epoch * EPOCH_EVENTS)))
 
 
 def records_to_steps(trainer: TrainerConfig, records: int) -> int:

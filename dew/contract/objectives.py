@@ -126,3 +126,10 @@ def summary_name(objective: Any) -> str | None:
     """The registered name of a built objective (its summary's ``objective``)."""
     summary: Mapping[str, Any] = objective.summary()
     return summary.get("objective")
+
+
+def can_sample(objective: Any) -> bool:
+    """Whether a built objective draws samples: an image grid (``sample_grid``) or text
+    (``sample_text``). dew-train writes samples, suggests ``dew-sample`` and dew-sample runs only
+    for one that does; a plugin's classifier, say, draws none."""
+    return hasattr(objective, "sample_grid") or hasattr(objective, "sample_text")

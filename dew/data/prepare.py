@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from dew.cli.console import console_script
 from dew.data.token_files import SIDECAR, write_llmc
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, train_bpe
 
@@ -63,6 +64,7 @@ def prepare(files: Sequence[str], out: str, *, tokenizer: str = "byte", vocab_si
     return record
 
 
+@console_script
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dew-prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="UTF-8 text files to train on (one document each)")

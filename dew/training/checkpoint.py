@@ -19,6 +19,9 @@ that are step numbers (and cleans only its own ``.orbax-checkpoint-tmp`` names),
 renamed one. Orbax checks the structure it reads (its B-tree nodes and manifests carry checksums);
 it does not checksum the array bytes themselves, so a flipped bit inside an array's data restores as
 a different value and is not caught (measured on orbax-checkpoint 0.12.8: docs/training.md).
+
+Quiet: orbax warns (through absl's logger) about four things dew does on purpose; ``OrbaxNotes``
+drops exactly those lines and lets every other warning and error through.
 """
 
 from __future__ import annotations
@@ -39,6 +42,29 @@ from dew.compat import orbax_reads_settle, orbax_uncompressed_standard_handler
 from dew.contract.rundir import BEST_METRIC, damaged_name
 
 log = logging.getLogger("dew")
+
+
+class OrbaxNotes(logging.Filter):
+    """Drops the warnings orbax logs about what dew does on purpose, matched by their exact format
+    string (``record.msg``), so that a normal run prints none of them and any other line still shows."""
+
+    EXPECTED = frozenset({
+        # A checkpoint saved where the run does not evaluate has no metric to rank it by; the
+        # retention policy keeps it as one of the latest (keep_checkpoints_without_metrics=False).
+        "Requested `tracked_metric`; did not provide metrics.",
+        # trainer.init_from opens the source run read only (dew.training.warmstart).
+        "Given directory is read only=%s",
+        "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0.",
+        # Restoring one item of a composite step: the step's metadata is beside the items, not in them.
+        "Metadata file does not exist: %s",
+    })
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.WARNING and record.msg in self.EXPECTED)
+
+
+if not any(isinstance(f, OrbaxNotes) for f in logging.getLogger("absl").filters):
+    logging.getLogger("absl").addFilter(OrbaxNotes())  # orbax's absl.logging writes through this logger
 
 
 class CheckpointDamagedError(RuntimeError):

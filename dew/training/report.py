@@ -48,8 +48,14 @@ def _seconds(s: float) -> str:
 class RunReport:
     """The start and end messages of one run, and the clock that splits its wall time."""
 
-    def __init__(self, run: RunConfig, name: str, path: Any, *, total_steps: int) -> None:
+    def __init__(self, run: RunConfig, name: str, path: Any, *, total_steps: int, samples: bool = True,
+                 every: tuple[int | None, int | None] | None = None) -> None:
+        """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
+        end suggests ``dew-sample``. ``every``: the steps between evaluations and between
+        checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set."""
         self.run, self.name, self.path, self.total_steps = run, name, os.fspath(path), total_steps
+        self.samples = samples
+        self.every = every or (run.trainer.eval_every, run.trainer.checkpoint_every)
         self.t0 = time.perf_counter()
         self.spent = {"compile": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self.evals: dict[int, dict[str, float]] = {}
@@ -90,7 +96,7 @@ class RunReport:
                         dtype, jax.default_backend(), dtype, factor)
         if t.batch_size and self.total_steps:
             log.info("batch %d; logging every %d steps, evaluating every %s, checkpointing every %s",
-                     t.batch_size, t.log_every, t.eval_every, t.checkpoint_every)
+                     t.batch_size, t.log_every, *("never (at the end only)" if n is None else n for n in self.every))
 
     def starting_step(self) -> bool:
         """True (once) before the first step this process runs, the call that compiles it; says so."""
@@ -152,8 +158,10 @@ class RunReport:
             log.info("%s %.4g at step %d (final); best %.4g at step %d (the best checkpoint, when it was saved)",
                      BEST_METRIC, scored[last], last, scored[best], best)
         sweep = os.path.dirname(self.path) if "/" in self.name.strip("/") else self.path
-        log.info("next: dew-sample %s   (samples from the best checkpoint)", self.path)
-        log.info("      dew-runs plot %s   (loss curves; dew-runs %s lists the runs)", sweep, sweep)
+        if self.samples:
+            log.info("next: dew-sample %s   (samples from the best checkpoint)", self.path)
+        log.info("%s dew-runs plot %s   (loss curves; dew-runs %s lists the runs)",
+                 "     " if self.samples else "next:", sweep, sweep)
         if (note := self.unnamed()) is not None:
             log.info(note)
 

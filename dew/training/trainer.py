@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding
 
 from dew.contract.config import RunConfig
 from dew.contract.data import Dataset
+from dew.contract.objectives import can_sample
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding, warmstart
 from dew.training.checkpoint import BEST_METRIC, Checkpoints
@@ -134,7 +135,8 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
         for f in fallbacks:
             tracker.event("checkpoint_fallback", step=latest, damaged_step=f.damaged_step, problem=f.problem,
                           **({"moved_to": f.moved_to} if f.moved_to else {}))
-        story = RunReport(run, setup.name, setup.path, total_steps=setup.total_steps)
+        story = RunReport(run, setup.name, setup.path, total_steps=setup.total_steps, samples=can_sample(objective),
+                          every=(setup.eval_every, setup.ckpt_every))
         story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
         place = functools.partial(_global, batch_sharding=batch_sharding)
         parts = _parts(run, objective, dataset, setup, checkpoints, tracker, story, iterator, latest,

@@ -76,3 +76,23 @@ def test_the_digits_experiment_states_only_differences():
     recipe = compose_recipe("experiment=digits")
     assert recipe.data.name == "digits" and recipe.optim.schedule.name == "cosine"  # type: ignore[union-attr]
     assert recipe.trainer.steps and recipe.model.dtype == "float32"
+
+
+@pytest.mark.parametrize("overrides, architecture", [
+    ((), "simple_dit"),
+    (("data=token_windows",), "transformer"),            # tokens bring the causal LM ...
+    (("data=text_stream",), "transformer"),
+    (("data=token_windows", "model=simple_dit"), "simple_dit"),  # ... unless the model is chosen
+    (("model=dit_s2", "data=token_windows"), "simple_dit"),
+    (("experiment=tiny_mdlm",), "simple_dit"),           # an experiment's choice wins over the data's
+    (("experiment=tiny_lm",), "transformer"),
+    (("data=oxford_flowers102",), "simple_dit"),
+])
+def test_the_default_model_follows_the_data(overrides, architecture):
+    """docs/data.md: a token dataset with no model chosen trains the transformer (next-token), not
+    the image default's DiT."""
+    GlobalHydra.instance().clear()
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    assert cfg.model.architecture == architecture

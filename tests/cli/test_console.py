@@ -1,0 +1,154 @@
+"""What dew's commands print, as a user meets it: one line instead of a traceback where a command
+cannot do what it is asked (``-m`` with ``--cfg``, a reader that leaves the pipe early), help that
+names what the docs name, and no library noise (orbax's warnings, Optuna's colour codes)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_env, dew
+
+TINY_DIGITS = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
+               "optim.schedule.warmup_steps=0", "trainer.log_every=2", "trainer.compilation_cache_dir=null",
+               "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1"]
+
+
+def plain_env() -> dict[str, str]:
+    """The user's environment without a colour preference (a test process may have set one)."""
+    return {k: v for k, v in cli_env().items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+
+
+def one_line_error(result: subprocess.CompletedProcess, prog: str = "dew-train") -> str:
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), result.stderr[-3000:]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------ a closed pipe
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    ["dew.cli.train", "--help"], ["dew.cli.train", "--hydra-help"], ["dew.cli.plan", "--help"],
+    ["dew.cli.runs", "--help"], ["dew.cli.sample", "--help"], ["dew.cli.runs", "."], ["dew.cli.train", "--cfg", "job"],
+], ids=" ".join)
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path: Path, command: list[str]):
+    """``dew-train --help | head -1``, the reader gone before the command writes: no BrokenPipeError,
+    exit 141 (what a shell reports for a command SIGPIPE ended). The read end is closed before the
+    interpreter has even started, so every write meets the closed pipe (not only a long one)."""
+    (tmp_path / "ck").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    proc.wait(timeout=120)
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr and "Exception ignored" not in stderr, stderr
+    assert proc.returncode == 141, (proc.returncode, stderr)
+
+
+# ------------------------------------------------------------------------------ -m with --cfg
+
+@pytest.mark.slow
+def test_cfg_under_multirun_prints_the_sweeps_config(workdir: Path):
+    hydra = dew("-m", "experiment=digits", "--cfg", "hydra", cwd=workdir)
+    assert hydra.returncode == 0 and "Traceback" not in hydra.stderr, hydra.stderr[-3000:]
+    assert re.search(r"^  mode: MULTIRUN$", hydra.stdout, re.M)
+    assert "_target_: hydra_plugins.dew_launchers.BasicLauncher" in hydra.stdout  # the sweep's launcher
+
+    job = dew("-m", "experiment=digits", "optim.learning_rate=1e-3,3e-3", "--cfg", "job", cwd=workdir)
+    assert job.returncode == 0 and "Traceback" not in job.stderr, job.stderr[-3000:]
+    assert re.search(r"^  learning_rate: 0\.001$", job.stdout, re.M) and "0.003" not in job.stdout
+    assert job.stderr.strip() == "dew-train: the config of the sweep's first job (optim.learning_rate=0.001)"
+
+    sampled = dew("-m", "experiment=digits", "optim.learning_rate=interval(1e-3,3e-3)", "--cfg", "job", cwd=workdir)
+    assert sampled.returncode == 2 and sampled.stdout == ""
+    assert one_line_error(sampled).startswith("dew-train: error: optim.learning_rate=interval(1e-3,3e-3): the "
+                                              "sweeper samples this value")
+    assert list(workdir.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------- help
+
+@pytest.mark.slow
+def test_hydra_help_names_the_launchers_as_the_docs_do(workdir: Path):
+    shown = dew("--hydra-help", cwd=workdir)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "--multirun,-m : Run multiple jobs" in shown.stdout  # Hydra's flags, as Hydra writes them
+    groups = dict(re.findall(r"^(hydra/[\w/]+): (.*)$", shown.stdout, re.M))
+    assert groups["hydra/launcher"] == "dew_basic (default), local, slurm"
+    assert groups["hydra/sweeper"] == "basic (default), optuna"
+    docs = "\n".join(p.read_text() for p in [REPO / "README.md", REPO / "launch" / "README.md", *REPO.glob("docs/*.md")])
+    for name in ("local", "slurm", "optuna"):
+        assert re.search(rf"hydra/(launcher|sweeper)=\b{name}\b", docs), name
+    # An app's overrides (which Hydra's own help cannot compose) and a profile of launch/ are taken.
+    chosen = dew("experiment=digits", "hydra/launcher=local", "--hydra-help", cwd=workdir)
+    assert chosen.returncode == 0 and "Traceback" not in chosen.stderr, chosen.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_help_names_files_that_declare_the_fields(workdir: Path):
+    shown = dew("--help", cwd=workdir)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    named = re.findall(r"\bdew/[\w/]+(?:\.py|/)", shown.stdout)
+    assert "dew/contract/config.py" in named
+    for path in named:
+        assert (REPO / path).exists(), path
+    assert "class TrainerConfig" in (REPO / "dew" / "contract" / "config.py").read_text()
+
+
+# ------------------------------------------------------------------------------------- quiet
+
+@pytest.mark.slow
+def test_a_run_its_resume_and_a_warm_start_print_no_orbax_warnings(workdir: Path):
+    """A checkpoint where the run does not evaluate (no metric for orbax to rank it by), the same run
+    launched again (it restores), and a run warm-started from it (orbax opens it read only): orbax
+    warns about each through absl; dew drops exactly those lines."""
+    from tests.training.conftest import fast_env
+
+    run = [*TINY_DIGITS, "trainer.name=a", "trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
+    outputs = []
+    for args in (run, run, [*TINY_DIGITS, "trainer.name=b", "trainer.steps=2", "trainer.init_from=ck/a"]):
+        result = dew(*args, cwd=workdir, env=fast_env())
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout + result.stderr)
+    assert "checkpointing every 2" in outputs[0] and "already completed its 4 steps" in outputs[1]
+    assert sorted(p.name for p in (workdir / "ck" / "a").iterdir() if p.name.isdigit()) == ["2", "4"]
+    for out in outputs:
+        for noise in ("Given directory is read only", "Metadata file does not exist", "tracked_metric",
+                      "read_only=True", "[absl]"):
+            assert noise not in out, out[-3000:]
+
+
+def test_only_the_expected_orbax_notes_are_dropped():
+    import logging
+
+    from dew.training.checkpoint import OrbaxNotes
+
+    absl = logging.getLogger("absl")
+    assert sum(isinstance(f, OrbaxNotes) for f in absl.filters) == 1
+
+    def record(msg: str, level: int = logging.WARNING) -> logging.LogRecord:
+        return logging.LogRecord("absl", level, __file__, 1, msg, ("/x",), None)
+
+    notes = OrbaxNotes()
+    assert not notes.filter(record("Given directory is read only=%s"))
+    assert notes.filter(record("Given directory is read only=%s", logging.ERROR))  # an error always shows
+    assert notes.filter(record("Failed to read Metadata file: %s, error: %s"))
+    assert notes.filter(record("Metadata file does not exist: %s and more"))
+
+
+@pytest.mark.slow
+def test_optuna_lines_carry_no_colour_codes_into_a_pipe(workdir: Path):
+    """A one-trial study, its output captured through a pipe: Optuna's lines (colorlog) arrive as
+    plain text. (The trial fails its checks, so nothing trains: the study is created, the trial
+    recorded, the sweep ends.)"""
+    result = dew("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1",
+                 "model.dtype=choice(float33)", *TINY_DIGITS, "trainer.steps=2", cwd=workdir, env=plain_env())
+    out = result.stdout + result.stderr
+    assert "A new study created" in out, out[-3000:]
+    assert re.search(r"^\[I \d{4}-\d\d-\d\d", out, re.M), out[-3000:]  # an Optuna line, uncoloured
+    assert "\x1b[" not in out, out[-3000:]
