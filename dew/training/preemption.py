@@ -64,6 +64,9 @@ def install_early() -> None:
     global _early
     if _early is None:
         _early = StopSignals().install(_signals=(signal.SIGUSR2, signal.SIGINT, signal.SIGTERM))
+        # The local launcher starts its jobs with SIGINT blocked (compat.submitit_local_controllers):
+        # a Ctrl-C that came while this process started is pending, and is the run's from here.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class StopSignals:
@@ -113,13 +116,18 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        if signum == signal.SIGINT and self.received == signal.SIGINT and time.monotonic() - self._at > ECHO_S:
-            raise KeyboardInterrupt  # Ctrl-C twice: stop now, without the checkpoint
+        again = signum == signal.SIGINT and self.received == signal.SIGINT and time.monotonic() - self._at > ECHO_S
+        if again and not os.environ.get("SUBMITIT_EXECUTOR"):
+            raise KeyboardInterrupt  # Ctrl-C twice on a run alone: stop now, without the checkpoint
+        if again:  # a job's task finishes its save whatever comes: its launcher is waiting for it
+            log.warning("SIGINT again: ignored; the checkpoint is being saved and the run stops after it")
         if self.received is not None:
             return
         self.received, self._at = signum, time.monotonic()
         log.warning("%s received: the run saves a checkpoint at the next step boundary and stops%s",
-                    signal.Signals(signum).name, " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
+                    signal.Signals(signum).name,
+                    " (Ctrl-C again stops at once)" if signum == signal.SIGINT and not os.environ.get("SUBMITIT_EXECUTOR")
+                    else "")
         self._pass_on()
 
     def _pass_on(self) -> None:
