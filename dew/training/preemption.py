@@ -80,6 +80,7 @@ class StopSignals:
         self._at = 0.0
         self._passed_on = False
         self._in_pool: bool | None = None
+        self._stepped = False
 
     def _pool(self) -> bool:
         """Whether this process is in a pool of more than one, where JAX's notifier agrees the step
@@ -132,8 +133,8 @@ class StopSignals:
 
     def _pass_on(self) -> None:
         """In a pool, tell every process which signal came and hand it to JAX's notifier as a
-        SIGTERM, which agrees on the step (before the pool is joined: at the first step boundary)."""
-        if self._passed_on or self.received is None or not self._pool():
+        SIGTERM, which agrees on the step (before this process's first step boundary: at it)."""
+        if self._passed_on or self.received is None or not self._stepped or not self._pool():
             return
         self._passed_on = True
         client = compat.jax_distributed_client()
@@ -157,8 +158,13 @@ class StopSignals:
         if self._pool():
             from jax.experimental import multihost_utils
 
-            self._pass_on()  # a signal that came before the pool was joined
-            if multihost_utils.reached_preemption_sync_point(step):
+            reached = multihost_utils.reached_preemption_sync_point(step)
+            # JAX agrees on the step after the highest one the processes reported: a signal that came
+            # before this process reported one (before the pool, during the compilation) is passed on
+            # only now, or the agreed step would be one a resumed run never reaches.
+            self._stepped = True
+            self._pass_on()
+            if reached:
                 self._agreed_signal()
                 return True
             return False
