@@ -110,7 +110,7 @@ def landed(rank0: str) -> str:
     """Where the tasks were when the signal came, from the rank-0 log."""
     if not rank0:
         return "before the pool"
-    if "compiled the train step" not in rank0:
+    if not re.search(r"the train step (from the compilation cache )?and ran step", rank0):  # compiled or loaded
         return "compilation" if "compiling the train step" in rank0 else "set-up"
     last = [int(s) for s in re.findall(rf"step (\d+)/{STEPS}  loss", rank0)][-1]
     if last == STEPS:
@@ -147,7 +147,7 @@ def interrupt_ten_times(workdir: Path, name: str, failures: list[str], phases: c
             failures.append(f"{where}: an unfinished checkpoint in {sorted(os.listdir(run))}")
         if newest is not None and (not steps or steps[-1] < newest):
             failures.append(f"{where}: the newest checkpoint {newest} is gone: {steps}")
-        if "compiled the train step" in rank0 and newest is None and not steps:
+        if landed(rank0) not in ("before the pool", "set-up", "compilation") and newest is None and not steps:
             failures.append(f"{where}: the tasks trained but saved no checkpoint")
 
 
