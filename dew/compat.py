@@ -208,12 +208,17 @@ def submitit_requeue_handler(handler: Any) -> bool:
 
 @contextlib.contextmanager
 def submitit_local_controllers(started: list[Any]) -> Iterator[None]:
-    """Within: submitit's local executor starts each job's controller with SIGINT ignored (inherited
-    by its tasks, whose runs install their own handler), so a Ctrl-C in the terminal reaches the
-    tasks, which save and stop, and not the controller, whose clean-up (``Controller.run``'s
-    ``finally: kill_tasks()``) would send them a second SIGINT and a SIGKILL a second later; each
-    controller's process is appended to ``started``. submitit 1.5.4's ``LocalExecutor`` calls the
-    module global ``start_controller`` at every submission, so this patches that global."""
+    """Within: submitit's local executor starts each job's controller with SIGINT blocked, so a
+    Ctrl-C in the terminal never reaches the controller, whose clean-up (``Controller.run``'s
+    ``finally: kill_tasks()``) would send the tasks a second SIGINT and a SIGKILL a second later,
+    mid-save; each controller's process is appended to ``started``.
+
+    Blocked, not ignored: the mask is inherited through the controller by its tasks, where a SIGINT
+    that comes before the run listens (Python's start, the job's unpickling) stays pending until
+    ``dew.training.preemption.install_early`` unblocks it, and is then the run's; and in this
+    process a SIGINT that comes while a controller starts is delivered once it has started, not
+    lost. submitit 1.5.4's ``LocalExecutor`` calls the module global ``start_controller`` at every
+    submission, so this patches that global."""
     import signal
 
     from submitit.local import local
@@ -221,12 +226,12 @@ def submitit_local_controllers(started: list[Any]) -> Iterator[None]:
     original = local.start_controller
 
     def start_controller(*args: Any, **kwargs: Any) -> Any:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             process = original(*args, **kwargs)
+            started.append(process)
         finally:
-            signal.signal(signal.SIGINT, previous)
-        started.append(process)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         return process
 
     local.start_controller = start_controller

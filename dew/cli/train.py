@@ -20,7 +20,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
+from dew.launching.interrupts import current as launch_interrupts
+from dew.launching.interrupts import install_for_sweep
+
+if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "dew-train":
+    install_for_sweep(sys.argv[1:])  # a sweep's launching process takes Ctrl-C from its first moment on
+
+import hydra  # noqa: E402 - after the handler: importing Hydra and dew takes a moment a Ctrl-C can land in
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -385,7 +391,15 @@ def main() -> None:
                    or (args and launcher_without_multirun(args))
                    or check_unset_records(overrides, Recipe, conf_dir())):
         fail(problem)
-    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
+    try:
+        hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
+    except KeyboardInterrupt:  # Ctrl-C twice on a run alone (dew.training.preemption), a basic sweep's job
+        if debugging():
+            raise
+        print("dew-train: interrupted", file=sys.stderr)
+        sys.exit(130)
+    if (signals := launch_interrupts()) is not None and signals.received is not None:
+        sys.exit(signals.status)  # a sweep's Ctrl-C that came after its jobs ended
     if checking() and args and args.multirun and not (args.cfg or args.info or args.help or args.hydra_help):
         count = checked()
         print(f"dew-train: check: {count} job{'s' if count != 1 else ''} pass every check a launch makes "

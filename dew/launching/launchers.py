@@ -43,6 +43,7 @@ class CheckedLaunch:
         from dew.training.lock import RunLockedError
 
         sweep_dir = str(self.config.hydra.sweep.dir)
+        _stop_if_interrupted(sweep_dir)  # Ctrl-C while Hydra composed: nothing is started
         jobs = compose_jobs(self.config, self.hydra_context, job_overrides, initial_job_idx)
         try:
             refuse_live_jobs(sweep_dir, jobs)
@@ -62,6 +63,7 @@ class CheckedLaunch:
                 record_checked(len(jobs))
                 _leave_no_trace(sweep_dir)
                 return []
+            _stop_if_interrupted(sweep_dir, len(jobs))
             with holding_the_sweep(sweep_dir):
                 results = self.run_jobs(jobs, job_overrides, initial_job_idx)
             if self.dry_run:
@@ -72,8 +74,28 @@ class CheckedLaunch:
             sys.exit(EXIT_BUSY)
 
     def run_jobs(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        """Start the jobs, as the launcher class after this mixin does, and return their results."""
+        """Start the jobs, as the launcher class after this mixin does, and return their results;
+        Ctrl-C is then answered as Python answers it (``dew.launching.interrupts.hand_back``)."""
+        hand_back_signals()
         return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+
+
+def _stop_if_interrupted(sweep_dir: str, jobs: int | None = None) -> None:
+    """End the command, leaving no trace, if the launching process got Ctrl-C (or SIGTERM) before
+    this launch started its jobs."""
+    from dew.launching.interrupts import current, stop_before_start
+
+    if (signals := current()) is not None and signals.received is not None:
+        _leave_no_trace(sweep_dir)
+        stop_before_start(jobs)
+
+
+def hand_back_signals() -> None:
+    """Python's own SIGINT and SIGTERM handlers again, for a launcher that answers them itself."""
+    from dew.launching.interrupts import current
+
+    if (signals := current()) is not None:
+        signals.hand_back()
 
 
 def searching(config: Any) -> bool:
@@ -110,33 +132,35 @@ class SubmititLaunch(CheckedLaunch):
     def run_jobs(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         from submitit.core.utils import UncompletedJobError
 
+        hand_back_signals()
         try:
             return self.start_and_wait(job_overrides, initial_job_idx)
         except KeyboardInterrupt:
-            if not self.interrupted():
-                print(f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
-                      "logs); scancel stops them, and the same command resumes what they did not finish",
-                      file=sys.stderr, flush=True)
-                sys.exit(130)
-            end_of_stopped(jobs, interrupted=True)
+            print(f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
+                  "logs); scancel stops them, and the same command resumes what they did not finish",
+                  file=sys.stderr, flush=True)
+            sys.exit(130)
         except UncompletedJobError:
-            wait_until_released(jobs)  # a cancelled job's tasks may still be saving (SLURM's KillWait)
-            if not end_of_stopped(jobs, interrupted=False):
+            if not ended_on_a_signal(jobs):
                 raise  # a job that failed without stopping: submitit's report is the one to read
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """hydra-submitit-launcher's ``launch``: submit the jobs, wait for them, return their results."""
         return super(CheckedLaunch, self).launch(job_overrides, initial_job_idx)  # type: ignore[misc]
 
-    def interrupted(self) -> bool:
-        """Ctrl-C in the launching process: pass it on and wait for the jobs' saves, where the
-        launcher can (True); by default (a cluster's queue) the jobs run on."""
-        return False
+
+def ended_on_a_signal(jobs: Sequence[Any]) -> bool:
+    """After submitit reported a job ended without a result: exit as ``end_of_stopped`` does if the
+    jobs stopped on a signal (once no task still saves: a cancelled job's tasks may be, SLURM's
+    KillWait); False if none did."""
+    wait_until_released(jobs)
+    return end_of_stopped(jobs, interrupted=False)
 
 
-def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
-    """Print one line per job that stopped on a signal (and per job not finished) and exit with a
-    stopped run's status; False, printing nothing, when no job stopped so."""
+def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool, status: int | None = None) -> bool:
+    """Print one line per job that stopped on a signal (and per job not finished; after an
+    interrupt, per job that ended too) and exit with a stopped run's status (``status``, where the
+    launching process knows it); False, printing nothing, when no job stopped so."""
     import shlex
 
     from dew.launching.jobs import stop_record
@@ -158,9 +182,12 @@ def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool) -> bool:
         elif not (record and record.get("event") == "end"):
             print(f"dew-train: {job.describe()}: stopped before its first checkpoint; resume with: {command}",
                   file=sys.stderr)
+        elif interrupted:
+            print(f"dew-train: {job.describe()}: ended at step {record['step']} before the interrupt reached it, "
+                  f"in {job.run_dir}", file=sys.stderr)
     sys.stderr.flush()
     reasons = {r.get("reason") for r in stops.values() if r}
-    sys.exit(130 if interrupted or "interrupted" in reasons else 143)
+    sys.exit(status or (130 if interrupted or "interrupted" in reasons else 143))
 
 
 def job_process_setup() -> None:

@@ -5,9 +5,14 @@ The local executor tells every task its rank and the task count (submitit's job 
 names no meeting point, and all local jobs of a sweep start at once, so each job needs its own
 coordinator port: the launching process picks one free port per job (``dew.launching.pool.
 free_ports``) and the job's tasks read it from the pickled launcher. Concurrent jobs never collide,
-and a requeued job (the same pickle) meets on the same port again. Ctrl-C in the terminal reaches
-the tasks, which save and stop, while the launcher passes it on and waits for them
-(``wait_for_controllers``); a launcher that dies takes its jobs with it (``watch_launcher``).
+and a requeued job (the same pickle) meets on the same port again.
+
+Ctrl-C in the terminal reaches every process of the group. The controllers never see it (they
+start with SIGINT blocked: ``compat.submitit_local_controllers``); the tasks that already listen
+save at their next step and stop; the launching process answers it with its own handler
+(``dew.launching.interrupts``): it writes the sweep's stop file, which every task watches
+(``watch_launcher``), so a task that was still starting stops as soon as it listens, and waits for
+the jobs to end. A launcher that dies takes its jobs with it (``watch_launcher`` too).
 """
 
 from __future__ import annotations
@@ -16,20 +21,26 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from dew.launching.launchers import SubmititLaunch, job_process_setup
+from dew.launching.launchers import SubmititLaunch, end_of_stopped, ended_on_a_signal, job_process_setup
 from dew.launching.naming import SweepInPickle
+from dew.launching.sweep_lock import SWEEP_LOCK_DIR, wait_until_released
+
+STOP_FILE = "stop"
+"""In the sweep's ``.launch`` directory: written by the launching process at Ctrl-C, watched by
+every task of its jobs."""
 
 
 class LocalLaunch(SweepInPickle, SubmititLaunch):
     """hydra-submitit-launcher's local launcher, with dew's resolvers in the job process and one
-    coordinator port per job, chosen by the launching process. Ctrl-C in the terminal reaches the
-    tasks, which save and stop, while the launcher waits for them (``interrupted``); a launcher
-    that dies takes its jobs with it (``watch_launcher``). A mixin before
+    coordinator port per job, chosen by the launching process. Ctrl-C, at any moment, makes every
+    task save at its next step and stop, while the launcher waits for them (``run_jobs``); a
+    launcher that dies takes its jobs with it (``watch_launcher``). A mixin before
     hydra-submitit-launcher's ``LocalLauncher``."""
 
     params: dict[str, Any]
     ports: dict[int, int]
     launcher_pid: int
+    stop_file: str | None = None
 
     def requested_devices(self) -> int | None:
         tasks = self.params.get("tasks_per_node")
@@ -49,9 +60,29 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
         with compat.submitit_local_controllers(self.controllers):
             return super().start_and_wait(job_overrides, initial_job_idx)
 
-    def interrupted(self) -> bool:
-        wait_for_controllers(self.controllers)
-        return True
+    def run_jobs(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        """Start the jobs and wait for them. After Ctrl-C or SIGTERM (to this process or to the
+        group, at any moment: ``dew.launching.interrupts``), wait for every job to save and end, and
+        end with one line per job and 130 (143 for SIGTERM)."""
+        from submitit.core.utils import UncompletedJobError
+
+        from dew.launching.interrupts import for_launch
+
+        signals = for_launch()
+        self.stop_file = os.path.abspath(os.path.join(str(self.config.hydra.sweep.dir), SWEEP_LOCK_DIR, STOP_FILE))
+        signals.watch(self.stop_file)
+        try:
+            results = self.start_and_wait(job_overrides, initial_job_idx)
+        except UncompletedJobError:  # submitit's report of a job that ended without a result
+            if signals.received is None and not ended_on_a_signal(jobs):
+                raise  # a job that failed without stopping: submitit's report is the one to read
+            results = None
+        finally:
+            signals.ended()
+        if signals.received is not None:
+            wait_until_released(jobs)
+            end_of_stopped(jobs, interrupted=True, status=signals.status)
+        return results
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "controllers"}  # processes do not pickle
@@ -59,34 +90,16 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, *args: Any) -> Any:
         job_process_setup()
         self.restore_sweep()
-        watch_launcher(self.launcher_pid)
+        watch_launcher(self.launcher_pid, self.stop_file)
         os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{self.ports[job_num]}"
         return super().__call__(sweep_overrides, job_dir_key, job_num, *args)  # type: ignore[misc]
 
 
-def wait_for_controllers(controllers: Sequence[Any]) -> None:
-    """After Ctrl-C: the tasks of every local job got it from the terminal (their controllers
-    ignore it: ``compat.submitit_local_controllers``); pass it on as SIGTERM, which each controller
-    forwards to its tasks (for a launcher interrupted alone; a task already stopping takes no
-    notice), and wait until every job has saved and ended. Ctrl-C again only tells the tasks to
-    stop at once (the terminal sends it to them); this process waits still."""
-    import signal
-    import time
-
-    for process in controllers:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    while any(p.poll() is None for p in controllers):
-        try:
-            time.sleep(0.1)
-        except KeyboardInterrupt:
-            continue
-
-
-def watch_launcher(launcher_pid: int, every_s: float = 1.0) -> None:
-    """In a local job's task: stop the run (SIGTERM to this process: it saves at the next step
-    boundary and ends) once the process that launched it, or the task's controller, is gone, so
-    that no task outlives a killed launcher, holding its run's lock."""
+def watch_launcher(launcher_pid: int, stop_file: str | None = None, every_s: float = 0.5) -> None:
+    """In a local job's task: stop the run at its next step boundary, with a checkpoint, once the
+    launching process asks (``stop_file`` appears: SIGINT to this process, as Ctrl-C) or is gone,
+    or the task's controller is (SIGTERM), so that no task outlives a killed launcher, holding its
+    run's lock."""
     import signal
     import threading
     import time
@@ -104,6 +117,9 @@ def watch_launcher(launcher_pid: int, every_s: float = 1.0) -> None:
 
     def watch() -> None:
         while os.getppid() == controller and alive(launcher_pid):
+            if stop_file is not None and os.path.exists(stop_file):
+                os.kill(os.getpid(), signal.SIGINT)
+                return
             time.sleep(every_s)
         os.kill(os.getpid(), signal.SIGTERM)
 

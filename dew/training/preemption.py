@@ -64,6 +64,9 @@ def install_early() -> None:
     global _early
     if _early is None:
         _early = StopSignals().install(_signals=(signal.SIGUSR2, signal.SIGINT, signal.SIGTERM))
+        # The local launcher starts its jobs with SIGINT blocked (compat.submitit_local_controllers):
+        # a Ctrl-C that came while this process started is pending, and is the run's from here.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 class StopSignals:
@@ -77,6 +80,7 @@ class StopSignals:
         self._at = 0.0
         self._passed_on = False
         self._in_pool: bool | None = None
+        self._stepped = False
 
     def _pool(self) -> bool:
         """Whether this process is in a pool of more than one, where JAX's notifier agrees the step
@@ -113,19 +117,24 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        if signum == signal.SIGINT and self.received == signal.SIGINT and time.monotonic() - self._at > ECHO_S:
-            raise KeyboardInterrupt  # Ctrl-C twice: stop now, without the checkpoint
+        again = signum == signal.SIGINT and self.received == signal.SIGINT and time.monotonic() - self._at > ECHO_S
+        if again and not os.environ.get("SUBMITIT_EXECUTOR"):
+            raise KeyboardInterrupt  # Ctrl-C twice on a run alone: stop now, without the checkpoint
+        if again:  # a job's task finishes its save whatever comes: its launcher is waiting for it
+            log.warning("SIGINT again: ignored; the checkpoint is being saved and the run stops after it")
         if self.received is not None:
             return
         self.received, self._at = signum, time.monotonic()
         log.warning("%s received: the run saves a checkpoint at the next step boundary and stops%s",
-                    signal.Signals(signum).name, " (Ctrl-C again stops at once)" if signum == signal.SIGINT else "")
+                    signal.Signals(signum).name,
+                    " (Ctrl-C again stops at once)" if signum == signal.SIGINT and not os.environ.get("SUBMITIT_EXECUTOR")
+                    else "")
         self._pass_on()
 
     def _pass_on(self) -> None:
         """In a pool, tell every process which signal came and hand it to JAX's notifier as a
-        SIGTERM, which agrees on the step (before the pool is joined: at the first step boundary)."""
-        if self._passed_on or self.received is None or not self._pool():
+        SIGTERM, which agrees on the step (before this process's first step boundary: at it)."""
+        if self._passed_on or self.received is None or not self._stepped or not self._pool():
             return
         self._passed_on = True
         client = compat.jax_distributed_client()
@@ -149,8 +158,13 @@ class StopSignals:
         if self._pool():
             from jax.experimental import multihost_utils
 
-            self._pass_on()  # a signal that came before the pool was joined
-            if multihost_utils.reached_preemption_sync_point(step):
+            reached = multihost_utils.reached_preemption_sync_point(step)
+            # JAX agrees on the step after the highest one the processes reported: a signal that came
+            # before this process reported one (before the pool, during the compilation) is passed on
+            # only now, or the agreed step would be one a resumed run never reaches.
+            self._stepped = True
+            self._pass_on()
+            if reached:
                 self._agreed_signal()
                 return True
             return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
@@ -48,3 +49,32 @@ def test_the_same_ctrl_c_twice_is_one_interrupt(handlers, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         stop.restore()
+
+
+def test_in_a_job_ctrl_c_again_never_abandons_the_save(handlers, monkeypatch):
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    clock = [100.0]
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    stop = StopSignals().install()
+    try:
+        for _ in range(3):  # the user pressing it again and again, seconds apart: the save goes on
+            os.kill(os.getpid(), signal.SIGINT)
+            clock[0] += 2 * preemption.ECHO_S
+        assert stop.received == signal.SIGINT and stop.stop_at(1)
+    finally:
+        stop.restore()
+
+
+def test_a_ctrl_c_while_the_task_starts_is_kept_until_the_run_listens(handlers):
+    # The local launcher starts its tasks with SIGINT blocked: one that comes then stays pending.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # this thread's: pytest may run others
+        assert signal.SIGINT in signal.sigpending()
+        install_early()  # listens, then unblocks: the pending Ctrl-C is the run's
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        stop = StopSignals().install()
+        assert stop.received == signal.SIGINT and stop.reason == "interrupted"
+        stop.restore()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})

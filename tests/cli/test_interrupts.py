@@ -1,0 +1,207 @@
+"""Ctrl-C at any moment of a local multi-process sweep (``dew-train -m hydra/launcher=local``, 2
+tasks): no traceback, status 130, one line per job, the newest complete checkpoint kept (the stop
+checkpoint added once the tasks trained a step), and the run resumed to the end of a run that was
+never interrupted, bit for bit.
+
+Twenty moments, each a separate launch, as a terminal sends Ctrl-C (SIGINT to the process group),
+half of them followed by a second one 0.2 s later. To keep it cheap, the moments are spread over two
+runs, each interrupted ten times in a row (every launch resumes what the one before saved): a
+moment is a fixed delay after the launch (the launching process importing or composing, before any
+task starts) or the first line of the launch's rank-0 task log that marks a phase (the task's
+set-up, its compilation, a step, a checkpoint, an evaluation, the run's end)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dew.training.tracking import read_journal
+from tests.training.conftest import TINY, fast_env, losses
+from tests.training.test_multiprocess import host_params
+
+STEPS, CKPT, EVAL = 80, 10, 20
+LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
+         f"trainer.eval_every={EVAL}", f"trainer.checkpoint_every={CKPT}", "trainer.checkpoint_dir=ck",
+         "trainer.compilation_cache_dir=cache"]  # later launches reuse what the first compiled
+
+# (phase, trigger, second Ctrl-C): a trigger is seconds after the launch, or what the launch's rank-0
+# log shows: a line, "+k" (k steps after the step it resumed from), "ckpt"/"eval" (the line of the
+# next step that saves / evaluates, written just before it does), "end" (the last step's line).
+CHAINS = {
+    "a": [("before the pool", 0.3, True), ("set-up", "Loading pickle", False),
+          ("compilation", "compiling the train step", True), ("mid-step", "+3", False),
+          ("set-up", "joined the JAX process pool", True), ("checkpoint", "ckpt", False),
+          ("mid-step", "+4", True), ("evaluation", "eval", False), ("before the pool", 2.5, True),
+          ("end", "end", False)],
+    "b": [("before the pool", 1.5, True), ("set-up", "Starting with JobEnvironment", False),
+          ("compilation", "compiling the train step", True), ("mid-step", "+2", False),
+          ("checkpoint", "ckpt", True), ("compilation", "compiling the train step", False),
+          ("evaluation", "eval", True), ("checkpoint", "ckpt", False), ("mid-step", "+3", True),
+          ("end", "end", False)],
+}
+
+
+def launch(workdir: Path, name: str, log: Path) -> subprocess.Popen:
+    """The sweep launched as from a terminal: its own process group, the foreground job."""
+    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}"], cwd=workdir,
+                            env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(log, "w"),  # noqa: SIM115
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def task_logs(workdir: Path, name: str) -> dict[Path, str]:
+    return {p: p.read_text() for p in (workdir / "ck").glob(f"{name}-sweep-*/.submitit/*/*_log.*")}
+
+
+def reached(trigger: float | str, began: float, rank0: str) -> bool:
+    if isinstance(trigger, float):
+        return time.monotonic() - began >= trigger
+    steps = [int(s) for s in re.findall(rf"step (\d+)/{STEPS}  loss", rank0)]
+    start = int(m.group(1)) if (m := re.search(r"resuming \S+ from step (\d+)", rank0)) else 0
+    every = {"ckpt": CKPT, "eval": EVAL, "end": STEPS}
+    if trigger in every:
+        at = (start // every[trigger] + 1) * every[trigger]
+        return at in steps
+    if trigger.startswith("+"):
+        return bool(steps) and max(steps) >= start + int(trigger)
+    return trigger in rank0
+
+
+def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bool) -> tuple[int, str, str]:
+    """One launch, Ctrl-C at ``trigger``: (status, its output, what the rank-0 log showed then)."""
+    before = set(task_logs(workdir, name))
+    log = workdir / f"{name}{n}.out"
+    proc, began, rank0 = launch(workdir, name, log), time.monotonic(), ""
+    try:
+        while proc.poll() is None and not reached(trigger, began, rank0):
+            time.sleep(0.01)
+            rank0 = "".join(t for p, t in task_logs(workdir, name).items() if p not in before and "_0_log.out" in p.name)
+        with contextlib.suppress(ProcessLookupError):  # a launch that ended first fails below
+            os.killpg(proc.pid, signal.SIGINT)
+            if double:
+                time.sleep(0.2)
+                os.killpg(proc.pid, signal.SIGINT)
+        return finish(proc), log.read_text(), rank0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def landed(rank0: str) -> str:
+    """Where the tasks were when the signal came, from the rank-0 log."""
+    if not rank0:
+        return "before the pool"
+    if not re.search(r"the train step (from the compilation cache )?and ran step", rank0):  # compiled or loaded
+        return "compilation" if "compiling the train step" in rank0 else "set-up"
+    last = [int(s) for s in re.findall(rf"step (\d+)/{STEPS}  loss", rank0)][-1]
+    if last == STEPS:
+        return "end"
+    return "evaluation" if last % EVAL == 0 else "checkpoint" if last % CKPT == 0 else "mid-step"
+
+
+def chain(workdir: Path, name: str, failures: list[str], phases: collections.Counter) -> None:
+    try:
+        interrupt_ten_times(workdir, name, failures, phases)
+    except Exception as err:  # noqa: BLE001 - a thread's error fails the test, not only its thread
+        failures.append(f"{name}: {type(err).__name__}: {err}")
+
+
+def interrupt_ten_times(workdir: Path, name: str, failures: list[str], phases: collections.Counter) -> None:
+    for n, (phase, trigger, double) in enumerate(CHAINS[name]):
+        run = next((workdir / "ck").glob(f"{name}-sweep-*/0*"), None)
+        newest = max((int(p.name) for p in run.iterdir() if p.name.isdigit()), default=None) if run else None
+        code, out, rank0 = interrupt(workdir, name, n, trigger, double)
+        phases[landed(rank0)] += 1
+        where = f"{name}{n} ({phase}, landed {landed(rank0)}, {'twice' if double else 'once'})"
+        outputs = [out, *task_logs(workdir, name).values()]
+        lines = [line for line in out.splitlines() if line.startswith("dew-train:")]
+        if code != 130 or any("Traceback" in text for text in outputs):
+            failures.append(f"{where}: status {code}\n{out[-3000:]}")
+            continue
+        if not (lines[-1].startswith("dew-train: job 0 (") or "interrupted before the launch" in lines[-1]):
+            failures.append(f"{where}: last line {lines[-1]!r}")
+        if double and not any("again: ignored" in line for line in lines):
+            failures.append(f"{where}: the second Ctrl-C was not answered: {lines}")
+        run = next((workdir / "ck").glob(f"{name}-sweep-*/0*"), None)
+        steps = sorted(int(p.name) for p in run.iterdir() if p.name.isdigit()) if run else []
+        if [p.name for p in run.iterdir() if "tmp" in p.name] if run else []:
+            failures.append(f"{where}: an unfinished checkpoint in {sorted(os.listdir(run))}")
+        if newest is not None and (not steps or steps[-1] < newest):
+            failures.append(f"{where}: the newest checkpoint {newest} is gone: {steps}")
+        if landed(rank0) not in ("before the pool", "set-up", "compilation") and newest is None and not steps:
+            failures.append(f"{where}: the tasks trained but saved no checkpoint")
+
+
+def test_the_launching_process_answers_every_signal_with_one_line_and_never_raises(tmp_path, capfd):
+    from dew.launching import interrupts
+
+    signals = interrupts.LaunchInterrupts().install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # before any job starts: recorded, no KeyboardInterrupt
+        assert signals.received == signal.SIGINT and signals.status == 130
+        stop_file = tmp_path / "stop"
+        stop_file.write_text("left by a launch that was killed\n")
+        signals.watch(str(stop_file))  # jobs start now: the signal that came is theirs
+        assert stop_file.read_text() == f"{int(signal.SIGINT)}\n"
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
+            os.kill(os.getpid(), signum)
+        signals.ended()
+        os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signals.hand_back()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signals.count == 5 and signals.received == signal.SIGINT
+    err = capfd.readouterr().err.splitlines()
+    assert err[0] == "dew-train: Ctrl-C: stopping before any job starts"
+    assert err[1].startswith("dew-train: Ctrl-C again: ignored; a save is in progress: every job is writing")
+    assert err[2].startswith("dew-train: SIGTERM again: ignored; a save is in progress")
+    assert err[4] == "dew-train: Ctrl-C again: ignored; the command is already stopping" and len(err) == 5
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_twenty_moments_then_resume_bit_for_bit(workdir: Path):
+    began = time.monotonic()
+    whole = launch(workdir, "whole", workdir / "whole.out")
+    failures: list[str] = []
+    phases: collections.Counter = collections.Counter()
+    chains = [threading.Thread(target=chain, args=(workdir, name, failures, phases)) for name in CHAINS]
+    for thread in chains:
+        thread.start()
+    assert finish(whole) == 0, (workdir / "whole.out").read_text()[-3000:]
+    for thread in chains:
+        thread.join()
+    print(f"20 Ctrl-Cs in {time.monotonic() - began:.0f} s; landed: {dict(phases)}")
+    assert not failures, "\n".join(failures)
+
+    reference = next((workdir / "ck").glob("whole-sweep-*/0*"))
+    expected = losses(read_journal(next((workdir / "tracking").glob("whole-sweep-*/*/journal.jsonl"))))
+    assert len(expected) == STEPS
+    for name in CHAINS:
+        journal = next((workdir / "tracking").glob(f"{name}-sweep-*/*/journal.jsonl"))
+        if read_journal(journal)[-1]["event"] != "end":  # the last Ctrl-C came before the end took place
+            out = workdir / f"{name}-last.out"
+            assert finish(launch(workdir, name, out)) == 0, out.read_text()[-3000:]
+        records = read_journal(journal)
+        assert records[-1]["event"] == "end" and losses(records) == expected, name
+        a, b = host_params(reference, STEPS), host_params(next((workdir / "ck").glob(f"{name}-sweep-*/0*")), STEPS)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), name
+    print(f"resumed bit for bit; {time.monotonic() - began:.0f} s in all")
