@@ -275,6 +275,8 @@ DOCUMENTED = {
         "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
     "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin":
         "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+    "dew-train --check -m experiment=digits hparams_search=digits":
+        "tests/cli/test_docs.py runs it as written (a check trains nothing)",
 }
 """Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
 same overrides plus a tiny model, a few steps and a few trials)."""
