@@ -319,17 +319,45 @@ def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Pa
 
 
 @pytest.mark.slow
-def test_a_trial_that_fails_its_checks_is_a_failed_trial_and_the_study_goes_on(workdir: Path):
-    """The launcher checks a grid's jobs before any starts and refuses the whole grid for one bad job;
-    a search's trials are checked as well, but a sampled config that fails its checks is one failed
-    trial (the study's other trials run), not the end of the search."""
-    out = dew_train("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
-                    "hydra.sweeper.n_jobs=2", "model.dtype=choice(float32,float33)", *SHORT, cwd=workdir)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "the trial fails and the search goes on" in out.stderr
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # create_trial, add_trial
+def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(workdir: Path):
+    """A trial whose override Hydra cannot merge (a float into an int field) or whose config dew
+    refuses is recorded FAIL with the message, never left running, and the study goes on: one grid
+    trial of three trains. A trial an older command left running with such a value (dew before
+    ``int(interval(...))``) is recorded FAIL when the same command resumes the study; the grid of a
+    search is checked as well, but a bad trial is one failed trial, not the end of the search."""
+    from dew.cli.runs import run
+    from dew.contract.rundir import STUDY_FAIL_REASON
+
+    key = "optim.schedule.warmup_steps"
+    command = ["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=3",
+               f"{key}=choice(1,2.5,-1)", *[a for a in SHORT if not a.startswith(f"{key}=")]]
+    out = dew_train(*command, "hydra.sweeper.n_trials=3", cwd=workdir)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert f"{key}=-1 must be >= 0: the trial fails and the search goes on" in out.stdout
     [sweep] = (workdir / "ck").iterdir()
-    states = {t.params["model.dtype"]: t.state for t in study_of(sweep).trials}
-    assert states == {"float32": optuna.trial.TrialState.COMPLETE, "float33": optuna.trial.TrialState.FAIL}
+    trials = {t.params[key]: t for t in study_of(sweep).trials}
+    assert {v: t.state.name for v, t in trials.items()} == {1: "COMPLETE", 2.5: "FAIL", -1: "FAIL"}
+    merge = f"Error merging override {key}=2.5: Value '2.5' of type 'float' could not be converted to Integer"
+    assert trials[2.5].user_attrs[STUDY_FAIL_REASON] == merge
+    assert f"{key}=-1 must be >= 0" in trials[-1].user_attrs[STUDY_FAIL_REASON]
+    assert STUDY_FAIL_REASON not in trials[1].user_attrs
+
+    # As an older dew left a trial whose float it could not merge: running, with no job of its own.
+    study = study_of(sweep)
+    space = trials[2.5].distributions
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params={key: 2.5},
+                                              distributions=space))
+    again = dew_train(*command, "hydra.sweeper.n_trials=4", cwd=workdir)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "resuming trial(s) [3]" in again.stdout
+    resumed = study_of(sweep).trials[3]
+    assert resumed.state.name == "FAIL" and resumed.user_attrs[STUDY_FAIL_REASON] == merge
+    text = run([str(sweep), "--tracking", str(workdir / "tracking")])
+    failed = {line.split()[0]: line for line in text.splitlines() if line.split()[1:2] == ["fail"]}
+    assert sorted(failed) == sorted(str(t.number) for t in [trials[2.5], trials[-1], resumed])
+    assert failed["3"].endswith(f"(failed before it trained: {merge})")
+    assert failed[str(trials[2.5].number)].endswith(f"(failed before it trained: {merge})")
 
 
 def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, capsys):
