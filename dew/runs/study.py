@@ -104,14 +104,15 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
 
 
 def _why(job: epath.Path | None, tracking: str | None, failure: str | None) -> str:
-    """Why a trial did not complete: from its run's files, or, for a trial that has no run (refused
-    before it trained), the failure the sweeper recorded."""
-    if job is None:
+    """Why a trial did not complete: its run's state from the run's files, or, for a trial that never
+    made a run (no record, no journal: refused before it trained), the failure the sweeper recorded."""
+    run = read_run(job, job.name, tracking=tracking) if job is not None else None
+    if run is None or (run.record is None and run.journal is None):
         if failure:
             return f"failed before it trained: {failure}"
-        return "no run directory: refused before it trained (the sweep's log says why)"
-    run = read_run(job, job.name, tracking=tracking).summary
-    return f"run {run.status}" + (f": {run.reason}" if run.reason else "")
+        if run is None:
+            return "no run directory: refused before it trained (the sweep's log says why)"
+    return f"run {run.summary.status}" + (f": {run.summary.reason}" if run.summary.reason else "")
 
 
 def study_text(study: Study) -> str:

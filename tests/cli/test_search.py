@@ -266,18 +266,19 @@ def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(w
 
 # ------------------------------------------------------------------------ the documented commands
 
+PRESETS = "tests/cli/test_presets.py::test_a_search_preset_completes_its_trials_with_int_warmups"
 DOCUMENTED = {
-    "dew-train -m experiment=digits hparams_search=digits": "interrupted_study",
+    "dew-train -m experiment=digits hparams_search=digits": PRESETS,
     "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=40": "interrupted_study",
     "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1":
         "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",
     "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'":
-        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
-    "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin":
-        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+        "test_the_documented_search_without_a_preset_runs",
+    "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin": PRESETS,
 }
 """Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
-same overrides plus a tiny model, a few steps and a few trials)."""
+same overrides plus a tiny model, a few steps and a few trials; the presets with what they set kept,
+tests/cli/test_presets.py)."""
 
 
 def test_every_documented_search_is_run_by_a_test():
@@ -288,10 +289,8 @@ def test_every_documented_search_is_run_by_a_test():
 
 
 @pytest.mark.slow
-def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Path):
+def test_the_documented_search_without_a_preset_runs(workdir: Path):
     import shlex
-
-    from dew.data.prepare import prepare
 
     one = ["hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1", "trainer.steps=2", "trainer.eval_every=2",
            "trainer.checkpoint_every=null", "trainer.log_every=1", "trainer.compilation_cache_dir=null",
@@ -305,17 +304,6 @@ def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Pa
     [trial] = study_of(sweep).trials
     assert trial.state.name == "COMPLETE" and 1e-4 <= trial.params["optim.learning_rate"] <= 1e-2
     assert set(trial.params) == {"optim.learning_rate"}  # the command line's space, no preset's
-
-    (workdir / "a.txt").write_text("def f(x):\n    return x + 1\n" * 60)
-    prepare([str(workdir / "a.txt")], str(workdir / "data" / "tiny"))
-    lm = shlex.split(next(c for c in DOCUMENTED if "tiny_lm" in c))[1:]
-    result = dew_train(*lm, *one, "trainer.batch_size=4", "data.seq_len=16", "data.val_fraction=0.2",
-                       "optim.schedule.warmup_steps=1", cwd=workdir, timeout=600)
-    assert result is not None and result.returncode == 0, result.stdout[-3000:]
-    [sweep] = list((workdir / "ck").glob("tiny_lm-sweep-*"))
-    [trial] = study_of(sweep).trials
-    assert trial.state.name == "COMPLETE"
-    assert set(trial.params) == {"optim.learning_rate", "optim.weight_decay"}  # the preset's, less the fixed warmup
 
 
 @pytest.mark.slow
@@ -358,6 +346,8 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
     assert sorted(failed) == sorted(str(t.number) for t in [trials[2.5], trials[-1], resumed])
     assert failed["3"].endswith(f"(failed before it trained: {merge})")
     assert failed[str(trials[2.5].number)].endswith(f"(failed before it trained: {merge})")
+    refused = trials[-1].user_attrs[STUDY_FAIL_REASON]  # its job made a directory (.hydra/), not a run
+    assert failed[str(trials[-1].number)].endswith(f"(failed before it trained: {refused})")
 
 
 def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, capsys):
