@@ -136,7 +136,9 @@ def test_an_experiment_preset_trains_as_shipped(name, presets_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SEARCHES))
-def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir):
+def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir, tmp_path):
+    from PIL import Image
+
     from dew.cli.runs import run
 
     work = presets_dir
@@ -162,3 +164,6 @@ def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir
     warmups = {t.number: t.params["optim.schedule.warmup_steps"] for t in trials}
     column = lines[3].split().index("optim.schedule.warmup_steps")
     assert {int(r[0]): r[column] for r in rows} == {n: str(w) for n, w in warmups.items()}  # printed as ints
+    said = run(["plot", str(sweep), "-o", str(tmp_path / "study.png")])
+    assert f"{trials_done} trials" in said
+    assert Image.open(tmp_path / "study.png").size == (1680, 320)  # three searched parameters, the best so far

@@ -94,6 +94,29 @@ def test_a_search_without_the_extra_says_what_to_install(monkeypatch):
         assert search_unavailable([override]).endswith("pip install 'dew[search]' (docs/search.md)")
 
 
+def test_a_launch_that_raises_fails_its_trials_with_the_reason(tmp_path):
+    """A launcher that raises (a queue that refuses the jobs, say) fails every trial it held, with
+    the error on one line as the reason: none is left running for the next command to trip on."""
+    from types import SimpleNamespace
+
+    from dew.cli.study_sweeper import ResumableOptunaSweeper
+    from dew.contract.rundir import STUDY_FAIL_REASON
+
+    class Refusing:
+        def launch(self, overrides, initial_job_idx):
+            raise OSError("sbatch: error: Batch job submission failed\nand a second line")
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    space = {"trainer.steps": optuna.distributions.IntUniformDistribution(1, 9)}
+    trials = [study.ask(space), study.ask(space)]
+    sweeper = SimpleNamespace(launcher=Refusing())
+    said = ResumableOptunaSweeper._launch(sweeper, study, trials, [["trainer.steps=1"], ["trainer.steps=2"]])
+    reason = "its launch failed: sbatch: error: Batch job submission failed"
+    assert said == [reason, reason]
+    assert [(t.state.name, t.user_attrs) for t in study.trials] == [("FAIL", {STUDY_FAIL_REASON: reason})] * 2
+
+
 UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
          "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
          "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
