@@ -81,7 +81,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         if len(directions) != 1:
             stop(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
                  "give one direction, minimize or maximize")
-        self._check_space(space)
+        self._check_space(space, fixed)
         self._record_searched_keys(space)
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         with holding_the_study(self.sweep_dir):
@@ -118,9 +118,12 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             self.n_trials = min(self.n_trials, math.prod(len(v) for v in grid.values()))
         return space, fixed
 
-    def _check_space(self, space: dict[str, Any]) -> None:
-        """Refuse a search space that sets a field of a record this run leaves unset (a warmup with
-        no schedule chosen): every trial would fail in Hydra's composition, before dew could say why."""
+    def _check_space(self, space: dict[str, Any], fixed: dict[str, Any]) -> None:
+        """Refuse a search space every trial of which would fail in Hydra's composition, before dew
+        could say why: one that sets a field of a record this run leaves unset (a warmup with no
+        schedule chosen), or whose values cannot be merged into their field at all (the low end of
+        ``interval(0, 300)``, a float, into an int field). A space that merges at its low end may
+        still hold values dew refuses: those trials fail one by one."""
         from dew.cli.overrides import unset_record
         from dew.cli.train import conf_dir
         from dew.recipe import Recipe
@@ -128,6 +131,14 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         for key in space:
             if problem := unset_record(key, self.config, Recipe, conf_dir()):
                 stop(f"hydra.sweeper.params: {problem}")
+        lows = {k: d.low for k, d in space.items() if hasattr(d, "low")}  # a choice's values are each a trial's
+        if problem := self._composition_problem(_overrides(lows, fixed)):
+            floats = [k for k, d in space.items() if f"{k}=" in problem and isinstance(
+                d, (optuna.distributions.UniformDistribution, optuna.distributions.LogUniformDistribution))]
+            stop(f"hydra.sweeper.params: {problem}" + (
+                f"; {floats[0]} is searched as floats (interval(a, b) samples floats, even between integer "
+                "bounds): an int field needs int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"
+                if floats else ""))
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)

@@ -373,6 +373,21 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
     assert failed[str(trials[-1].number)].endswith(f"(failed before it trained: {refused})")
 
 
+@pytest.mark.slow  # a dew-train that composes and stops: ~5 s
+def test_a_float_interval_for_an_int_field_is_refused_before_any_trial(workdir: Path):
+    """The presets' old ``interval(0, 300)`` for the warmup: every trial would fail, so the search is
+    refused at once, with the fix, and nothing is written (no sweep directory, no study)."""
+    result = dew("-m", "experiment=digits", "hparams_search=digits", "optim.schedule.warmup_steps=interval(0, 300)",
+                 "trainer.checkpoint_dir=ck", cwd=workdir)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "dew-train: error: hydra.sweeper.params: Error merging override optim.schedule.warmup_steps=0.0: Value "
+        "'0.0' of type 'float' could not be converted to Integer; optim.schedule.warmup_steps is searched as "
+        "floats (interval(a, b) samples floats, even between integer bounds): an int field needs "
+        "int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"]
+    assert list(workdir.iterdir()) == []
+
+
 def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, capsys):
     """SQLite's POSIX locks fail on NFS without a lock manager and on Lustre without ``-o flock``: the
     study is opened with them off, and dew's run lock (a lease where flock fails) keeps it to one
