@@ -1,8 +1,8 @@
 """Every shipped preset runs as shipped: each file of conf/experiment and conf/hparams_search is
 trained by a test here, without overriding what the preset sets, except what makes it affordable,
 each for a stated reason (``SHRUNK``): the model, through the ``model.config.*`` sizes; the run's
-length, to one step past the preset's largest warmup (the shortest run the preset's own warmup
-allows: with fewer steps dew refuses the run, or fails the trial); a search's trial count. Every
+length, to one step past the preset's largest warmup (a run shorter than its warmup is refused, or
+fails its trial: docs/search.md); a search's trial count. Every
 other override sets a field the preset leaves alone (a test checks that), and the compilation cache
 is shared through ``DEW_COMPILATION_CACHE``, not an override."""
 
