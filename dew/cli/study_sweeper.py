@@ -13,7 +13,13 @@ What changes from the plugin's own sweeper:
   own number: job numbers are trial numbers, so it lands in its own job directory and resumes from
   its checkpoint there;
 * a failed trial (the task function raised: a run that diverged or was refused) is recorded FAIL and
-  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 in dew's config);
+  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 in dew's config); so is
+  a trial that fails before it trains (an override Hydra cannot merge, checked here before the
+  launch, or a launch that raises), with its message as the trial's ``fail_reason``: no trial is left
+  running but by an interrupt or a refusal that ends the command, and a trial left running resumes
+  through the same checks (one an older command could not compose is recorded FAIL then);
+* a space that cannot be composed at its low end (``interval(a, b)``, floats, for an int field) is
+  refused before any trial;
 * every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``).
 
 Optuna is imported here, never by ``dew-train`` itself: this module loads only when the sweeper is
