@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 WRITTEN_FOR = {"jax": "0.12.0", "jaxlib": "0.12.0.1", "qwix": "0.1.8", "orbax-checkpoint": "0.12.8",
-               "hydra-core": "1.3.8", "submitit": "1.5.4"}
+               "hydra-core": "1.3.8", "submitit": "1.5.4", "optuna": "2.10.1"}
 """The versions whose internals the functions below were written against."""
 
 
@@ -321,3 +321,14 @@ def optuna_sweeper_impl() -> Any:
     from hydra_plugins.hydra_optuna_sweeper import _impl
 
     return _impl
+
+
+def optuna_trial(study: Any, number: int) -> Any:
+    """The live ``optuna.trial.Trial`` of ``study`` numbered ``number`` (a trial still running, such
+    as one an interrupted command left), to set its attributes before it is told: Optuna 2.10 maps a
+    trial's number to its id only through the storage (as ``Study.tell`` does), and a
+    ``FrozenTrial`` keeps its id private. Checked against optuna 2.10.1."""
+    import optuna
+
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    return optuna.trial.Trial(study, trial_id)

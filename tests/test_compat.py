@@ -222,3 +222,18 @@ def test_optuna_sweeper_impl_has_what_the_resumable_sweeper_uses():
     base_private = {m for m in dir(impl.OptunaSweeperImpl) if m.startswith("_") and not m.startswith("__")}
     used = {m for m in base_private - own if f"self.{m}(" in inspect.getsource(sweeper)}
     assert used == called == set(compat.OPTUNA_SWEEPER_PRIVATE), (used, called)
+
+
+def test_optuna_trial_is_the_running_trial_of_that_number(tmp_path):
+    """``optuna_trial`` finds a running trial by its number (as ``Study.tell`` does) and sets its
+    attributes, in the storage dew's studies use."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    first, second = study.ask(), study.ask()
+    study.tell(first, 1.0)
+    compat.optuna_trial(study, second.number).set_user_attr("why", "because")
+    study.tell(second.number, state=optuna.trial.TrialState.FAIL)
+    assert [(t.number, t.state.name, t.user_attrs) for t in study.trials] == [
+        (0, "COMPLETE", {}), (1, "FAIL", {"why": "because"})]

@@ -13,7 +13,13 @@ What changes from the plugin's own sweeper:
   own number: job numbers are trial numbers, so it lands in its own job directory and resumes from
   its checkpoint there;
 * a failed trial (the task function raised: a run that diverged or was refused) is recorded FAIL and
-  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 in dew's config);
+  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 in dew's config); so is
+  a trial that fails before it trains (an override Hydra cannot merge, checked here before the
+  launch, or a launch that raises), with its message as the trial's ``fail_reason``: no trial is left
+  running but by an interrupt or a refusal that ends the command, and a trial left running resumes
+  through the same checks (one an older command could not compose is recorded FAIL then);
+* a space that cannot be composed at its low end (``interval(a, b)``, floats, for an int field) is
+  refused before any trial;
 * every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``).
 
 Optuna is imported here, never by ``dew-train`` itself: this module loads only when the sweeper is
@@ -38,7 +44,7 @@ import optuna
 from omegaconf import OmegaConf
 
 from dew import compat
-from dew.contract.rundir import STUDY_LOCK_DIR, study_url
+from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_LOCK_DIR, study_url
 
 _impl = compat.optuna_sweeper_impl()
 OptunaSweeperImpl = _impl.OptunaSweeperImpl
@@ -81,7 +87,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         if len(directions) != 1:
             stop(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
                  "give one direction, minimize or maximize")
-        self._check_space(space)
+        self._check_space(space, fixed)
         self._record_searched_keys(space)
         if rehearsal(self.config):
             return self._rehearse(space, fixed, directions[0])
@@ -128,9 +134,12 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             self.n_trials = min(self.n_trials, math.prod(len(v) for v in grid.values()))
         return space, fixed
 
-    def _check_space(self, space: dict[str, Any]) -> None:
-        """Refuse a search space that sets a field of a record this run leaves unset (a warmup with
-        no schedule chosen): every trial would fail in Hydra's composition, before dew could say why."""
+    def _check_space(self, space: dict[str, Any], fixed: dict[str, Any]) -> None:
+        """Refuse a search space every trial of which would fail in Hydra's composition, before dew
+        could say why: one that sets a field of a record this run leaves unset (a warmup with no
+        schedule chosen), or whose values cannot be merged into their field at all (the low end of
+        ``interval(0, 300)``, a float, into an int field). A space that merges at its low end may
+        still hold values dew refuses: those trials fail one by one."""
         from dew.cli.overrides import unset_record
         from dew.cli.train import conf_dir
         from dew.recipe import Recipe
@@ -138,6 +147,14 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         for key in space:
             if problem := unset_record(key, self.config, Recipe, conf_dir()):
                 stop(f"hydra.sweeper.params: {problem}")
+        lows = {k: d.low for k, d in space.items() if hasattr(d, "low")}  # a choice's values are each a trial's
+        if problem := self._composition_problem(_overrides(lows, fixed)):
+            floats = [k for k, d in space.items() if f"{k}=" in problem and isinstance(
+                d, (optuna.distributions.UniformDistribution, optuna.distributions.LogUniformDistribution))]
+            stop(f"hydra.sweeper.params: {problem}" + (
+                f"; {floats[0]} is searched as floats (interval(a, b) samples floats, even between integer "
+                "bounds): an int field needs int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"
+                if floats else ""))
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
@@ -149,9 +166,39 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         os.environ[SWEEP_ENV] = json.dumps(record)
 
     def _run(self, study: optuna.Study, trials: Sequence[Any], overrides: Sequence[Sequence[str]]) -> None:
-        """Launch ``trials`` (consecutive numbers: job numbers are trial numbers) and tell the study
-        each one's value, or that it failed."""
-        returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
+        """Run ``trials`` and tell the study each one's value, or that it failed: a trial whose job
+        Hydra cannot compose (an override it cannot merge) fails here, with Hydra's message; the
+        others launch in runs of consecutive numbers (job numbers are trial numbers)."""
+        by_number = dict(zip((t.number for t in trials), overrides))
+        failures, ready = [], []
+        for trial in trials:
+            if (problem := self._composition_problem(by_number[trial.number])) is None:
+                ready.append(trial)
+            else:
+                failures.append(_fail(study, trial.number, problem))
+        for group in _consecutive(ready):
+            failures += self._launch(study, group, [by_number[t.number] for t in group])
+        if failures and len(failures) / len(trials) > self.max_failure_rate:
+            stop(f"{len(failures)} of {len(trials)} trials failed, more than hydra.sweeper.max_failure_rate="
+                 f"{self.max_failure_rate}; the study stops (the first: {failures[0]})")
+
+    def _composition_problem(self, overrides: Sequence[str]) -> str | None:
+        """Why Hydra cannot compose the job of these overrides (as the launcher will compose it), or
+        None: ``optim.schedule.warmup_steps=214.5`` into an int field, say."""
+        try:
+            self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+        except Exception as err:  # noqa: BLE001 - whatever Hydra raises, the trial cannot run
+            return _one_line(err)
+        return None
+
+    def _launch(self, study: optuna.Study, trials: Sequence[Any], overrides: Sequence[Sequence[str]]) -> list[str]:
+        """Launch ``trials`` (consecutive numbers), tell the study each one's value or failure, and
+        return the failures' messages. A launch that raises fails every trial it held: none is left
+        ``running`` (an interrupt or a refusal, which end the command, do leave them so, to resume)."""
+        try:
+            returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
+        except Exception as err:  # noqa: BLE001 - any failure to launch a trial is that trial's
+            return [_fail(study, t.number, f"its launch failed: {_one_line(err)}") for t in trials]
         failures = []
         for trial, ret in zip(trials, returns):
             try:
@@ -159,14 +206,10 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 if not math.isfinite(value):
                     raise ValueError(f"its value is {value}")
             except Exception as err:  # noqa: BLE001 - any failure of a trial is that trial's
-                log.warning("trial %d failed: %s", trial.number, err)
-                failures.append(err)
-                _tell(study, trial.number, state=optuna.trial.TrialState.FAIL)
+                failures.append(_fail(study, trial.number, _one_line(err)))
                 continue
             _tell(study, trial.number, value)
-        if failures and len(failures) / len(returns) > self.max_failure_rate:
-            stop(f"{len(failures)} of {len(returns)} trials failed, more than hydra.sweeper.max_failure_rate="
-                 f"{self.max_failure_rate}; the study stops (the first: {failures[0]})")
+        return failures
 
     def _report(self, study: optuna.Study) -> None:
         """Log the best trial and write it to ``optimization_results.yaml`` in the sweep directory,
@@ -192,6 +235,26 @@ def stop(message: str) -> NoReturn:
     """End the sweep with one line and exit status 1 (the trials' own errors are in the log above)."""
     print(f"dew-train: error: {message}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def _fail(study: optuna.Study, number: int, message: str) -> str:
+    """Record trial ``number`` FAIL, with ``message`` as its ``STUDY_FAIL_REASON``; return the message."""
+    log.warning("trial %d failed: %s", number, message)
+    compat.optuna_trial(study, number).set_user_attr(STUDY_FAIL_REASON, message)
+    _tell(study, number, state=optuna.trial.TrialState.FAIL)
+    return message
+
+
+def _one_line(err: BaseException) -> str:
+    """An error and the errors that caused it, the first line of each, on one line (Hydra's
+    ``Error merging override ...`` says what, its cause says why)."""
+    parts: list[str] = []
+    cause: BaseException | None = err
+    while cause is not None and len(parts) < 3:
+        if line := str(cause).strip().split("\n", 1)[0].strip():
+            parts.append(line)
+        cause = cause.__cause__
+    return ": ".join(parts) or type(err).__name__
 
 
 def _tell(study: optuna.Study, number: int, *args: Any, **kwargs: Any) -> None:

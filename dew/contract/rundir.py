@@ -76,6 +76,10 @@ STUDY_LOCK_DIR = ".study"
 """Where in a sweep's directory the sweeping process holds the run lock for as long as it sweeps:
 one writer of the study at a time."""
 
+STUDY_FAIL_REASON = "fail_reason"
+"""The user attribute of a failed trial in the study: why it failed, one line (a trial refused before
+it trained has no run of its own to say so)."""
+
 
 def study_url(sweep_dir: str) -> str:
     """The SQLAlchemy URL of the study in ``sweep_dir``, with SQLite's own file locking off

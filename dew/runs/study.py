@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.contract.rundir import STUDY_FILE, study_url
+from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_FILE, study_url
 from dew.runs.discover import RunsError
 from dew.runs.status import read_run
 from dew.runs.table import number
@@ -95,7 +95,7 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
         trial = Trial(number=t.number, state=t.state.name.lower(), value=t.value, params=dict(t.params),
                       run=job.name if job is not None else None)
         if trial.state != "complete":
-            trial.reason = _why(job, tracking)
+            trial.reason = _why(job, tracking, t.user_attrs.get(STUDY_FAIL_REASON))
         trials.append(trial)
         log_params |= {k for k, d in t.distributions.items()
                        if getattr(d, "log", False) or "LogUniform" in type(d).__name__}
@@ -103,12 +103,16 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
                  log_params=log_params)
 
 
-def _why(job: epath.Path | None, tracking: str | None) -> str:
-    """Why a trial did not complete, from its run's files."""
-    if job is None:
-        return "no run directory: refused before it trained (the sweep's log says why)"
-    run = read_run(job, job.name, tracking=tracking).summary
-    return f"run {run.status}" + (f": {run.reason}" if run.reason else "")
+def _why(job: epath.Path | None, tracking: str | None, failure: str | None) -> str:
+    """Why a trial did not complete: its run's state from the run's files, or, for a trial that never
+    made a run (no record, no journal: refused before it trained), the failure the sweeper recorded."""
+    run = read_run(job, job.name, tracking=tracking) if job is not None else None
+    if run is None or (run.record is None and run.journal is None):
+        if failure:
+            return f"failed before it trained: {failure}"
+        if run is None:
+            return "no run directory: refused before it trained (the sweep's log says why)"
+    return f"run {run.summary.status}" + (f": {run.summary.reason}" if run.summary.reason else "")
 
 
 def study_text(study: Study) -> str:

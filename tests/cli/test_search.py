@@ -94,6 +94,29 @@ def test_a_search_without_the_extra_says_what_to_install(monkeypatch):
         assert search_unavailable([override]).endswith("pip install 'dew[search]' (docs/search.md)")
 
 
+def test_a_launch_that_raises_fails_its_trials_with_the_reason(tmp_path):
+    """A launcher that raises (a queue that refuses the jobs, say) fails every trial it held, with
+    the error on one line as the reason: none is left running for the next command to trip on."""
+    from types import SimpleNamespace
+
+    from dew.cli.study_sweeper import ResumableOptunaSweeper
+    from dew.contract.rundir import STUDY_FAIL_REASON
+
+    class Refusing:
+        def launch(self, overrides, initial_job_idx):
+            raise OSError("sbatch: error: Batch job submission failed\nand a second line")
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    space = {"trainer.steps": optuna.distributions.IntUniformDistribution(1, 9)}
+    trials = [study.ask(space), study.ask(space)]
+    sweeper = SimpleNamespace(launcher=Refusing())
+    said = ResumableOptunaSweeper._launch(sweeper, study, trials, [["trainer.steps=1"], ["trainer.steps=2"]])
+    reason = "its launch failed: sbatch: error: Batch job submission failed"
+    assert said == [reason, reason]
+    assert [(t.state.name, t.user_attrs) for t in study.trials] == [("FAIL", {STUDY_FAIL_REASON: reason})] * 2
+
+
 UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
          "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
          "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
@@ -266,20 +289,21 @@ def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(w
 
 # ------------------------------------------------------------------------ the documented commands
 
+PRESETS = "tests/cli/test_presets.py::test_a_search_preset_completes_its_trials_with_int_warmups"
 DOCUMENTED = {
-    "dew-train -m experiment=digits hparams_search=digits": "interrupted_study",
+    "dew-train -m experiment=digits hparams_search=digits": PRESETS,
     "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=40": "interrupted_study",
     "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1":
         "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",
     "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'":
-        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
-    "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin":
-        "test_the_documented_searches_without_a_preset_and_of_tiny_lm_run",
+        "test_the_documented_search_without_a_preset_runs",
+    "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin": PRESETS,
     "dew-train --check -m experiment=digits hparams_search=digits":
         "tests/cli/test_docs.py runs it as written (a check trains nothing)",
 }
 """Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
-same overrides plus a tiny model, a few steps and a few trials)."""
+same overrides plus a tiny model, a few steps and a few trials; the presets with what they set kept,
+tests/cli/test_presets.py)."""
 
 
 def test_every_documented_search_is_run_by_a_test():
@@ -290,10 +314,8 @@ def test_every_documented_search_is_run_by_a_test():
 
 
 @pytest.mark.slow
-def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Path):
+def test_the_documented_search_without_a_preset_runs(workdir: Path):
     import shlex
-
-    from dew.data.prepare import prepare
 
     one = ["hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1", "trainer.steps=2", "trainer.eval_every=2",
            "trainer.checkpoint_every=null", "trainer.log_every=1", "trainer.compilation_cache_dir=null",
@@ -308,30 +330,64 @@ def test_the_documented_searches_without_a_preset_and_of_tiny_lm_run(workdir: Pa
     assert trial.state.name == "COMPLETE" and 1e-4 <= trial.params["optim.learning_rate"] <= 1e-2
     assert set(trial.params) == {"optim.learning_rate"}  # the command line's space, no preset's
 
-    (workdir / "a.txt").write_text("def f(x):\n    return x + 1\n" * 60)
-    prepare([str(workdir / "a.txt")], str(workdir / "data" / "tiny"))
-    lm = shlex.split(next(c for c in DOCUMENTED if "tiny_lm" in c))[1:]
-    result = dew_train(*lm, *one, "trainer.batch_size=4", "data.seq_len=16", "data.val_fraction=0.2",
-                       "optim.schedule.warmup_steps=1", cwd=workdir, timeout=600)
-    assert result is not None and result.returncode == 0, result.stdout[-3000:]
-    [sweep] = list((workdir / "ck").glob("tiny_lm-sweep-*"))
-    [trial] = study_of(sweep).trials
-    assert trial.state.name == "COMPLETE"
-    assert set(trial.params) == {"optim.learning_rate", "optim.weight_decay"}  # the preset's, less the fixed warmup
-
 
 @pytest.mark.slow
-def test_a_trial_that_fails_its_checks_is_a_failed_trial_and_the_study_goes_on(workdir: Path):
-    """The launcher checks a grid's jobs before any starts and refuses the whole grid for one bad job;
-    a search's trials are checked as well, but a sampled config that fails its checks is one failed
-    trial (the study's other trials run), not the end of the search."""
-    out = dew_train("-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_trials=2",
-                    "hydra.sweeper.n_jobs=2", "model.dtype=choice(float32,float33)", *SHORT, cwd=workdir)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "the trial fails and the search goes on" in out.stderr
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # create_trial, add_trial
+def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(workdir: Path):
+    """A trial whose override Hydra cannot merge (a float into an int field) or whose config dew
+    refuses is recorded FAIL with the message, never left running, and the study goes on: one grid
+    trial of three trains. A trial an older command left running with such a value (dew before
+    ``int(interval(...))``) is recorded FAIL when the same command resumes the study; the grid of a
+    search is checked as well, but a bad trial is one failed trial, not the end of the search."""
+    from dew.cli.runs import run
+    from dew.contract.rundir import STUDY_FAIL_REASON
+
+    key = "optim.schedule.warmup_steps"
+    command = ["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=3",
+               f"{key}=choice(1,2.5,-1)", *[a for a in SHORT if not a.startswith(f"{key}=")]]
+    out = dew_train(*command, "hydra.sweeper.n_trials=3", cwd=workdir)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert f"{key}=-1 must be >= 0: the trial fails and the search goes on" in out.stdout
     [sweep] = (workdir / "ck").iterdir()
-    states = {t.params["model.dtype"]: t.state for t in study_of(sweep).trials}
-    assert states == {"float32": optuna.trial.TrialState.COMPLETE, "float33": optuna.trial.TrialState.FAIL}
+    trials = {t.params[key]: t for t in study_of(sweep).trials}
+    assert {v: t.state.name for v, t in trials.items()} == {1: "COMPLETE", 2.5: "FAIL", -1: "FAIL"}
+    merge = f"Error merging override {key}=2.5: Value '2.5' of type 'float' could not be converted to Integer"
+    assert trials[2.5].user_attrs[STUDY_FAIL_REASON] == merge
+    assert f"{key}=-1 must be >= 0" in trials[-1].user_attrs[STUDY_FAIL_REASON]
+    assert STUDY_FAIL_REASON not in trials[1].user_attrs
+
+    # As an older dew left a trial whose float it could not merge: running, with no job of its own.
+    study = study_of(sweep)
+    space = trials[2.5].distributions
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params={key: 2.5},
+                                              distributions=space))
+    again = dew_train(*command, "hydra.sweeper.n_trials=4", cwd=workdir)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "resuming trial(s) [3]" in again.stdout
+    resumed = study_of(sweep).trials[3]
+    assert resumed.state.name == "FAIL" and resumed.user_attrs[STUDY_FAIL_REASON] == merge
+    text = run([str(sweep), "--tracking", str(workdir / "tracking")])
+    failed = {line.split()[0]: line for line in text.splitlines() if line.split()[1:2] == ["fail"]}
+    assert sorted(failed) == sorted(str(t.number) for t in [trials[2.5], trials[-1], resumed])
+    assert failed["3"].endswith(f"(failed before it trained: {merge})")
+    assert failed[str(trials[2.5].number)].endswith(f"(failed before it trained: {merge})")
+    refused = trials[-1].user_attrs[STUDY_FAIL_REASON]  # its job made a directory (.hydra/), not a run
+    assert failed[str(trials[-1].number)].endswith(f"(failed before it trained: {refused})")
+
+
+@pytest.mark.slow  # a dew-train that composes and stops: ~5 s
+def test_a_float_interval_for_an_int_field_is_refused_before_any_trial(workdir: Path):
+    """The presets' old ``interval(0, 300)`` for the warmup: every trial would fail, so the search is
+    refused at once, with the fix, and nothing is written (no sweep directory, no study)."""
+    result = dew("-m", "experiment=digits", "hparams_search=digits", "optim.schedule.warmup_steps=interval(0, 300)",
+                 "trainer.checkpoint_dir=ck", cwd=workdir)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "dew-train: error: hydra.sweeper.params: Error merging override optim.schedule.warmup_steps=0.0: Value "
+        "'0.0' of type 'float' could not be converted to Integer; optim.schedule.warmup_steps is searched as "
+        "floats (interval(a, b) samples floats, even between integer bounds): an int field needs "
+        "int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"]
+    assert list(workdir.iterdir()) == []
 
 
 def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, capsys):
