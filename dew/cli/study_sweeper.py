@@ -86,7 +86,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         directions = self._get_directions()
         if len(directions) != 1:
             stop(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
-                 "give one direction, minimize or maximize")
+                 "give one direction, minimize or maximize", BAD_INPUT)
         self._check_space(space, fixed)
         self._record_searched_keys(space)
         if rehearsal(self.config):
@@ -146,7 +146,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
 
         for key in space:
             if problem := unset_record(key, self.config, Recipe, conf_dir()):
-                stop(f"hydra.sweeper.params: {problem}")
+                stop(f"hydra.sweeper.params: {problem}", BAD_INPUT)
         lows = {k: d.low for k, d in space.items() if hasattr(d, "low")}  # a choice's values are each a trial's
         if problem := self._composition_problem(_overrides(lows, fixed)):
             floats = [k for k, d in space.items() if f"{k}=" in problem and isinstance(
@@ -154,7 +154,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             stop(f"hydra.sweeper.params: {problem}" + (
                 f"; {floats[0]} is searched as floats (interval(a, b) samples floats, even between integer "
                 "bounds): an int field needs int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"
-                if floats else ""))
+                if floats else ""), BAD_INPUT)
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
@@ -231,10 +231,15 @@ def rehearsal(config: Any) -> bool:
     return checking() or bool(OmegaConf.select(config, "hydra.launcher.dry_run", default=False))
 
 
-def stop(message: str) -> NoReturn:
-    """End the sweep with one line and exit status 1 (the trials' own errors are in the log above)."""
+def stop(message: str, status: int = 1) -> NoReturn:
+    """End the sweep with one line and exit ``status``: 1 when trials failed (their own errors are
+    in the log above), 2 (``BAD_INPUT``) when the sweeper's own settings are wrong and nothing ran."""
     print(f"dew-train: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    sys.exit(status)
+
+
+BAD_INPUT = 2
+"""``dew.cli.train.EXIT_BAD_INPUT``: a setting is wrong, nothing was started or written."""
 
 
 def _fail(study: optuna.Study, number: int, message: str) -> str:

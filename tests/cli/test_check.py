@@ -61,15 +61,18 @@ def test_a_grid_sweep_is_checked_job_by_job_with_the_launchs_messages(workdir: P
 
 
 def test_a_study_checks_its_first_trials_drawn_from_its_space(workdir: Path):
-    """The first batch a new study draws (the sampler's seed fixed), each checked as a run; a value
-    Hydra cannot merge into its field (a float for an int) is reported for every trial, writing
-    nothing (no study.db)."""
+    """The first batch a new study draws (the sampler's seed fixed), each checked as a run, writing
+    nothing (no study.db): a space Hydra cannot merge into its field (floats for an int) is refused
+    before any trial, and a drawn value dew refuses is one line per trial that draws it."""
     tiny = [a for a in TINY if not a.startswith("optim.schedule.warmup_steps=")]  # searched here
     search = ["-m", *tiny, "trainer.steps=40", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=8",
               "hydra.sweeper.n_jobs=3", "hydra.sweeper.sampler.seed=0"]
     bad = dew("--check", *search, "optim.schedule.warmup_steps=interval(0, 30)", cwd=workdir)
-    assert bad.returncode == 2 and len(errors(bad.stderr)) == 3, bad.stderr
-    assert all("could not be converted to Integer" in e for e in errors(bad.stderr)), bad.stderr
+    assert bad.returncode == 2 and len(errors(bad.stderr)) == 1, bad.stderr  # the space itself, before any trial
+    assert "could not be converted to Integer" in bad.stderr and "int(interval(a, b))" in bad.stderr, bad.stderr
+    assert tree(workdir) == []
+    dtypes = dew("--check", *search, "model.dtype=choice(float32, float33, bfloat16)", cwd=workdir)
+    assert dtypes.returncode == 2 and all("model.dtype" in e for e in errors(dtypes.stderr)), dtypes.stderr
     assert tree(workdir) == []
     good = dew("--check", *search, "optim.schedule.warmup_steps=int(interval(0, 30))", cwd=workdir)
     assert good.returncode == 0, good.stderr

@@ -29,6 +29,7 @@ import pytest
 
 from tests.cli.doc_commands import Command, collect, documented, pages
 from tests.conftest import REPO, cli_env, tree
+from tests.slurm_standin import install
 
 FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
 """Programs run in full; dew-train runs in full only to show something (INFO_FLAGS)."""
@@ -153,7 +154,8 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
         else:
             words = _words(command, variables, cwd)
             args = words[words.index("dew-train") + 1:]
-            status, stderr = _check(args, cwd, cli_env(**command.env()))
+            # A SLURM launch is checked where sbatch exists (the stand-in's: a check submits nothing).
+            status, stderr = _check(args, cwd, install(cwd.parent / "slurm").env(cli_env(**command.env())))
             if status:
                 problems.append(f"{command}: exit {status}: {stderr.strip()}")
             elif read := _read_later(command, commands):

@@ -381,7 +381,7 @@ def test_a_float_interval_for_an_int_field_is_refused_before_any_trial(workdir: 
     refused at once, with the fix, and nothing is written (no sweep directory, no study)."""
     result = dew("-m", "experiment=digits", "hparams_search=digits", "optim.schedule.warmup_steps=interval(0, 300)",
                  "trainer.checkpoint_dir=ck", cwd=workdir)
-    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
         "dew-train: error: hydra.sweeper.params: Error merging override optim.schedule.warmup_steps=0.0: Value "
         "'0.0' of type 'float' could not be converted to Integer; optim.schedule.warmup_steps is searched as "
