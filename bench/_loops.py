@@ -72,7 +72,7 @@ def bare_loop(objective, optim, batches, steps: int, warmup: int) -> tuple[float
     """Wall and process-CPU seconds for ``steps`` steps of a bare jitted, donated value_and_grad +
     optax loop on ``objective`` after ``warmup`` (compilation) steps; ``optim`` is the run's
     ``OptimConfig`` and ``batches.next()`` gives each step's batch."""
-    from dew.training.optim import build_optimizer
+    from dew.training.optim.build import build_optimizer
 
     graphdef, params, rest = nnx.split(objective.build(nnx.Rngs(params=0)), nnx.Param, ...)
     tx = build_optimizer(optim, params, total_steps=warmup + steps).tx
@@ -104,7 +104,7 @@ def bare_loop(objective, optim, batches, steps: int, warmup: int) -> tuple[float
 def trainer_loop(run, objective, data, steps: int, warmup: int, name: str) -> tuple[float, float]:
     """Wall and process-CPU seconds of ``run.train``'s loop between the metrics of step ``warmup``
     and of step ``warmup + steps``; ``run`` must train that many steps and log every ``warmup``."""
-    from dew.training import tracking
+    from dew.training.reporting import tracker as tracking
 
     seen: dict[int, tuple[float, float]] = {}
     original = tracking.Tracker.metrics

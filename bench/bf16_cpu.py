@@ -3,7 +3,7 @@ model (the README run's DiT, batch 128) in each dtype, in one process, interleav
 
 CPUs have no bfloat16 matmul units that XLA's CPU backend uses here, so a bfloat16 model converts
 around every matmul; this measures what that costs, for the warning a run prints when its compute
-dtype is emulated (dew.training.report).
+dtype is emulated (dew.training.reporting.summary).
 
     JAX_PLATFORMS=cpu python bench/bf16_cpu.py [--rounds 5 --steps 10 --batch 128]
 

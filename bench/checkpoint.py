@@ -3,7 +3,7 @@ and against the device-to-host copy it cannot avoid.
 
 The state is a real train state: a ``transformer`` of about 100M parameters (its ``--hidden``,
 ``--depth`` and vocabulary) with adamw's two moments, built at ``--dtype`` (float32 by default: 12
-bytes a parameter). Each save goes through ``dew.training.checkpoint.Checkpoints`` as the trainer
+bytes a parameter). Each save goes through ``dew.training.checkpointing.checkpoints.Checkpoints`` as the trainer
 calls it: ``save`` is the time the loop is blocked, ``total`` the time until the step directory is
 renamed into place (``wait``), and ``d2h`` the time to copy every leaf to host memory
 (``jax.device_get`` plus a NumPy copy, since on a CPU ``device_get`` hands back the device's own
@@ -36,7 +36,7 @@ def train_state(hidden: int, depth: int, vocab: int, dtype: str):
     """``{"params", "opt"}`` of a transformer and its adamw state, and its parameter count."""
     from dew.contract.config import OptimConfig
     from dew.contract.models import build
-    from dew.training.optim import build_optimizer
+    from dew.training.optim.build import build_optimizer
 
     model = build("transformer", dict(vocab_size=vocab, seq_len=1024, hidden_size=hidden, depth=depth,
                                       num_heads=hidden // 64, param_dtype=dtype), nnx.Rngs(0))
@@ -54,7 +54,7 @@ def d2h_seconds(state) -> float:
 
 
 def measure(state, directory: Path, saves: int, gap: float) -> list[dict[str, float]]:
-    from dew.training.checkpoint import Checkpoints
+    from dew.training.checkpointing.checkpoints import Checkpoints
 
     ckpts = Checkpoints(epath.Path(directory), keep=2)
     rows = []

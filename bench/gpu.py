@@ -10,7 +10,7 @@ batch held in host memory and handed to both sides every step, so the input pipe
 A side's time is taken between the end of ``--warmup`` steps and the last step (the trainer's by
 the wall time between the tracker receiving those two steps' metrics, as bench/trainer_overhead.py
 does). MFU is training FLOPs (``dew.models.flops``) per second over the bf16 matmul ceiling measured
-here first, and over the data sheet's peak (``dew.training.tracking.PEAK_FLOPS``) where it names
+here first, and over the data sheet's peak (``dew.training.reporting.tracker.PEAK_FLOPS``) where it names
 the device. Last, the blocking time of an asynchronous save of DiT-XL/2's full train state.
 
 On the GPU machine (jax with CUDA installed, no package index), from a checkout carrying the
@@ -73,7 +73,7 @@ def emit(record: dict[str, Any], out: Path | None) -> None:
 def datasheet_peak(dtype: str) -> float | None:
     """The data sheet's FLOP/s of this process's devices, None for a device the table does not name
     (no measured fallback here: the measured ceiling is its own record)."""
-    from dew.training.tracking import PEAK_FLOPS
+    from dew.training.reporting.tracker import PEAK_FLOPS
 
     kind = jax.devices()[0].device_kind
     for prefix in sorted(PEAK_FLOPS, key=len, reverse=True):
@@ -125,9 +125,9 @@ def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int,
 
 def checkpoint_blocking(run, objective, saves: int, work: Path) -> dict[str, float]:
     """Blocking and total seconds of asynchronous saves of the full train state (parameters and adamw
-    state), as ``dew.training.checkpoint.Checkpoints`` saves it in the loop."""
-    from dew.training.checkpoint import Checkpoints
-    from dew.training.optim import build_optimizer
+    state), as ``dew.training.checkpointing.checkpoints.Checkpoints`` saves it in the loop."""
+    from dew.training.checkpointing.checkpoints import Checkpoints
+    from dew.training.optim.build import build_optimizer
 
     params = nnx.state(objective.build(nnx.Rngs(params=0)), nnx.Param)
     state = jax.block_until_ready({"params": params, "opt": build_optimizer(run.optim, params, total_steps=10)

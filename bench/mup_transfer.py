@@ -5,7 +5,7 @@ the two side by side).
 Each width trains dew's ``transformer`` (the same depth, heads and tokens at every width; head_dim
 grows with the width, as in muP's own experiments) built by the architecture registry, with the
 optimizer ``build_optimizer`` makes of the run's ``OptimConfig``; under muP its parameter groups are
-the ones ``model.config.mup=true`` brings (``dew.training.mup.mup_groups`` at the model's own width
+the ones ``model.config.mup=true`` brings (``dew.training.optim.mup.mup_groups`` at the model's own width
 multiplier). muP's base width is dew's default, 256, where ``init_std`` 0.02 is the usual relative
 scale and where muP is the standard model exactly; muP carries that model's initialisation and rate
 to the narrower widths (docs/mup.md says why the base matters). The data is byte-level
@@ -42,8 +42,8 @@ from flax import nnx
 from dew.contract.config import OptimConfig
 from dew.data.tokenizer import ByteTokenizer
 from dew.contract.models import build, of
-from dew.training.mup import mup_groups
-from dew.training.optim import build_optimizer
+from dew.training.optim.mup import mup_groups
+from dew.training.optim.build import build_optimizer
 from dew.contract.schedules import schedules
 
 PACKAGES = ("optax", "flax", "orbax", "hydra", "omegaconf")

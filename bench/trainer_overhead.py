@@ -77,8 +77,8 @@ def trainer_side(recipe, steps: int, warmup: int, work: Path, name: str) -> tupl
 def checkpoint_blocking(work: Path, recipe, saves: int) -> tuple[list[float], list[float], int]:
     """Per save: the seconds ``save`` blocks the caller, and the seconds until it is on disk."""
     from dew.build import build_run
-    from dew.training.checkpoint import Checkpoints
-    from dew.training.optim import build_optimizer
+    from dew.training.checkpointing.checkpoints import Checkpoints
+    from dew.training.optim.build import build_optimizer
 
     _, objective, _ = build_run(recipe)
     params = nnx.state(objective.build(nnx.Rngs(params=0)), nnx.Param)

@@ -58,10 +58,10 @@ def resolve(run: RunConfig, dataset: Dataset) -> RunConfig:
 def build_run(run: RunConfig) -> tuple[RunConfig, Any, Dataset]:
     """Load the dataset at the trainer's batch, fill in the model fields that follow from it, and
     build the objective. Returns the resolved run (what run.json records): with muP on, its
-    optimizer groups are muP's (``dew.training.mup``)."""
+    optimizer groups are muP's (``dew.training.optim.mup``)."""
     dataset = run.data.load(batch_size=run.trainer.batch_size, seed=run.trainer.seed)
     run = resolve(run, dataset)
     objective = build_objective(run, dataset)
-    from dew.training.mup import with_mup_groups
+    from dew.training.optim.mup import with_mup_groups
 
     return with_mup_groups(run, objective), objective, dataset

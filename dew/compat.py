@@ -64,7 +64,7 @@ about a second slower."""
 
 def qwix_flax_util() -> Any:
     """qwix's flax helpers: ``find_param`` (is this operand a parameter of the current module?),
-    ``get_current_module`` and ``unbox``, which ``dew.training.quantization`` needs to tell a weight
+    ``get_current_module`` and ``unbox``, which ``dew.training.adapters.quantization`` needs to tell a weight
     from an activation of the same shape."""
     from qwix._src.utils import flax_util
 

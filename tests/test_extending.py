@@ -103,7 +103,7 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
     assert record["model"]["architecture"] == "mlp"
     assert record["model"]["config"] == {"hidden": 64, "depth": 2, "features": 8, "classes": 4}
     assert record["data"]["name"] == "blobs" and record["classification"]["label_smoothing"] == 0.0
-    from dew.training.tracking import read_journal
+    from dew.training.reporting.tracker import read_journal
 
     journal = read_journal(work / "tracking" / "blobs" / "journal.jsonl")
     first = next(r for r in journal if r.get("step") == 1 and "train/loss" in r)
@@ -119,7 +119,7 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
 def test_the_guide_optimizer_matches_its_definition():
     import jax
 
-    from dew.training.optimizers import optimizers
+    from dew.training.optim.registry import optimizers
 
     files = guide_files()
     blocks = [b for lang, b in FENCE.findall(GUIDE.read_text()) if lang == "python"]
@@ -174,8 +174,8 @@ def test_a_broken_plugin_is_named(tmp_path: Path):
 OWN_MODULE = {
     "simple_dit": "dew/models/simple_dit.py", "transformer": "dew/models/transformer.py",
     "flow_matching": "dew/objectives/flow_matching.py", "masked_diffusion": "dew/objectives/masked_diffusion.py",
-    "next_token": "dew/objectives/next_token.py", "muon": "dew/training/muon.py",
-    "muonclip": "dew/training/muonclip.py",
+    "next_token": "dew/objectives/next_token.py", "muon": "dew/training/optim/muon.py",
+    "muonclip": "dew/training/optim/muonclip.py",
 }
 
 

@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> str:
     """Export as ``args`` say; returns the directory written."""
     from dew.cli.sample import load_recipe, restore
-    from dew.training import merge
+    from dew.training.adapters import merge
 
     if os.path.exists(args.to):
         raise merge.MergeError(f"--to {args.to}: it exists; dew-export writes a new directory")
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> str:
 
 def check(recipe: Any, *, merge_lora: bool) -> None:
     """Refuse, from the run's record alone, what the export cannot write."""
-    from dew.training import hf_llama, merge
+    from dew.training.checkpointing import hf_llama
+    from dew.training.adapters import merge
 
     if merge_lora:
         if recipe.lora is None:
@@ -79,7 +80,9 @@ def write_hf(r: Any, out: str) -> str:
     """The restored run ``r`` in the Hugging Face Llama layout at ``out``."""
     from flax import nnx
 
-    from dew.training import hf_llama, merge
+    from dew.training.checkpointing import hf_llama
+
+    from dew.training.adapters import merge
 
     if r.recipe.lora is not None:
         params = merge.merged(r.model, r.recipe)
@@ -103,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     logging.getLogger("absl").setLevel(logging.ERROR)
     from dew.cli.sample import SampleError
-    from dew.training.merge import MergeError
+    from dew.training.adapters.merge import MergeError
     from dew.contract.typed import ConfigError
 
     try:

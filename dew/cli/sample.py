@@ -126,7 +126,7 @@ def read_params(checkpoints: Any, run_dir: str, chosen: int, abstract_params: An
     """``(step, EMA used, parameters, damaged steps passed over)`` (``read_step``) of step ``chosen``
     or, when it is damaged and was not ``asked`` for by number, of the newest intact step before it
     (``Checkpoints.first_intact``)."""
-    from dew.training.checkpoint import CheckpointDamagedError
+    from dew.training.checkpointing.checkpoints import CheckpointDamagedError
 
     def say(bad: int, problem: str) -> None:
         print(f"dew-sample: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
@@ -155,7 +155,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     from flax import nnx
 
     from dew.training import adapt
-    from dew.training.checkpoint import Checkpoints
+    from dew.training.checkpointing.checkpoints import Checkpoints
 
     checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
     try:
@@ -172,7 +172,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
                           f"{objective.ema_decay}); sample without --ema")
     rest = concrete(recipe, objective, rest)
-    from dew.training import warmstart
+    from dew.training.checkpointing import warmstart
 
     _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
@@ -180,12 +180,12 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
 
 
 def for_inference(r: Restored) -> Restored:
-    """``r`` with a LoRA run's factors merged into its weights (``dew.training.merge.merged_model``),
+    """``r`` with a LoRA run's factors merged into its weights (``dew.training.adapters.merge.merged_model``),
     so that the run samples exactly what its merged checkpoint (``dew-export --merge-lora``) samples;
     any other run (a LoRA run over a quantized base included, which has no merged form) as it is."""
     if r.recipe.lora is None or r.recipe.trainer.quantization is not None:
         return r
-    from dew.training.merge import merged_model
+    from dew.training.adapters.merge import merged_model
 
     return dataclasses.replace(r, model=merged_model(r.model, r.recipe, r.objective))
 

@@ -63,7 +63,7 @@ def holding_the_study(sweep_dir: str) -> Iterator[None]:
     import shutil
 
     from dew.cli.train import EXIT_BUSY
-    from dew.training.lock import RunLock, RunLockedError
+    from dew.contract.lock import RunLock, RunLockedError
 
     where = os.path.join(sweep_dir, STUDY_LOCK_DIR)
     try:

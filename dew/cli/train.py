@@ -153,7 +153,7 @@ def refuse_a_busy_run_dir(cfg: DictConfig) -> None:
     """Refuse a run directory another process holds, from the composed config, before the typed
     conversion (which imports JAX, seconds on a busy machine): a second writer fails at once. Reads
     only; the run's own lock is taken later, once the config is known to be valid."""
-    from dew.training.rundir import refuse_if_held
+    from dew.training.run_directory import refuse_if_held
 
     checkpoint_dir, name = OmegaConf.select(cfg, "trainer.checkpoint_dir"), OmegaConf.select(cfg, "trainer.name")
     if not isinstance(checkpoint_dir, str):
@@ -185,9 +185,9 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
 
 def stop_status(err: BaseException) -> int | None:
     """The exit status of a run that stopped on its own terms, None for any other error."""
-    from dew.training.checkpoint import CheckpointDamagedError
-    from dew.training.lock import RunLockedError
-    from dew.training.rundir import RunDirError
+    from dew.training.checkpointing.checkpoints import CheckpointDamagedError
+    from dew.contract.lock import RunLockedError
+    from dew.training.run_directory import RunDirError
     from dew.training.trainer import NonFiniteError
 
     statuses = {RunLockedError: EXIT_BUSY, RunDirError: EXIT_REFUSED, NonFiniteError: EXIT_NONFINITE,
@@ -204,8 +204,8 @@ def _leave_no_trace() -> None:
 
 def train_from_hydra(cfg: DictConfig) -> Any:
     """Convert the composed config once, build what it names, and train."""
-    from dew.training.lock import RunLockedError
-    from dew.training.rundir import RunDirError, refuse_if_held, run_dir, write_hydra_record
+    from dew.contract.lock import RunLockedError
+    from dew.training.run_directory import RunDirError, refuse_if_held, run_dir, write_hydra_record
 
     error, status, agreed, caught, held = None, EXIT_BAD_INPUT, False, None, contextlib.ExitStack()  # held: to the end
     try:
@@ -284,7 +284,7 @@ def check_single_run(recipe: Recipe) -> None:
     (``dew.launching.checks.check_run``), over the devices it would train on here, and one line."""
     from dew.launching.checks import check_run
     from dew.launching.pool import joins_a_pool
-    from dew.training.rundir import run_dir
+    from dew.training.run_directory import run_dir
 
     path = os.fspath(run_dir(recipe, run_name(recipe)))
     devices = None
@@ -306,7 +306,7 @@ def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
     """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
     from dew.cli.trial import check_direction, selection_value
     from dew.objectives.metrics import builtin_metrics
-    from dew.training.tracking import tracking_dir
+    from dew.training.reporting.tracker import tracking_dir
     from dew.training.trainer import best_criterion
 
     metric, higher_is_better = best_criterion(builtin_metrics(objective))

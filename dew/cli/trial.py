@@ -20,7 +20,7 @@ from etils import epath
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from dew.runs import journal as journals
+from dew.contract import journal as journals
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 

@@ -5,7 +5,7 @@
 - ``registry``: the one registry shape, and names every layer shares (dtypes, kernels);
 - ``models``, ``objectives``, ``data``, ``schedules``: the registries of architectures, objectives,
   datasets and schedules, and the base class each registered part subclasses (the optimizers'
-  registry is ``dew.training.optimizers``: nothing in the contract names an optimizer's rule);
+  registry is ``dew.training.optim.registry``: nothing in the contract names an optimizer's rule);
 - ``axes``: the logical axis names the models and ``trainer.layout.rules`` share;
 - ``rundir``: the run directory's format, which its writer (``dew.training``) and its readers
   (``dew.runs``, ``dew-sample``) share.

@@ -155,26 +155,26 @@ class OptimConfig:
     """Holds the optimizer, learning-rate schedule and gradient clipping."""
 
     optimizer: Literal["adam", "adamw", "lamb", "muon", "muonclip"] = "adamw"
-    """The update rule (``dew.training.optim``)."""
+    """The update rule (``dew.training.optim.build``)."""
     optimizer_opts: JsonDict = dataclasses.field(default_factory=dict)
     """The optimizer's own options (betas, eps, Muon's momentum, QK-clip's tau, ...)."""
     learning_rate: float = 0.00027
     """The constant rate, when no schedule is named; a schedule's peak otherwise."""
     schedule: ScheduleSpec | None = None
-    """The learning-rate schedule, one typed record per kind (``dew.training.schedules``): cosine,
+    """The learning-rate schedule, one typed record per kind (``dew.training.optim.schedules``): cosine,
     power (lm-engine's power law with an optional linear tail) or linear; each holds only its own
     fields."""
     weight_decay: float | None = None
     """Decoupled weight decay; unset is the optimizer's own default (docs/optimizers.md)."""
     param_groups: Annotated[tuple[ParamGroup, ...], json_list_argument(ParamGroup)] = ()
     """Per-group learning-rate multipliers and weight decay, first match wins; empty moves every
-    parameter alike. ``dew.training.optim.mup_param_groups`` is lm-engine's muP split; with
-    ``model.config.mup`` on, the built run holds it here (``dew.training.mup``)."""
+    parameter alike. ``dew.training.optim.build.mup_param_groups`` is lm-engine's muP split; with
+    ``model.config.mup`` on, the built run holds it here (``dew.training.optim.mup``)."""
     clip_grads: float = 0.0
     """Global-norm gradient clipping threshold; 0 disables."""
     state_dtype: Literal["float32", "bfloat16"] = "float32"
     """Adam's moments in memory. bfloat16 stores both stochastically rounded
-    (``dew.training.optim.bf16_moments``), for adam and adamw only: half the optimizer state and
+    (``dew.training.optim.build.bf16_moments``), for adam and adamw only: half the optimizer state and
     less of the update's memory traffic."""
 
     def __post_init__(self) -> None:

@@ -51,7 +51,7 @@ Shape = tuple[tuple[int, ...], str]
 @dataclasses.dataclass(frozen=True)
 class QKClipLayer:
     """Where one attention layer keeps its query and key projections, for MuonClip's QK-clip
-    (``dew.training.muonclip``).
+    (``dew.training.optim.muonclip``).
 
     ``query`` and ``key`` are the "/"-joined paths of the leaves that carry the heads (the kernel,
     and the bias if there is one). Their heads are on the trailing axes: the last axes are
@@ -140,7 +140,7 @@ class Architecture:
     def mup_width_multiplier(self) -> float | None:
         """muP's width multiplier (the model's width over the base width its multipliers are
         relative to) when these fields turn muP on; None when they do not, or the architecture has
-        no muP. The optimizer's muP groups (``dew.training.mup``) divide the hidden matrices' rate
+        no muP. The optimizer's muP groups (``dew.training.optim.mup``) divide the hidden matrices' rate
         by it, so the model and the optimizer read one number."""
         return None
 

@@ -15,7 +15,7 @@ RUN_RECORD = "run.json"
 
 LOCK_FILE = ".lock"
 """The file the writing process holds an OS lock on; it names the last holder
-(``dew.training.lock``)."""
+(``dew.contract.lock``)."""
 
 BEST_METRIC = "eval/loss"
 """The metric the best checkpoint is kept by, unless a metric marked ``best`` replaces it."""

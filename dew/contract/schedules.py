@@ -2,7 +2,7 @@
 
 A schedule record is a plain dataclass holding only its own fields (``optim.schedule`` holds one);
 ``build`` turns it into the rate as a function of the step. dew's own schedules, and the JAX that
-builds them, are in ``dew.training.schedules``; this module imports nothing from dew but the
+builds them, are in ``dew.training.optim.schedules``; this module imports nothing from dew but the
 contract package, and no JAX.
 """
 
@@ -23,11 +23,11 @@ class ScheduleSpec:
     name: ClassVar[str]
 
     def build(self, peak: float, ramp: Any, tokens_seen: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
-        """The rate at each step (a function of the step, ``dew.training.schedules.Rate``), peaking at
-        ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.schedules.Ramp``) and
+        """The rate at each step (a function of the step, ``dew.training.optim.schedules.Rate``), peaking at
+        ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.optim.schedules.Ramp``) and
         ``tokens_seen`` as ``build_schedule`` says."""
         raise NotImplementedError(f"schedule {self.name!r} must implement build")
 
 
-schedules: Registry[type[ScheduleSpec]] = Registry("schedule", builtins=("dew.training.schedules",))
+schedules: Registry[type[ScheduleSpec]] = Registry("schedule", builtins=("dew.training.optim.schedules",))
 """Schedule kind -> record class."""

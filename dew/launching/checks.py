@@ -73,7 +73,7 @@ def check_run(recipe: Any, run_dir: str, device_count: int | None) -> None:
     already holds another run's record or is held by a live process. Reads only."""
     from dew.build import build_run
     from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-    from dew.training.rundir import prepare_run_dir, refuse_if_held, trained_objective
+    from dew.training.run_directory import prepare_run_dir, refuse_if_held, trained_objective
     from dew.training.trainer import check
 
     check_xla_flags(recipe.trainer)
@@ -97,7 +97,7 @@ def _known_devices(recipe: Any) -> int:
 def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
     """One line per job that fails its checks: the job, its overrides and the message."""
     from dew.contract.typed import ConfigError
-    from dew.training.lock import RunLockedError
+    from dew.contract.lock import RunLockedError
 
     lines = []
     for job in jobs:

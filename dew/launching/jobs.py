@@ -88,7 +88,7 @@ def _first_lines(err: BaseException) -> str:
 
 def stop_record(job: SweepJob) -> dict[str, Any] | None:
     """The last ``stop`` or ``end`` event of the job's journal, None if it has none (or no journal)."""
-    from dew.training.tracking import read_journal, tracking_dir
+    from dew.training.reporting.tracker import read_journal, tracking_dir
 
     if job.recipe is None:
         return None

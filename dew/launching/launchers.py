@@ -40,7 +40,7 @@ class CheckedLaunch:
         from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
         from dew.launching.checks import checking, failures, record_checked
         from dew.launching.jobs import compose_jobs
-        from dew.training.lock import RunLockedError
+        from dew.contract.lock import RunLockedError
 
         sweep_dir = str(self.config.hydra.sweep.dir)
         _stop_if_interrupted(sweep_dir)  # Ctrl-C while Hydra composed: nothing is started
@@ -164,7 +164,7 @@ def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool, status: int | None
     import shlex
 
     from dew.launching.jobs import stop_record
-    from dew.training.lock import holder
+    from dew.contract.lock import holder
 
     stops = {job.num: stop_record(job) for job in jobs}
     if not interrupted and not any(r and r.get("event") == "stop" and r.get("reason") in ("preempted", "interrupted")

@@ -22,7 +22,7 @@ def holding_the_sweep(sweep_dir: str) -> Iterator[None]:
     leave no trace of it after: the sweep's directory then holds its jobs alone."""
     import shutil
 
-    from dew.training.rundir import hold
+    from dew.training.run_directory import hold
 
     lock_dir = os.path.join(sweep_dir, SWEEP_LOCK_DIR)
     held = hold(lock_dir)
@@ -37,7 +37,7 @@ def holding_the_sweep(sweep_dir: str) -> Iterator[None]:
 def refuse_live_jobs(sweep_dir: str, jobs: Sequence[Any]) -> None:
     """Raise ``RunLockedError`` if the sweep is being launched by another live process, or one of
     its jobs' run directories is in use."""
-    from dew.training.lock import RunLockedError, describe, holder
+    from dew.contract.lock import RunLockedError, describe, holder
 
     if (who := holder(os.path.join(sweep_dir, SWEEP_LOCK_DIR))) is not None:
         raise RunLockedError(f"the sweep {sweep_dir} is being run by {describe(who)}: its jobs are alive, and "
@@ -54,7 +54,7 @@ def wait_until_released(jobs: Sequence[Any], every_s: float = 0.5) -> None:
     (cancelled) can still be saving its checkpoint, and only then says where it stopped."""
     import time
 
-    from dew.training.lock import holder
+    from dew.contract.lock import holder
 
     while any(holder(job.run_dir) is not None for job in jobs):
         time.sleep(every_s)

@@ -21,7 +21,7 @@ standard deviation ``init_std / sqrt(m)``: at the base width every multiplier is
 model's. ``embedding_multiplier`` scales the token embedding's output and
 ``residual_multiplier`` (``r``) each branch before it joins the residual stream, with or without muP.
 Output projections (``attn/o``, ``mlp_down``) are further divided by ``sqrt(2 · depth)`` (GPT-2).
-The matching per-group learning rates are the optimizer's (``dew.training.optim.mup_param_groups``).
+The matching per-group learning rates are the optimizer's (``dew.training.optim.build.mup_param_groups``).
 
 **Parameters** (``blocks`` stacked on a leading ``depth`` axis, ``dew.models.stack``):
 ``embed/embedding`` ``(vocab, hidden)``; ``blocks/attn_norm/scale``; ``blocks/attn/q/kernel``

@@ -50,7 +50,7 @@ class TransformerFields(PrecisionFields):
     logits / width multiplier, attention scaled by ``sqrt(base head_dim) / head_dim``, hidden
     matrices initialised with ``init_std / sqrt(width multiplier)``. At the base width the model is
     the standard one; ``model.config.mup=true`` also brings the optimizer's muP groups
-    (``dew.training.mup``)."""
+    (``dew.training.optim.mup``)."""
     mup_base_width: int = 256
     """The width the muP multipliers are relative to (width multiplier = hidden_size / this)."""
     mup_base_head_dim: int | None = None

@@ -2,7 +2,7 @@
 
 The state comes from the files alone, in this order:
 
-* running: a live process holds the run directory's lock (``dew.training.lock.holder``);
+* running: a live process holds the run directory's lock (``dew.contract.lock.holder``);
 * damaged: ``run.json`` is missing or unreadable, or the journal cannot be read;
 * finished: the journal's last word is ``end``;
 * stopped / failed: its last word is a ``stop`` event: preempted and interrupted runs stopped on a
@@ -24,10 +24,10 @@ from typing import Any
 from etils import epath
 
 from dew.contract.config import NoRunRecord, RunRecord, RunRecordError
-from dew.runs import journal as journals
+from dew.contract import journal as journals
 from dew.runs.discover import checkpoint_steps, find_journal
 from dew.contract.rundir import BEST_METRIC, FAILURES, RUN_RECORD
-from dew.training.lock import describe, holder
+from dew.contract.lock import describe, holder
 
 
 @dataclasses.dataclass

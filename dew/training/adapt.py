@@ -1,5 +1,5 @@
 """Wrapping the module an objective trains before the run initialises it: quantized training
-(``dew.training.quantization``) and LoRA (``dew.training.lora``), both with qwix. With neither set,
+(``dew.training.adapters.quantization``) and LoRA (``dew.training.adapters.lora``), both with qwix. With neither set,
 the module is returned as it is and every ``nnx.Param`` trains.
 
 qwix wraps an NNX module by calling it once on sample inputs: that call finds the weight each matmul
@@ -70,8 +70,8 @@ def adapt(architecture: Architecture, module: nnx.Module, *, quantization: Quant
     adapters the run asks for."""
     if quantization is None and lora is None:
         return module
-    from dew.training import lora as lora_lib
-    from dew.training import quantization as quant
+    from dew.training.adapters import lora as lora_lib
+    from dew.training.adapters import quantization as quant
 
     inputs = sample_inputs(architecture)
     with _stacks_walked_in_python():

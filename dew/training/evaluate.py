@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from dew.training.checkpoint import BEST_METRIC
+from dew.training.checkpointing.checkpoints import BEST_METRIC
 
 Sums = tuple[Any, Any, dict[str, Any], dict[str, tuple[Any, Any]]]
 """What one evaluation batch returns, and what the batches add up to: (total loss, count, the

@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding
 from dew.contract.config import RunConfig
 from dew.contract.models import build, of
 from dew.training import sharding
-from dew.training.optim import build_optimizer
+from dew.training.optim.build import build_optimizer
 
 GIB = 1024 ** 3
 

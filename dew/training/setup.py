@@ -20,12 +20,13 @@ from dew.contract.config import STEP_LIMIT, RunConfig
 from dew.contract.data import Dataset
 from dew.contract.models import of
 from dew.objectives.base import Objective
-from dew.training import adapt, preflight, sharding, warmstart
-from dew.training.optim import build_optimizer
+from dew.training import adapt, preflight, sharding
+from dew.training.checkpointing import warmstart
+from dew.training.optim.build import build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import tokens_seen_fn
-from dew.training.rundir import hold, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
+from dew.training.run_directory import hold, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
 
 
 @dataclasses.dataclass(frozen=True)

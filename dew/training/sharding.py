@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from dew.contract.config import Layout, TrainerConfig
 from dew.models.axes import mesh_axes, rules
-from dew.training.optimizers import path_str
+from dew.training.optim.registry import path_str
 
 
 def make_mesh(trainer: TrainerConfig) -> Mesh:

@@ -34,22 +34,23 @@ from dew.contract.config import RunConfig
 from dew.contract.data import Dataset
 from dew.contract.objectives import can_sample
 from dew.objectives.base import Metric, Objective
-from dew.training import adapt, sharding, warmstart
-from dew.training.checkpoint import BEST_METRIC, Checkpoints
+from dew.training import adapt, sharding
+from dew.training.checkpointing import warmstart
+from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
-from dew.training.mup import with_mup_groups
+from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats
-from dew.training.profiler import Profiler
+from dew.training.reporting.profiler import Profiler
 from dew.training.ramp import stage_at, tokens_seen_fn
-from dew.training.report import RunReport, log_samples
-from dew.training.reporter import Reporter
-from dew.training.rundir import is_local
-from dew.training.saving import NonFiniteError, Saver
+from dew.training.reporting.summary import RunReport, log_samples
+from dew.training.reporting.late_metrics import Reporter
+from dew.training.run_directory import is_local
+from dew.training.checkpointing.saving import NonFiniteError, Saver
 from dew.training.setup import Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState, make_eval_step, make_train_step
-from dew.training.tracking import Throughput, Tracker, peak_flops
+from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 
 __all__ = ["COMPILER_OPTIONS", "NonFiniteError", "Setup", "best_criterion", "check", "compile_train_step",
            "stage_at", "tokens_seen_fn", "train"]
@@ -85,7 +86,7 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str, 
     ``setup`` is what ``dew-train`` checked and prepared (``dew.training.setup``); without it, the
     run is set up here, its lock and signal handlers held until it ends."""
     criterion = best_criterion(metrics)  # before anything is written
-    run = with_mup_groups(run, objective)  # muP's groups, for a run built in Python too (dew.training.mup)
+    run = with_mup_groups(run, objective)  # muP's groups, for a run built in Python too (dew.training.optim.mup)
     with contextlib.ExitStack() as held:
         # (1) The set-up: checks, the process, the stop signals, the run directory's lock and record.
         setup = setup or set_up(run, objective, dataset, name, held)

@@ -126,7 +126,7 @@ def test_a_run_its_resume_and_a_warm_start_print_no_orbax_warnings(workdir: Path
 def test_only_the_expected_orbax_notes_are_dropped():
     import logging
 
-    from dew.training.checkpoint import OrbaxNotes
+    from dew.training.checkpointing.checkpoints import OrbaxNotes
 
     absl = logging.getLogger("absl")
     assert sum(isinstance(f, OrbaxNotes) for f in absl.filters) == 1

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.training.tracking import read_journal
+from dew.training.reporting.tracker import read_journal
 from tests.conftest import dew
 from tests.training import wrappers
 from tests.training.conftest import FAST_COMPILE, TINY, compose, fast_env
@@ -90,7 +90,7 @@ def sweep(tmp_path_factory):
         crash = _train_in_process(tmp, "3-running", lambda d: wrappers.Data(d, crash_at=25))
         assert isinstance(crash, wrappers.Crash), crash
     run_dir = tmp / "ck" / _sweep(tmp) / "3-running"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.training.lock import RunLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.contract.lock import RunLock; "
                                "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(900)",
                                str(run_dir)], stdout=subprocess.PIPE, text=True, env=fast_env())
     names = {"sigterm": next((tmp / "ck" / _sweep(tmp)).glob("0*")).name, "finished": "1-finished",

@@ -15,7 +15,7 @@ import pytest
 from dew.cli.overrides import check_unset_records, nullable_record, unset_record
 from dew.cli.trial import TrialFailed, selection_value
 from dew.recipe import Recipe
-from dew.runs import journal as journals
+from dew.contract import journal as journals
 from tests.conftest import dew
 from tests.training.conftest import TINY, dew_train
 

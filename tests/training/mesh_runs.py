@@ -101,7 +101,7 @@ class Run:
         """Each parameter's sharding as its array carries it, as the rules say, then its optimizer
         moments' (the leaves of the optimizer state at its path with its shape)."""
         from dew.training import sharding
-        from dew.training.optimizers import path_str
+        from dew.training.optim.registry import path_str
 
         want = sharding.param_specs(self.params, self.mesh, self.layout)
         got = {path_str(p)[len("params/"):]: str(x.sharding.spec)
@@ -115,7 +115,7 @@ class Run:
         return {k: [got[k], str(want[k]), *moments.get(k, [])] for k in want}
 
     def shape(self, key: str) -> tuple[int, ...]:
-        from dew.training.optimizers import path_str
+        from dew.training.optim.registry import path_str
 
         return next(tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(self.state.params)[0]
                     if path_str(p) == key)
@@ -127,7 +127,7 @@ def main(out: Path) -> None:
 
     from dew.build import build_run
     from dew.training import trainer
-    from dew.training.checkpoint import Checkpoints
+    from dew.training.checkpointing.checkpoints import Checkpoints
     from tests.training.conftest import FAST_COMPILE
 
     trainer.COMPILER_OPTIONS = FAST_COMPILE

@@ -13,12 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dew.training import evaluate, rundir, trainer
+from dew.training import evaluate, trainer
+
+from dew.training import run_directory as rundir
 from dew.training.evaluate import Evaluator
 from dew.training.preemption import Preempted
-from dew.training.profiler import Profiler
-from dew.training.reporter import Reporter
-from dew.training.saving import NonFiniteError, Saver, plain
+from dew.training.reporting.profiler import Profiler
+from dew.training.reporting.late_metrics import Reporter
+from dew.training.checkpointing.saving import NonFiniteError, Saver, plain
 from dew.training.step import NONFINITE
 
 

@@ -18,8 +18,8 @@ from dew.data.prepare import prepare
 from dew.data.specs import TokenWindows
 from dew.objectives.metrics import NextTokenAccuracy, builtin_metrics
 from dew.recipe import Recipe
-from dew.training.checkpoint import Checkpoints
-from dew.training.tracking import read_journal
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.reporting.tracker import read_journal
 from dew.training.trainer import best_criterion
 
 

@@ -122,7 +122,7 @@ def test_once_steps_are_long_the_host_does_not_run_ahead(tmp_path: Path, monkeyp
 def test_a_signal_during_the_restore_stops_the_run_at_its_first_step(tmp_path: Path, monkeypatch):
     """The stop handlers are installed before the set-up and the restore: a signal that comes while
     the checkpoint restores is honoured at the first step boundary after it, with a checkpoint."""
-    from dew.training.checkpoint import Checkpoints
+    from dew.training.checkpointing.checkpoints import Checkpoints
     from tests.training.wrappers import Crash, Data
 
     args = ("trainer.steps=24", "trainer.eval_every=null", "trainer.checkpoint_every=2", "trainer.keep=4")

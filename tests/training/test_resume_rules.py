@@ -13,7 +13,7 @@ import pytest
 
 from dew.config import MeshSpec, TrainerConfig, Wandb
 from dew.recipe import Recipe
-from dew.training.rundir import RunDirError, prepare_run_dir
+from dew.training.run_directory import RunDirError, prepare_run_dir
 from tests.training.conftest import train_tiny
 
 

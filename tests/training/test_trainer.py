@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from dew.training.checkpoint import Checkpoints
+from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.trainer import NonFiniteError
 from tests.training import wrappers
 from tests.training.conftest import compose, journal, load_params, losses, steps_on_disk, train_tiny

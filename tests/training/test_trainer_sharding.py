@@ -37,7 +37,7 @@ mesh = sharding.make_mesh(compose(*args, "trainer.mesh={data: 4, fsdp: 2}").trai
 layout = compose(*args).trainer.layout
 specs = {}
 wanted = sharding.param_specs(state.params, mesh, layout)
-from dew.training.optimizers import path_str
+from dew.training.optim.registry import path_str
 for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
     want = wanted[path_str(path)]
     specs[jax.tree_util.keystr(path)] = [str(leaf.sharding.spec), str(want), leaf.sharding.mesh.shape == mesh.shape]

@@ -1,0 +1,1 @@
+"""What wraps a model's weights for training: LoRA, quantized training, merging LoRA back."""

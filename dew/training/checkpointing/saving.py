@@ -1,0 +1,88 @@
+"""What the loop saves, and when a save ends the run: the periodic checkpoint, the checkpoint a stop
+signal asks for, the last one, and the refusal to save a state that went non-finite."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.preemption import Preempted, StopSignals
+from dew.training.ramp import stage_at
+
+log = logging.getLogger("dew")
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradients stopped being finite."""
+
+
+class Saver:
+    """The run's checkpoints as the loop saves them, each with the metadata a resume needs."""
+
+    def __init__(self, checkpoints: Checkpoints, tracker: Any, *, data_state: Callable[[], Any],
+                 stages: Sequence[tuple[int, int]], total_steps: int, last_saved: int | None) -> None:
+        self.checkpoints = checkpoints
+        self.tracker = tracker
+        """Where each save is written as a ``checkpoint`` event."""
+        self.data_state = data_state
+        """The data iterator's position (None for a dataset that does not resume)."""
+        self.stages, self.total_steps = stages, total_steps
+        self.last_saved = last_saved
+        """The step of the last checkpoint, restored or saved (None: none yet)."""
+
+    def meta(self, step: int, records: int) -> dict[str, Any]:
+        """What a resume reads beside the state: the step, the records consumed, the data position."""
+        return {"step": step, "records": records, "data": plain(self.data_state()), "wandb_id": self.tracker.wandb_id,
+                "ramp_stage": stage_at(self.stages, step), "total_steps": self.total_steps}
+
+    def save(self, step: int, records: int, state: Any, metrics: Mapping[str, float] | None) -> None:
+        self.checkpoints.save(step, state, self.meta(step, records), metrics=dict(metrics) if metrics else None)
+        self.tracker.event("checkpoint", step=step)
+        self.last_saved = step
+
+    def check_finite(self, state: Any) -> None:
+        """Raise ``NonFiniteError`` naming the last good checkpoint if the state went non-finite."""
+        bad = int(jax.device_get(state.nonfinite_step))
+        if bad >= 0:
+            self.checkpoints.wait()  # a save in flight holds an earlier, finite state: let it land
+            last = self.checkpoints.latest_step()
+            where = f"step {last} in {self.checkpoints.step_path(last)}" if last is not None else "none was saved"
+            raise NonFiniteError(f"the loss or the gradients became non-finite at step {bad + 1}; the run "
+                                 f"stops. The last good checkpoint, left intact: {where}")
+
+    def stopped(self, stop: StopSignals, step: int, records: int, state: Any) -> Preempted:
+        """Save at ``step`` (unless saved there), wait for the save, write the ``stop`` event: the
+        exception that ends the run."""
+        self.check_finite(state)
+        if self.last_saved != step:
+            self.save(step, records, state, metrics=None)
+        self.checkpoints.wait()
+        stopped = Preempted(stop.reason, step, stop.received, self.checkpoints.step_path(step))
+        self.tracker.event("stop", step=step, reason=stop.reason, message=str(stopped))
+        log.warning("%s", stopped)
+        return stopped
+
+    def last(self, step: int, records: int, state: Any, metrics: Mapping[str, float]) -> None:
+        """Wait for the saves, and save ``step`` unless a checkpoint is there."""
+        self.checkpoints.wait()
+        latest = self.checkpoints.latest_step()
+        if latest is None or latest < step:  # no event: the run's ``end`` event says where it ended
+            self.checkpoints.save(step, state, self.meta(step, records), metrics=dict(metrics) or None)
+            self.checkpoints.wait()
+            self.last_saved = step
+
+
+def plain(value: Any) -> Any:
+    """A JSON-safe copy of an iterator state (NumPy scalars to Python numbers)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,206 @@
+"""Learning-rate schedule records: one typed record per kind, each holding only its own fields.
+
+These records are plain dataclasses (no JAX at import) so that ``dew.contract.config`` can hold them;
+``build_schedule`` turns one into the function of the step that ``dew.training.optim.build`` hands to
+optax. Every schedule warms up linearly from 0 over ``warmup_steps`` optimizer updates and peaks at
+``OptimConfig.learning_rate``.
+
+Steps follow dew's convention: ``step`` is the number of completed optimizer updates, so the rate
+at ``step`` is the one the update from ``step`` to ``step + 1`` uses (optax's ``count``), and a run
+of ``total_steps`` updates ends at ``step == total_steps``: "the last step" of a decay below is that
+end point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+from dew.contract.schedules import ScheduleSpec, schedules
+
+if TYPE_CHECKING:
+    import jax
+
+
+Rate = Callable[["jax.Array"], "jax.Array"]
+"""The learning rate as a function of the step (int32 array -> float32 array)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ramp:
+    """The parts every schedule shares: a linear warmup over ``warmup`` updates and the progress
+    of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``)."""
+
+    warmup: int
+    total_steps: int
+
+    def warming(self, step: jax.Array) -> jax.Array:
+        """step / warmup, 1 once warmed up (and with no warmup at all)."""
+        import jax.numpy as jnp
+
+        return jnp.minimum(step.astype(jnp.float32) / max(self.warmup, 1), 1.0) if self.warmup else jnp.float32(1.0)
+
+    def progress(self, step: jax.Array) -> jax.Array:
+        import jax.numpy as jnp
+
+        span = max(self.total_steps - self.warmup, 1)
+        return jnp.clip((step.astype(jnp.float32) - self.warmup) / span, 0.0, 1.0)
+
+
+@schedules.register("cosine")
+@dataclasses.dataclass(frozen=True)
+class CosineSchedule(ScheduleSpec):
+    """Linear warmup, then a cosine decay from the peak to ``floor_ratio``·peak at the last step."""
+
+    warmup_steps: int = 0
+    """Optimizer updates of linear warmup from 0 to the peak."""
+    floor_ratio: float = 0.0
+    """The rate at the last step, as a fraction of the peak."""
+
+    def __post_init__(self) -> None:
+        _check_warmup(self)
+        if not 0.0 <= self.floor_ratio <= 1.0:
+            raise ValueError(f"optim.schedule.floor_ratio={self.floor_ratio} must lie in [0, 1]")
+
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        import jax.numpy as jnp
+
+        floor = self.floor_ratio
+
+        def cosine(step: jax.Array) -> jax.Array:
+            decay = floor + (1.0 - floor) * 0.5 * (1.0 + jnp.cos(jnp.pi * ramp.progress(step)))
+            return peak * jnp.where(step < ramp.warmup, ramp.warming(step), decay)
+
+        return cosine
+
+
+@schedules.register("linear")
+@dataclasses.dataclass(frozen=True)
+class LinearSchedule(ScheduleSpec):
+    """Linear warmup, then a linear decay from the peak to ``end_ratio``·peak at the last step."""
+
+    warmup_steps: int = 0
+    """Optimizer updates of linear warmup from 0 to the peak."""
+    end_ratio: float = 0.0
+    """The rate at the last step, as a fraction of the peak."""
+
+    def __post_init__(self) -> None:
+        _check_warmup(self)
+        if not 0.0 <= self.end_ratio <= 1.0:
+            raise ValueError(f"optim.schedule.end_ratio={self.end_ratio} must lie in [0, 1]")
+
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        import jax.numpy as jnp
+
+        end = self.end_ratio
+
+        def linear(step: jax.Array) -> jax.Array:
+            decay = 1.0 + (end - 1.0) * ramp.progress(step)
+            return peak * jnp.where(step < ramp.warmup, ramp.warming(step), decay)
+
+        return linear
+
+
+@schedules.register("power")
+@dataclasses.dataclass(frozen=True)
+class PowerSchedule(ScheduleSpec):
+    """lm-engine's power schedule (Shen et al. 2024, "Power Scheduler"): lr = min(lr_max, a·T^b).
+
+    T is the number of tokens seen so far (records, for data without tokens), so a batch ramp
+    changes the rate as it should. During warmup lr = (step / warmup_steps)·min(lr_max, a·T_w^b),
+    with T_w the tokens seen at the end of warmup. An optional linear tail takes the rate to zero over
+    the run's last ``decay_steps`` updates (or the last ``decay_fraction`` of the run).
+    """
+
+    warmup_steps: int = 0
+    """Optimizer updates of linear warmup from 0."""
+    a: float = 4.6
+    """Amplitude of the power law (the paper's a = 4.6)."""
+    b: float = -0.51
+    """Exponent of the power law in tokens seen (the paper's b = -0.51)."""
+    decay_steps: int | None = None
+    """Length of the linear tail to zero, in optimizer updates; unset and no fraction: no tail."""
+    decay_fraction: float | None = None
+    """Length of the linear tail as a fraction of the run; exclusive with ``decay_steps``."""
+
+    def __post_init__(self) -> None:
+        _check_warmup(self)
+        if self.a <= 0:
+            raise ValueError(f"optim.schedule.a={self.a} must be positive")
+        if self.decay_steps is not None and self.decay_fraction is not None:
+            raise ValueError(
+                "optim.schedule.decay_steps and optim.schedule.decay_fraction are exclusive; "
+                f"got {self.decay_steps} and {self.decay_fraction}"
+            )
+        if self.decay_steps is not None and self.decay_steps < 0:
+            raise ValueError(f"optim.schedule.decay_steps={self.decay_steps} must be >= 0")
+        if self.decay_fraction is not None and not 0.0 <= self.decay_fraction <= 1.0:
+            raise ValueError(f"optim.schedule.decay_fraction={self.decay_fraction} must lie in [0, 1]")
+
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+        import jax.numpy as jnp
+
+        if tokens_seen is None:
+            raise ValueError(
+                "optim.schedule is the power schedule, a function of tokens seen: build_optimizer needs "
+                "tokens_seen(step) (the trainer passes it, with the batch ramp in it)"
+            )
+        warmup, total_steps = ramp.warmup, ramp.total_steps
+        tail = self.decay_steps if self.decay_steps is not None else round((self.decay_fraction or 0.0) * total_steps)
+        tail_start = total_steps - tail
+        if tail and tail_start < warmup:
+            raise ValueError(
+                f"optim.schedule: the linear tail of {tail} steps starts at step {tail_start}, "
+                f"inside the {warmup} warmup steps of a {total_steps}-step run"
+            )
+        a, b = self.a, self.b
+
+        def power_law(tokens: jax.Array) -> jax.Array:
+            # min(lr_max, a·T^b); at T = 0 the law is infinite and the peak holds.
+            return jnp.minimum(peak, a * jnp.power(tokens.astype(jnp.float32), b))
+
+        def power(step: jax.Array) -> jax.Array:
+            step = jnp.asarray(step)
+            rate = jnp.where(
+                step < warmup,
+                ramp.warming(step) * power_law(tokens_seen(jnp.asarray(warmup, step.dtype))),
+                power_law(tokens_seen(step)),
+            )
+            if tail:
+                left = jnp.clip((total_steps - step.astype(jnp.float32)) / tail, 0.0, 1.0)
+                rate = jnp.where(step >= tail_start, rate * left, rate)
+            return rate
+
+        return power
+
+
+def _check_warmup(spec: ScheduleSpec) -> None:
+    if spec.warmup_steps < 0:  # type: ignore[attr-defined]
+        raise ValueError(f"optim.schedule.warmup_steps={spec.warmup_steps} must be >= 0")  # type: ignore[attr-defined]
+
+
+def build_schedule(
+    spec: ScheduleSpec | None,
+    peak: float,
+    *,
+    total_steps: int,
+    tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
+) -> Callable[[jax.Array], jax.Array]:
+    """Return the learning rate as a function of the step (an int32 array), a float32 array.
+
+    ``spec`` None is the constant ``peak``. ``tokens_seen(step)`` is the number of tokens (records,
+    for data without tokens) consumed before ``step``; only the power schedule reads it, and
+    requires it. It should return a float array: token counts pass int32's range in real runs.
+    """
+    import jax.numpy as jnp
+
+    if spec is None:
+        return lambda step: jnp.full((), peak, jnp.float32)
+    if total_steps < 1:
+        raise ValueError(f"total_steps={total_steps} must be >= 1 for a schedule")
+    warmup = spec.warmup_steps  # type: ignore[attr-defined]
+    if warmup > total_steps:
+        raise ValueError(f"optim.schedule.warmup_steps={warmup} exceeds the run's {total_steps} steps")
+
+    return spec.build(peak, Ramp(warmup, total_steps), tokens_seen)

@@ -1,0 +1,188 @@
+"""What a run tells its user at its start and at its end.
+
+At the start, before the step compiles: where the run lives (and, for a run given no name, the name
+it got and how to resume it), the devices and the mesh, the parameter count and the optimizer
+state's size, a warning when the compute dtype is emulated on this backend, and a line saying the
+step is compiling; after the first step, how long that took (or that it loaded from the compilation
+cache) and the first metrics, whatever ``log_every`` is. At the end: the final and the best
+evaluation with their steps, the wall time split into compile, train, eval and checkpoint, and the
+commands that come next. The trainer calls these at its chapter boundaries; the wording lives here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+
+from dew.contract.config import RunConfig
+from dew.contract.rundir import human
+from dew.training.checkpointing.checkpoints import BEST_METRIC
+from dew.training.process import compilation_cache_stats
+
+log = logging.getLogger("dew")
+
+EMULATED = {("cpu", "bfloat16"): 1.5, ("cpu", "float16"): None}
+"""(backend, compute dtype) pairs without native matmuls, with the slowdown against float32 measured
+by bench/bf16_cpu.py (docs/performance.md); None where it was not measured."""
+
+
+def _bytes(tree: Any) -> int:
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+class RunReport:
+    """The start and end messages of one run, and the clock that splits its wall time."""
+
+    def __init__(self, run: RunConfig, name: str, path: Any, *, total_steps: int, samples: bool = True,
+                 every: tuple[int | None, int | None] | None = None) -> None:
+        """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
+        end suggests ``dew-sample``. ``every``: the steps between evaluations and between
+        checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set."""
+        self.run, self.name, self.path, self.total_steps = run, name, os.fspath(path), total_steps
+        self.samples = samples
+        self.every = every or (run.trainer.eval_every, run.trainer.checkpoint_every)
+        self.t0 = time.perf_counter()
+        self.spent = {"compile": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self.evals: dict[int, dict[str, float]] = {}
+        self._compile_start: float | None = None
+        self._first = True
+        self._cache_before: dict[str, int] = {}
+
+    # ---------------------------------------------------------------------------------- start
+
+    def unnamed(self) -> str | None:
+        """What a run with no trainer.name needs to be resumed, or None for a named run."""
+        if self.run.trainer.name:
+            return None
+        return (f"this run was given no trainer.name: it is called {self.name!r}; resume it with "
+                f"trainer.name={self.name}")
+
+    def start(self, *, mesh: Any, params: Any, opt_state: Any, resumed_from: int | None) -> None:
+        t = self.run.trainer
+        devices = jax.devices()
+        kinds = sorted({d.device_kind for d in devices})
+        where = f"resuming at step {resumed_from}" if resumed_from is not None else "starting"
+        log.info("run %s: %s, %d steps, in %s", self.name, where, self.total_steps, self.path)
+        if (note := self.unnamed()) is not None:
+            log.info(note)
+        log.info("devices: %d x %s (%s backend, %d process%s); mesh %s", len(devices), "/".join(kinds),
+                 jax.default_backend(), jax.process_count(), "" if jax.process_count() == 1 else "es",
+                 " ".join(f"{k}={v}" for k, v in mesh.shape.items()))
+        n = sum(math.prod(x.shape) for x in jax.tree.leaves(params) if hasattr(x, "shape"))
+        log.info("model: %s trainable parameters (%s); optimizer state %s (%s)", _count(n), human(_bytes(params)),
+                 human(_bytes(opt_state)), self.run.optim.optimizer)
+        dtype = self.run.model.dtype
+        if (jax.default_backend(), dtype) in EMULATED:
+            slow = EMULATED[(jax.default_backend(), dtype)]
+            factor = f"measured {slow:.1f}x slower per step than float32 on the README's digits run" if slow else \
+                "slower than float32"
+            log.warning("model.dtype=%s is emulated on the %s backend (no native %s matmuls): %s "
+                        "(docs/performance.md). Set model.dtype=float32 for runs on this backend.",
+                        dtype, jax.default_backend(), dtype, factor)
+        if t.batch_size and self.total_steps:
+            log.info("batch %d; logging every %d steps, evaluating every %s, checkpointing every %s",
+                     t.batch_size, t.log_every, *("never (at the end only)" if n is None else n for n in self.every))
+
+    def starting_step(self) -> bool:
+        """True (once) before the first step this process runs, the call that compiles it; says so."""
+        if not self._first:
+            return False
+        self._first = False
+        self.compiling()
+        return True
+
+    def compiling(self) -> None:
+        self._cache_before = compilation_cache_stats()
+        self._compile_start = time.perf_counter()
+        cache = f" (compilation cache: {self.run.trainer.compilation_cache_dir})" if \
+            self.run.trainer.compilation_cache_dir else ""
+        log.info("compiling the train step%s ...", cache)
+
+    def first_step(self, step: int, values: Mapping[str, float], *, show: bool) -> None:
+        """Called once the first step's metrics are fetched: it has compiled and run."""
+        seconds = time.perf_counter() - (self._compile_start or self.t0)
+        self.spent["compile"] += seconds
+        hits = compilation_cache_stats()["hits"] - self._cache_before.get("hits", 0)
+        if hits > 0:
+            log.info("loaded the train step from the compilation cache and ran step %d in %s", step, _seconds(seconds))
+        else:
+            log.info("compiled the train step and ran step %d in %s", step, _seconds(seconds))
+        if show:
+            text = "  ".join(f"{k.split('/', 1)[-1]} {values[k]:.4g}" for k in ("train/loss", "train/grad_norm", "train/lr")
+                             if k in values)
+            log.info("step %d/%d  %s", step, self.total_steps, text)
+
+    # -------------------------------------------------------------------------------- the clock
+
+    @contextlib.contextmanager
+    def phase(self, kind: str) -> Iterator[None]:
+        """Count the time spent inside as ``kind`` (eval or checkpoint) instead of training."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent[kind] += time.perf_counter() - start
+
+    def evaluated(self, step: int, values: Mapping[str, float]) -> None:
+        if values:
+            self.evals[step] = dict(values)
+
+    # ------------------------------------------------------------------------------------ end
+
+    def end(self, step: int) -> None:
+        wall = time.perf_counter() - self.t0
+        train = max(wall - sum(self.spent.values()), 0.0)
+        split = ", ".join(f"{k} {_seconds(v)}" for k, v in
+                          [("compile", self.spent["compile"]), ("train", train), ("eval", self.spent["eval"]),
+                           ("checkpoint", self.spent["checkpoint"])])
+        log.info("run %s finished at step %d in %s: %s", self.name, step, _seconds(wall), split)
+        scored = {s: v[BEST_METRIC] for s, v in self.evals.items() if math.isfinite(v.get(BEST_METRIC, math.nan))}
+        if scored:
+            last = max(scored)
+            best = min(scored, key=scored.get)
+            log.info("%s %.4g at step %d (final); best %.4g at step %d (the best checkpoint, when it was saved)",
+                     BEST_METRIC, scored[last], last, scored[best], best)
+        sweep = os.path.dirname(self.path) if "/" in self.name.strip("/") else self.path
+        if self.samples:
+            log.info("next: dew-sample %s   (samples from the best checkpoint)", self.path)
+        log.info("%s dew-runs plot %s   (loss curves; dew-runs %s lists the runs)",
+                 "     " if self.samples else "next:", sweep, sweep)
+        if (note := self.unnamed()) is not None:
+            log.info(note)
+
+
+def log_samples(tracker: Any, objective: Any, state: Any, step: int, *, seed: int) -> None:
+    """The objective's samples at an evaluation, as W&B media: the image grid (one row per class) or
+    the text samples. Every process samples (the parameters may be laid out over all of them); the
+    process that reports writes the grid beside the journal and logs it."""
+    import numpy as np
+
+    model = state.model(ema=state.ema is not None)
+    key = jax.random.PRNGKey(seed + 3)  # the key dew-train's final samples are drawn with
+    if hasattr(objective, "sample_grid"):
+        from dew.sampling import write_grid
+
+        images, labels = objective.sample_grid(model, key)
+        if tracker.wandb_run is not None:
+            folder = tracker.directory / "samples"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = write_grid(os.fspath(folder / f"{step}.png"), images, rows=max(int(np.max(labels)) + 1, 1), scale=4)
+            tracker.log_media(step, image=path)
+    elif hasattr(objective, "sample_text"):
+        _, texts = objective.sample_text(model, key)
+        tracker.log_media(step, texts=texts)

@@ -1,0 +1,288 @@
+"""Run tracking: a local journal always, W&B when configured, and a progress display.
+
+Library code talks to a ``Tracker``; only this module imports wandb. The journal is JSON lines in a
+tracking directory separate from the run directory: one record per logged step (its metrics) and
+one per event (start, resume, eval, checkpoint, checkpoint_fallback, stop, end).
+
+The file is only ever appended to, never truncated or rewritten: a resumed run (or a run started
+again from scratch) adds a new segment after the old one, which begins with its ``resume`` (or
+``start``) event. ``read_journal`` reads it as the run's history: a segment replaces what earlier
+segments logged after the step it starts from (what a killed process logged past its last
+checkpoint, which the resumed run logs again), so a resumed run's journal of losses equals an
+uninterrupted run's; ``read_journal(path, raw=True)`` gives every line as written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from etils import epath
+
+from dew.contract.config import TrainerConfig
+from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
+from dew.training.run_directory import absolute, is_local
+
+log = logging.getLogger("dew")
+
+
+def tracking_dir(trainer: TrainerConfig) -> epath.Path:
+    """$DEW_TRACKING_DIR, else ``tracking/`` beside ``checkpoint_dir``."""
+    if path := os.environ.get("DEW_TRACKING_DIR"):
+        return epath.Path(path)
+    return absolute(trainer.checkpoint_dir).parent / TRACKING_DIR
+
+
+ARTIFACT_NAME_MAX = 128
+"""The longest artifact name the W&B registry takes."""
+
+
+def artifact_name(name: str) -> str:
+    """The W&B artifact name of run ``name``: slashes and spaces become ``-`` (the spec's rule), and
+    so does every other character the registry refuses (it takes letters, digits, ``-``, ``_`` and
+    ``.``: a sweep job's ``lr=0.001,seed=1`` holds two it refuses). A name that needed a replacement
+    ends with 8 hex digits of the original's SHA-256, so two runs whose names differ only where
+    characters were replaced (``a/b`` and ``a b``) still publish two artifacts."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+    if safe == name and len(name) <= ARTIFACT_NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{safe[:ARTIFACT_NAME_MAX - len(digest) - 1]}-{digest}"
+
+
+def _jsonable(value: Any) -> Any:
+    """Strict JSON: a non-finite float becomes its name ("nan", "inf"), at any depth."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class Journal:
+    """Append-only JSON lines of the run's metrics and events."""
+
+    def __init__(self, path: epath.Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.history = read_journal(path) if path.exists() else []
+        """The run's history so far, as ``read_journal`` reads it."""
+        # epath: a journal on any filesystem it reaches (gs://), not only a local one.
+        self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if self._file.tell() and not path.read_bytes().endswith(b"\n"):
+            self._file.write("\n")  # a line cut short by a killed process stays a line of its own
+
+    def ended_at(self, step: int) -> bool:
+        """Whether the run's history already ends (an ``end`` event) at ``step``."""
+        return any(r.get("event") == "end" and r.get("step") == step for r in self.history)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        # allow_nan=False: every line is strict JSON (non-finite values are written as strings).
+        self._file.write(json.dumps(_jsonable(dict(record)), allow_nan=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_journal(path: str | os.PathLike, *, raw: bool = False) -> list[dict[str, Any]]:
+    """The run's history: the records of a journal in order, each step as its latest segment logged
+    it. A ``resume`` event at step s drops what came before it at steps past s (and an earlier
+    ``end``); a ``start`` event drops everything before it. ``raw`` keeps every line as written.
+    A line a killed process left unfinished is skipped."""
+    records = []
+    for line in epath.Path(path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if not raw and record.get("event") == "start":
+            records = []
+        elif not raw and record.get("event") == "resume":
+            s = record.get("step", 0)
+            records = [r for r in records if r.get("step", 0) <= s and r.get("event") != "end"]
+        records.append(record)
+    return records
+
+
+class Tracker:
+    """Where a run reports: the journal, W&B (optional) and the terminal."""
+
+    def __init__(self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any],
+                 summary: Mapping[str, object], total_steps: int, resume_step: int | None,
+                 wandb_id: str | None, is_main: bool, changed: Sequence[str] = ()) -> None:
+        self.is_main = is_main
+        self.total_steps = total_steps
+        self.directory = tracking_dir(trainer) / name
+        self.journal = Journal(self.directory / JOURNAL) if is_main else None
+        # A run started again after it completed adds nothing: its history already ends there.
+        self.complete = (self.journal is not None and resume_step is not None
+                         and self.journal.ended_at(resume_step))
+        self.wandb_run = None
+        self.wandb_id = wandb_id
+        if is_main and trainer.wandb is not None:
+            import wandb
+
+            cfg = trainer.wandb
+            self.wandb_run = wandb.init(
+                project=cfg.project, entity=cfg.entity, name=name, id=wandb_id, resume="allow",
+                mode="offline" if cfg.offline else "online",
+                # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
+                # when the tracking directory is not local (gs://).
+                dir=os.fspath(tracking_dir(trainer) / name) if is_local(os.fspath(tracking_dir(trainer))) else None,
+                config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
+            )
+            self.wandb_id = self.wandb_run.id
+        self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
+        # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
+        self.event("resume" if resume_step is not None else "start", step=resume_step or 0,
+                   journal=JOURNAL_VERSION, total_steps=total_steps,
+                   **({"changed": list(changed)} if changed else {}))
+
+    def event(self, kind: str, *, step: int, **fields: Any) -> None:
+        if self.journal is not None and not self.complete:
+            self.journal.write({"event": kind, "step": step, "time": time.time(), **fields})
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        if not self.is_main:
+            return
+        self.journal.write({"step": step, "time": time.time(), **values})
+        if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
+            self.wandb_run.log(dict(values), step=step)
+        self._progress.update(step, values)
+
+    def log_media(self, step: int, *, image: str | None = None, texts: list[str] | None = None) -> None:
+        """Log samples to W&B at ``step``: an image file, or text samples as a table."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        if image is not None:
+            self.wandb_run.log({"samples": wandb.Image(image, caption=f"step {step}")}, step=step)
+        if texts:
+            self.wandb_run.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=step)
+
+    def publish_checkpoint(self, name: str, path: str, step: int) -> None:
+        """Publish the checkpoint a run ends on as a W&B artifact (by reference: no copy)."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
+        artifact.add_reference(f"file://{os.path.abspath(path)}" if is_local(path) else path)
+        self.wandb_run.log_artifact(artifact)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+        if self.journal is not None:
+            self.journal.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+# Peak dense matmul FLOP/s of one device, by the start of jax's ``device_kind``, from the vendors'
+# data sheets (no sparsity): 16-bit (bfloat16/float16) tensor cores, and float32 as JAX computes it
+# on these GPUs by default (TF32 tensor cores; plain FP32 on V100). Longer prefixes first.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "NVIDIA B200": {"16bit": 2250e12, "float32": 1100e12},
+    "NVIDIA H200": {"16bit": 989e12, "float32": 494e12},
+    "NVIDIA H100 PCIe": {"16bit": 756e12, "float32": 378e12},
+    "NVIDIA H100": {"16bit": 989e12, "float32": 494e12},
+    "NVIDIA GH200": {"16bit": 989e12, "float32": 494e12},
+    "NVIDIA A100": {"16bit": 312e12, "float32": 156e12},
+    "NVIDIA L40S": {"16bit": 362e12, "float32": 183e12},
+    "NVIDIA L4": {"16bit": 121e12, "float32": 60e12},
+    "NVIDIA A10": {"16bit": 125e12, "float32": 62.5e12},
+    "Tesla V100": {"16bit": 125e12, "float32": 15.7e12},
+}
+
+
+def peak_flops(device_kind: str, dtype: str, devices: int) -> float | None:
+    """Peak matmul FLOP/s of ``devices`` devices of ``device_kind`` computing in ``dtype``: the data
+    sheet's for a kind the table knows; for any other kind of this process's devices (every CPU), the
+    matmul ceiling measured once on this machine (``dew.training.reporting.peak``); None otherwise."""
+    for prefix in sorted(PEAK_FLOPS, key=len, reverse=True):
+        if device_kind.startswith(prefix):
+            return PEAK_FLOPS[prefix]["float32" if dtype == "float32" else "16bit"] * devices
+    import jax
+
+    from dew.training.reporting.peak import measured_peak_flops
+
+    device = jax.devices()[0]
+    if device.device_kind != device_kind:
+        return None
+    # A process's CPU devices (xla_force_host_platform_device_count) share its cores, and one
+    # device's matmul already runs on all of them: the ceiling is per process there.
+    return measured_peak_flops(dtype) * (jax.process_count() if device.platform == "cpu" else devices)
+
+
+class Throughput:
+    """Examples/s, FLOP/s and MFU between two fetched log steps.
+
+    Fetching a step's metrics waits for that step, so the time between two fetches is the time the
+    devices took for the records between them. The first window (compilation) is not reported, and
+    ``restart`` after an evaluation or a checkpoint leaves their time out.
+    """
+
+    def __init__(self, *, flops_per_example: float | None, peak_flops: float | None) -> None:
+        self.flops_per_example, self.peak_flops = flops_per_example, peak_flops
+        self.mark: tuple[float, int] | None = None
+
+    def restart(self, records: int) -> None:
+        self.mark = (time.perf_counter(), records)
+
+    def measure(self, records: int) -> dict[str, float]:
+        now, out = time.perf_counter(), {}
+        if self.mark is not None and now > self.mark[0] and records > self.mark[1]:
+            rate = (records - self.mark[1]) / (now - self.mark[0])
+            out["perf/examples_per_sec"] = rate
+            if self.flops_per_example:
+                out["perf/flops_per_sec"] = rate * self.flops_per_example
+                if self.peak_flops:
+                    out["perf/mfu"] = rate * self.flops_per_example / self.peak_flops
+        self.mark = (now, records)
+        return out
+
+
+class _Progress:
+    """A progress bar on a terminal; plain log lines otherwise."""
+
+    def __init__(self, total: int, start: int) -> None:
+        self.total, self.start = total, start
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.fields[text]}"), TimeRemainingColumn(), transient=False)
+            self.task = self.bar.add_task("train", total=total, completed=start, text="")
+            self.bar.start()
+
+    def update(self, step: int, values: Mapping[str, float]) -> None:
+        shown = {"loss": values.get("train/loss"), "lr": values.get("train/lr"),
+                 "ex/s": values.get("perf/examples_per_sec"), "eval": values.get("eval/loss")}
+        text = "  ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, text=text)
+        else:
+            done = max(step - self.start, 1)
+            eta = (time.perf_counter() - self.t0) / done * (self.total - step)
+            log.info("step %d/%d  %s  eta %.0fs", step, self.total, text, eta)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,151 @@
+"""The Hugging Face Llama layout: a tiny ``transformer`` (grouped-query heads, muP, an embedding and a
+residual multiplier, every weight and norm scale moved off its initialisation) written by
+``dew.training.checkpointing.hf_llama`` gives, in a NumPy forward pass written here from the Llama layout alone, the
+logits dew gives; read back into dew it gives them again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FIELDS = dict(vocab_size=37, seq_len=16, hidden_size=32, depth=2, num_heads=4, num_kv_heads=2, mlp_hidden=48,
+              mup=True, mup_base_width=16, embedding_multiplier=1.5, residual_multiplier=0.7, norm_eps=1e-5,
+              rope_theta=500.0, dtype="float32", param_dtype="float32")
+
+
+def _model():
+    import jax
+    from flax import nnx
+
+    from dew.contract.models import of
+
+    arch = of("transformer", FIELDS)
+    model = arch.build(nnx.Rngs(params=0))
+    state = nnx.state(model, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(1), 64))
+    nnx.update(model, jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape, x.dtype), state))
+    return arch.fields, model
+
+
+def _flat(model) -> dict:
+    from flax import nnx
+
+    return {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _rms(x, w, eps):
+    return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def llama_logits(directory: Path, tokens: np.ndarray) -> np.ndarray:
+    """Llama's forward pass in NumPy, from config.json and model.safetensors alone."""
+    from safetensors.numpy import load_file
+
+    c = json.loads((directory / "config.json").read_text())
+    w = {k: v.astype(np.float64) for k, v in load_file(directory / "model.safetensors").items()}
+    N, K, hd, eps = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["rms_norm_eps"]
+    B, T = tokens.shape
+    inv_freq = 1.0 / c["rope_theta"] ** (np.arange(0, hd, 2) / hd)
+    angles = np.arange(T)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+    mask = np.triu(np.full((T, T), -np.inf), 1)
+    x = w["model.embed_tokens.weight"][tokens]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(B, T, N, hd).transpose(0, 2, 1, 3)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(B, T, K, hd).transpose(0, 2, 1, 3)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(B, T, K, hd).transpose(0, 2, 1, 3)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        k, v = np.repeat(k, N // K, axis=1), np.repeat(v, N // K, axis=1)  # repeat_kv
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd) + mask
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, T, N * hd)
+        x = x + out @ w[p + "self_attn.o_proj.weight"].T
+        h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
+        gate = h @ w[p + "mlp.gate_proj.weight"].T
+        x = x + ((gate / (1 + np.exp(-gate))) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    return _rms(x, w["model.norm.weight"], eps) @ w["lm_head.weight"].T
+
+
+def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
+    import jax
+
+    from dew.training.checkpointing import hf_llama
+
+    from dew.training.checkpointing import warmstart
+
+    fields, model = _model()
+    tokens = np.random.default_rng(0).integers(0, FIELDS["vocab_size"], (2, 11)).astype(np.int32)
+    ours = np.asarray(model(tokens))
+    hf_llama.write(fields, _flat(model), str(tmp_path / "hf"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
+    reference = llama_logits(tmp_path / "hf", tokens)
+    assert np.abs(reference - ours).max() < 1e-4, np.abs(reference - ours).max()
+
+    # Read back into a freshly seeded model of the same fields: the same logits.
+    from flax import nnx
+
+    from dew.contract.models import of
+
+    fresh = of("transformer", FIELDS).build(nnx.Rngs(params=5))
+    state = nnx.state(fresh, nnx.Param)
+    assert hf_llama.dew_shapes(fields, str(tmp_path / "hf")) == warmstart.shapes_of(state)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = {p: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device) for p, v in nnx.to_flat_state(state)}
+    values = hf_llama.read(fields, str(tmp_path / "hf"), target)
+    nnx.replace_by_pure_dict(state, warmstart._nested(values))
+    nnx.update(fresh, state)
+    assert np.abs(np.asarray(fresh(tokens)) - ours).max() < 1e-5
+
+
+@pytest.mark.parametrize("field, value", [("qk_norm", True), ("tie_embeddings", True)])
+def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value: object):
+    from dew.contract.models import of
+    from dew.training.checkpointing import hf_llama
+
+    fields = of("transformer", {**FIELDS, field: value}).fields
+    with pytest.raises(ValueError, match=f"model.config.{field}=true"):
+        hf_llama.write(fields, {}, str(tmp_path / "hf"))
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
+    from dew.build import build_run
+    from dew.cli import export
+    from tests.training.conftest import journal, losses
+    from tests.training.mesh_runs import compose
+
+    rng = np.random.default_rng(0)
+    for name in ("train", "val"):
+        rng.integers(0, 64, 4096).astype(np.uint16).tofile(tmp_path / f"{name}.bin")
+    common = ["model=transformer", "data=token_windows", f"data.path={tmp_path / 'train.bin'}",
+              f"data.val_path={tmp_path / 'val.bin'}", "data.seq_len=16", "data.vocab_size=64",
+              "model.config={hidden_size: 32, depth: 2, num_heads: 4, num_kv_heads: 2}", "model.dtype=float32",
+              "trainer.batch_size=8", "trainer.log_every=1",
+              "trainer.compilation_cache_dir=null", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
+
+    def train(name: str, *overrides: str) -> dict[int, float]:
+        recipe, objective, dataset = build_run(compose(*common, *overrides))
+        recipe.train(objective, dataset, name=name)
+        return losses(journal(tmp_path, name), "eval/loss")
+
+    trained = train("lm", "trainer.steps=10", "trainer.eval_every=10", "trainer.checkpoint_every=10")
+    export.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}  # byte tokens
+    # A learning rate of 0: step 1 evaluates the parameters read from the directory.
+    warm = train("warm", "trainer.steps=1", "trainer.eval_every=1", "optim.learning_rate=0",
+                 f"trainer.init_from={tmp_path / 'hf'}")
+    assert warm[1] == pytest.approx(trained[10], abs=1e-5)

@@ -1,0 +1,75 @@
+"""What a run says at its start and end (dew.training.reporting.summary), checked against the run's own journal,
+and the samples it logs to W&B at each evaluation."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tests.training.conftest import dew_train, fast_env, train_tiny
+
+
+@pytest.mark.slow
+def test_start_and_end_messages_and_wandb_media(tmp_path: Path, monkeypatch, caplog):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    caplog.set_level(logging.INFO, logger="dew")
+    state, run, journal = train_tiny(tmp_path, "trainer.steps=4", "trainer.log_every=3", "trainer.eval_every=2",
+                                     "trainer.checkpoint_every=2", "trainer.wandb={project: p, offline: true}",
+                                     "trainer.name=null",
+                                     name="unnamed-run")
+    text = caplog.text
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))
+    assert f"{params / 1e3:.1f}k trainable parameters" in text and "optimizer state" in text
+    assert "devices: 1 x cpu" in text and "mesh data=1 fsdp=1 tensor=1" in text
+    assert text.index("compiling the train step") < text.index("compiled the train step and ran step 1 in")
+    first = next(r for r in journal if "train/loss" in r)  # the journal logs every 3rd step ...
+    assert first["step"] == 3
+    assert "step 1/4  loss " in text  # ... and the terminal shows step 1 all the same
+    evals = {r["step"]: r["eval/loss"] for r in journal if "eval/loss" in r and "event" not in r}
+    best = min(evals, key=evals.get)
+    assert f"eval/loss {evals[4]:.4g} at step 4 (final); best {evals[best]:.4g} at step {best}" in text
+    end = next(r.getMessage() for r in caplog.records if "finished at step 4 in" in r.getMessage())
+    assert all(f"{part} " in end for part in ("compile", "train", "eval", "checkpoint"))
+    assert f"next: dew-sample {run}" in text and f"dew-runs plot {run}" in text
+    assert "it is called 'unnamed-run'; resume it with trainer.name=unnamed-run" in text
+    # The sample grid of each evaluation, beside the journal and in the offline W&B run's media.
+    folder = tmp_path / "tracking" / "unnamed-run"
+    assert sorted(p.name for p in (folder / "samples").iterdir()) == ["2.png", "4.png"]
+    assert len(list((folder / "wandb").rglob("media/images/samples_*.png"))) == 2
+
+
+def test_emulated_dtype_warning(tmp_path: Path, caplog):
+    from dew.training import sharding
+    from dew.training.reporting.summary import EMULATED, RunReport
+    from tests.training.conftest import compose
+
+    run = compose("model.dtype=bfloat16", f"trainer.checkpoint_dir={tmp_path}")
+    caplog.set_level(logging.INFO, logger="dew")
+    report = RunReport(run, "r", tmp_path / "r", total_steps=10)
+    report.start(mesh=sharding.make_mesh(run.trainer), params={"w": jnp.zeros((3, 4))},
+                 opt_state={"m": jnp.zeros((3, 4), jnp.bfloat16)}, resumed_from=7)
+    assert "resuming at step 7" in caplog.text and "12 trainable parameters (48 B); optimizer state 24 B" in caplog.text
+    warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
+    assert "model.dtype=bfloat16 is emulated on the cpu backend" in warning.getMessage()
+    assert f"{EMULATED[('cpu', 'bfloat16')]:.1f}x slower" in warning.getMessage()
+
+
+@pytest.mark.slow
+def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
+    args = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
+            "trainer.batch_size=32", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
+            "optim.schedule.warmup_steps=1",
+            "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1",
+            f"trainer.compilation_cache_dir={tmp_path / 'cache'}", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
+    first = dew_train(*args, "trainer.name=a", cwd=tmp_path, env=fast_env())
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "compiled the train step and ran step 1" in first.stdout
+    second = dew_train(*args, "trainer.name=b", cwd=tmp_path, env=fast_env())
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "loaded the train step from the compilation cache and ran step 1" in second.stdout
