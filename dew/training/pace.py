@@ -12,6 +12,7 @@ dispatched: no lead, and a stop lands within the rest of one step (docs/performa
 from __future__ import annotations
 
 import time
+
 import jax
 
 LONG_STEP_S = 0.5

@@ -23,8 +23,8 @@ import jax
 
 from dew.contract.config import RunConfig
 from dew.contract.rundir import human
-from dew.training.checkpointing.checkpoints import BEST_METRIC
 from dew.sampling import write_grid
+from dew.training.checkpointing.checkpoints import BEST_METRIC
 from dew.training.process import compilation_cache_stats
 
 if TYPE_CHECKING:
@@ -57,8 +57,8 @@ def _seconds(s: float) -> str:
 class RunReport:
     """The start and end messages of one run, and the clock that splits its wall time."""
 
-    def __init__(self, run: RunConfig, name: str, path: str | os.PathLike[str], *, total_steps: int, samples: bool = True,
-                 every: tuple[int | None, int | None] | None = None) -> None:
+    def __init__(self, run: RunConfig, name: str, path: str | os.PathLike[str], *, total_steps: int,
+                 samples: bool = True, every: tuple[int | None, int | None] | None = None) -> None:
         """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
         end suggests ``dew-sample``. ``every``: the steps between evaluations and between
         checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set."""
@@ -176,7 +176,8 @@ class RunReport:
             log.info(note)
 
 
-def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step: int, *, seed: int) -> None:
+def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step: int, *,
+                seed: int) -> None:
     """The objective's samples at an evaluation, as W&B media: the image grid (one row per class) or
     the text samples. Every process samples (the parameters may be laid out over all of them); the
     process that reports writes the grid beside the journal and logs it."""
