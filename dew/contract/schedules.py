@@ -24,7 +24,7 @@ class ScheduleSpec:
 
     def build(self, peak: float, ramp: Any, tokens_seen: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
         """The rate at each step (a function of the step, ``dew.training.optim.schedules.Rate``), peaking at
-        ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.optim.schedules.Ramp``) and
+        ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.optim.schedules.WarmupDecay``) and
         ``tokens_seen`` as ``build_schedule`` says."""
         raise NotImplementedError(f"schedule {self.name!r} must implement build")
 

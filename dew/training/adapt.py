@@ -12,8 +12,8 @@ in the stack, stacked on its ``depth`` axis. Every later call scans as usual.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +24,11 @@ from dew.contract.config import LoRA, Quantization, RunConfig
 from dew.models import stack
 from dew.contract.models import Architecture, of
 
+if TYPE_CHECKING:
+    from flax.nnx.filterlib import Filter
+
+    from dew.objectives.base import Objective
+
 _LAYERS = {nnx.PARTITION_NAME: "layers"}
 """The logical name of a stack's leading axis (``dew.models.stack``)."""
 
@@ -31,7 +36,7 @@ LORA_STREAM = 0x10AA
 """Folded into the run's seed for the draw of LoRA's ``A`` factors, apart from the base init."""
 
 
-def build_model(run: RunConfig, objective: Any) -> nnx.Module:
+def build_model(run: RunConfig, objective: Objective) -> nnx.Module:
     """The module a run trains: the objective's, initialised from the run's seed, with the
     quantization and the adapters the run asks for. Training and ``dew-sample`` both build it here,
     so inference rebuilds exactly the module training saved."""
@@ -47,7 +52,7 @@ default, with every parameter the same bits as eager initialisation; level 0 too
 three normal-initialised leaves by one ulp (tests/training/test_adapt.py checks the bits)."""
 
 
-def init_model(run: RunConfig, objective: Any) -> tuple[Any, Any, Any]:
+def init_model(run: RunConfig, objective: Objective) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
     """``build_model``'s module as ``(graphdef, trainable state, the rest)``, initialised by one
     compiled program instead of op by op: eager initialisation dispatches every initialiser of every
     parameter separately, and took 11 s of a digits run's set-up on a loaded 2-core machine against
@@ -57,7 +62,9 @@ def init_model(run: RunConfig, objective: Any) -> tuple[Any, Any, Any]:
     the graph it leaves under tracing is not the one it leaves when called eagerly."""
     which = trainable(run.lora)
     if run.lora is not None or run.trainer.quantization is not None:
-        return nnx.split(build_model(run, objective), which, ...)
+        # flax types split's parts as a variadic tuple; two filters give exactly three
+        graphdef, params, rest = nnx.split(build_model(run, objective), which, ...)  # type: ignore[misc]
+        return graphdef, params, rest
     graphdef = nnx.split(nnx.eval_shape(lambda: build_model(run, objective)), which, ...)[0]
     params, rest = jax.jit(lambda: nnx.split(build_model(run, objective), which, ...)[1:],
                            compiler_options=INIT_COMPILER_OPTIONS)()
@@ -70,18 +77,20 @@ def adapt(architecture: Architecture, module: nnx.Module, *, quantization: Quant
     adapters the run asks for."""
     if quantization is None and lora is None:
         return module
+    # heavy: qwix loads only for a run that quantizes or adapts
     from dew.training.adapters import lora as lora_lib
     from dew.training.adapters import quantization as quant
 
     inputs = sample_inputs(architecture)
     with _stacks_walked_in_python():
         if lora is None:
+            assert quantization is not None  # one of the two is set (above)
             return quant.quantize(module, inputs, quantization)
         rngs = nnx.Rngs(params=jax.random.fold_in(jax.random.key(seed), LORA_STREAM))
         return lora_lib.apply(module, inputs, lora, quantization, rngs)
 
 
-def trainable(lora: LoRA | None) -> Any:
+def trainable(lora: LoRA | None) -> Filter:
     """The nnx filter of the leaves the optimizer moves: every parameter, or only LoRA's factors."""
     return nnx.Param if lora is None else nnx.LoRAParam
 
@@ -101,9 +110,10 @@ def _stacks_walked_in_python() -> Iterator[None]:
     values of the scan, lost when it returns.)"""
     scanned = stack.run
 
-    def walk(blocks: nnx.Module, body: Any, carry: Any, *, scan: bool, remat: str = "none") -> tuple[Any, Any]:
+    def walk(blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, *, scan: bool,
+             remat: str = "none") -> tuple[Any, Any]:
         del scan, remat  # an eager walk that creates variables: no backward pass to rematerialise
-        graphdef, rng_state, state = nnx.split(blocks, nnx.RngState, ...)
+        graphdef, rng_state, state = nnx.split(blocks, nnx.RngState, ...)  # type: ignore[misc]  # see init_model
         depth = jax.tree.leaves(state)[0].shape[0]
         layers, ys = [], []
         for i in range(depth):
@@ -121,10 +131,12 @@ def _stacks_walked_in_python() -> Iterator[None]:
         stacked = spmd.add_axis(jax.tree.map(lambda *xs: jnp.stack(xs), *states), 0, _LAYERS)
         for path, variable in nnx.to_flat_state(stacked):
             if path not in before:
-                parent = blocks
-                for name in path[:-1]:
-                    parent = getattr(parent, name) if isinstance(name, str) else parent[name]
-                setattr(parent, path[-1], variable)
+                parent: Any = blocks  # a module, or a list or dict of them on the way down
+                for key in path[:-1]:
+                    parent = getattr(parent, key) if isinstance(key, str) else parent[key]
+                name = path[-1]
+                assert isinstance(name, str), path  # a variable is an attribute of its module
+                setattr(parent, name, variable)
         return carry, jax.tree.map(lambda *xs: jnp.stack(xs), *ys)
 
     stack.run = walk

@@ -4,18 +4,24 @@ summed on the devices and divided once at the end, so every batch weighs by its 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from dew.training.checkpointing.checkpoints import BEST_METRIC
+
+if TYPE_CHECKING:
+    from flax import nnx
+
+    from dew.contract.data import Batch
+    from dew.objectives.base import Objective
 
 Sums = tuple[Any, Any, dict[str, Any], dict[str, tuple[Any, Any]]]
 """What one evaluation batch returns, and what the batches add up to: (total loss, count, the
 objective's own sums by name, each metric's (sum, count) by name)."""
 
 
-def derived_metrics(objective: Any, values: Mapping[str, float]) -> dict[str, float]:
+def derived_metrics(objective: Objective, values: Mapping[str, float]) -> dict[str, float]:
     """Metrics an objective derives from the reported means (next_token's perplexity)."""
     derive = getattr(objective, "derived_metrics", None)
     return dict(derive(values)) if derive is not None else {}
@@ -48,8 +54,9 @@ class Evaluator:
     """The evaluation of a state's parameters: ``evaluator(params)`` is ``{"eval/loss": ..., ...}``
     (empty when the dataset has no evaluation batches)."""
 
-    def __init__(self, eval_step: Callable[[Any, Any, jax.Array], Sums], batches: Callable[[], Iterable[Any]],
-                 place: Callable[[Any], Any], *, seed: int, derive: Callable[[Mapping[str, float]], dict]) -> None:
+    def __init__(self, eval_step: Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums],
+                 batches: Callable[[], Iterable[Batch]], place: Callable[[Batch], dict[str, jax.Array]], *,
+                 seed: int, derive: Callable[[Mapping[str, float]], dict[str, float]]) -> None:
         self.eval_step = eval_step
         """The compiled evaluation of one batch: (params, batch, key) -> its sums."""
         self.batches = batches
@@ -61,8 +68,8 @@ class Evaluator:
         self.derive = derive
         """The objective's derived metrics from the means."""
 
-    def __call__(self, params: Any) -> dict[str, float]:
-        sums = None
+    def __call__(self, params: nnx.State) -> dict[str, float]:
+        sums: Sums | None = None
         for i, batch in enumerate(self.batches()):
             sums = add(sums, self.eval_step(params, self.place(batch), jax.random.fold_in(self.key, i)))
         if sums is None:

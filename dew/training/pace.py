@@ -12,7 +12,6 @@ dispatched: no lead, and a stop lands within the rest of one step (docs/performa
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import jax
 
@@ -24,13 +23,13 @@ class Pace:
     """Waits, after each dispatch, for the step the lead allows to be still running."""
 
     def __init__(self) -> None:
-        self.previous: Any = None
+        self.previous: dict[str, jax.Array] | None = None
         """The metrics of the step before the one just dispatched."""
         self.step_s = 0.0
         """The wall time between the last two waits' ends: a step, at steady state."""
         self._ended: float | None = None
 
-    def wait(self, dispatched: Any) -> None:
+    def wait(self, dispatched: dict[str, jax.Array]) -> None:
         """Wait after dispatching the step whose metrics are ``dispatched``: for the step before it,
         or, once steps are long, for it."""
         jax.block_until_ready(dispatched if self.step_s >= LONG_STEP_S else self.previous)

@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from dew.contract.config import RunConfig
-from dew.contract.models import build, of
+from dew.contract.models import Architecture, build, of
+from dew.contract.objectives import natural_objective
 from dew.training import sharding
 from dew.training.optim.build import build_optimizer
 
@@ -100,7 +102,7 @@ def plan(run: RunConfig, device_count: int | None = None) -> Plan:
     arch = run.model.architecture
     fields = of(arch, run.model.fields())
     model = nnx.eval_shape(lambda: build(arch, run.model.fields(), nnx.Rngs(params=t.seed)))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)  # type: ignore[misc]  # flax: a variadic tuple
     specs = sharding.param_specs(params, mesh, t.layout)
     shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
     names = sharding.logical_names(params)
@@ -129,22 +131,23 @@ def plan(run: RunConfig, device_count: int | None = None) -> Plan:
                 activation_bytes=activations, batch_per_device=per_device)
 
 
-def _bytes_per_device(x: Any, spec: Any, mesh: Any) -> int:
+def _bytes_per_device(x: nnx.Variable | jax.ShapeDtypeStruct, spec: PartitionSpec, mesh: AbstractMesh) -> int:
     shape = tuple(getattr(x, "shape", ()))
     local = NamedSharding(mesh, spec).shard_shape(shape) if shape else ()
     return math.prod(local) * jnp.dtype(x.dtype).itemsize
 
 
-def _inputs(arch: Any, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+def _inputs(arch: Architecture, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
     """One call's arguments for ``batch`` examples (``Architecture.call_shapes``)."""
     return tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in arch.call_shapes(batch))
 
 
-def _activation_bytes(arch: Any, graphdef: Any, params: Any, rest: Any, batch: int) -> int:
+def _activation_bytes(arch: Architecture, graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State,
+                      batch: int) -> int:
     """Bytes of the residuals autodiff saves for ``batch`` examples (see the module docstring)."""
 
     def residuals(n: int) -> int:
-        def saved(params: Any, *inputs: Any) -> Any:
+        def saved(params: nnx.State, *inputs: jax.Array) -> Callable[..., Any]:
             forward = lambda p: jnp.sum(nnx.merge(graphdef, p, rest)(*inputs).astype(jnp.float32))  # noqa: E731
             return jax.vjp(forward, params)[1]
 
@@ -154,10 +157,8 @@ def _activation_bytes(arch: Any, graphdef: Any, params: Any, rest: Any, batch: i
     return (residuals(2 * batch) - residuals(batch)) if batch else 0
 
 
-def _ema_decay(run: RunConfig, arch: Any) -> float:
+def _ema_decay(run: RunConfig, arch: Architecture) -> float:
     """The EMA decay of the objective the run trains (its knobs), without building the objective."""
-    from dew.contract.objectives import natural_objective
-
     if run.objective is None:
         try:
             name = natural_objective(arch.role, arch.data_kind() or type(run.data).kind)

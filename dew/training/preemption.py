@@ -30,7 +30,7 @@ from dew import compat
 
 log = logging.getLogger("dew")
 
-REASONS = {signal.SIGUSR2: "preempted", signal.SIGTERM: "preempted", signal.SIGINT: "interrupted"}
+REASONS: dict[int, str] = {signal.SIGUSR2: "preempted", signal.SIGTERM: "preempted", signal.SIGINT: "interrupted"}
 """The journal's ``stop`` reason for each signal that stops a run."""
 
 

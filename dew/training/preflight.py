@@ -25,6 +25,7 @@ from typing import Any
 
 from dew import compat
 from dew.contract.config import RunConfig, TrainerConfig
+from dew.contract.models import resolve_fields
 
 
 @functools.cache
@@ -80,12 +81,10 @@ def check_checkpoint_dir(trainer: TrainerConfig, run_dir: str | os.PathLike) -> 
 
 def check_attention(run: RunConfig) -> None:
     """Raise naming ``model.attention_impl`` if it asks for cuDNN where cuDNN cannot run."""
-    from dew.contract.models import resolve_fields
-
     fields: Any = resolve_fields(run.model.architecture, run.model.fields())
     if getattr(fields, "attention_impl", None) != "cudnn":
         return
-    from dew.models.attention import cudnn_obstacles
+    from dew.models.attention import cudnn_obstacles  # heavy: JAX stays out of the launcher's checks
 
     head_dim = getattr(fields, "head_dim", None) or fields.hidden_size // fields.num_heads
     obstacles = cudnn_obstacles(fields.dtype, head_dim)

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import posixpath
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from etils import epath
 
@@ -26,6 +26,11 @@ from dew.contract.config import NoRunRecord, RunConfig, RunRecord, RunRecordErro
 from dew.contract.objectives import summary_name
 from dew.contract.lock import RunLock, RunLockedError, describe, holder
 from dew.contract.typed import differences
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from dew.objectives.base import Objective
 
 
 class RunDirError(ValueError):
@@ -93,16 +98,15 @@ def resume_blocks(path: str, trains: str | None, objectives: frozenset[str]) -> 
 def resume_changes(old: dict[str, Any], new: dict[str, Any], trains: str | None) -> tuple[list[str], list[str]]:
     """The differences between a run's record and the config that resumes it, as (accepted,
     refused) lists of ``path: old -> new``."""
-    from dew.contract.config import RunConfig as Base
-
-    sections = frozenset(set(old) | set(new)) - {f.name for f in dataclasses.fields(Base)}
-    accepted, refused = [], []
+    sections = frozenset(set(old) | set(new)) - {f.name for f in dataclasses.fields(RunConfig)}
+    accepted: list[str] = []
+    refused: list[str] = []
     for line in differences(old, new):
         (refused if resume_blocks(line.partition(":")[0], trains, sections) else accepted).append(line)
     return accepted, refused
 
 
-def trained_objective(run: RunConfig, objective: Any) -> str | None:
+def trained_objective(run: RunConfig, objective: Objective) -> str | None:
     """The objective a run trains, by the name of its knob section: ``run.objective``, else the one
     the built objective reports in its summary (``summary_name``)."""
     return run.objective or summary_name(objective)
@@ -161,7 +165,7 @@ def refuse_if_held(path: str | os.PathLike) -> None:
                              "trainer.name=...")
 
 
-def write_hydra_record(path: epath.Path, cfg: Any) -> None:
+def write_hydra_record(path: epath.Path, cfg: DictConfig) -> None:
     """Write Hydra's record of the job (config, hydra config, overrides) to ``<run>/.hydra/``.
 
     Hydra is told to write nothing itself (conf/config.yaml) so that a bad input leaves no trace;

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -27,6 +27,9 @@ from jax.sharding import PartitionSpec as P
 from dew.contract.config import Layout, TrainerConfig
 from dew.models.axes import mesh_axes, rules
 from dew.training.optim.registry import path_str
+
+if TYPE_CHECKING:
+    from dew.training.step import TrainState
 
 
 def make_mesh(trainer: TrainerConfig) -> Mesh:
@@ -58,9 +61,9 @@ def check_batch(batch: int, mesh: Mesh | AbstractMesh, layout: Layout, *, field:
                          f"{devices} devices of the batch axes {batch_axes(mesh, layout)}")
 
 
-def logical_names(params: Any) -> dict[str, tuple[str | None, ...] | None]:
+def logical_names(params: nnx.State) -> dict[str, tuple[str | None, ...] | None]:
     """Each parameter's path (``blocks/attn/q/kernel``) -> the logical names of its dimensions."""
-    names = {}
+    names: dict[str, tuple[str | None, ...] | None] = {}
     for path, variable in nnx.to_flat_state(params):
         key = "/".join(map(str, path))
         sharding = variable.get_metadata().get("out_sharding") if isinstance(variable, nnx.Variable) else None
@@ -68,7 +71,7 @@ def logical_names(params: Any) -> dict[str, tuple[str | None, ...] | None]:
     return names
 
 
-def param_specs(params: Any, mesh: Mesh | AbstractMesh, layout: Layout) -> dict[str, P]:
+def param_specs(params: nnx.State, mesh: Mesh | AbstractMesh, layout: Layout) -> dict[str, P]:
     """Each parameter's path -> its ``PartitionSpec`` under ``layout.rules`` on ``mesh``.
 
     A parameter below ``layout.min_shard_size`` elements, or one that declares no names, is
@@ -108,7 +111,7 @@ def follow_params(tree: Any, specs: Mapping[str, P], shapes: Mapping[str, tuple[
     for key in specs:
         by_last.setdefault(key.rsplit("/", 1)[-1], []).append(key)
 
-    def leaf(path: Any, x: Any) -> P:
+    def leaf(path: jax.tree_util.KeyPath, x: jax.Array | jax.ShapeDtypeStruct) -> P:
         where = path_str(path)
         shape = tuple(getattr(x, "shape", ()))
         for key in by_last.get(where.rsplit("/", 1)[-1], ()):
@@ -119,9 +122,10 @@ def follow_params(tree: Any, specs: Mapping[str, P], shapes: Mapping[str, tuple[
     return jax.tree_util.tree_map_with_path(leaf, tree)
 
 
-def state_sharding(state: Any, params: Any, mesh: Mesh, layout: Layout) -> Any:
+def state_sharding(state: TrainState, params: nnx.State, mesh: Mesh, layout: Layout) -> Any:
     """A ``NamedSharding`` for every leaf of the train state ``state`` (abstract or concrete), from
-    the logical names of ``params`` (the split module's ``nnx.State``)."""
+    the logical names of ``params`` (the split module's ``nnx.State``), as a ``TrainState`` of
+    ``NamedSharding``s (typed ``Any``: mypy does not see the ``replace`` that flax.struct gives it)."""
     specs = param_specs(params, mesh, layout)
     shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), follow_params(state, specs, shapes),

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
 
+import jax
 import qwix
 from flax import nnx
 
@@ -82,7 +82,7 @@ def provider(lora: LoRA, quantization: Quantization | None) -> qwix.LoraProvider
     return QLoraProvider([*both, *adapted, quant.rule(q)])
 
 
-def apply(module: nnx.Module, inputs: tuple[Any, ...], lora: LoRA, quantization: Quantization | None,
+def apply(module: nnx.Module, inputs: tuple[jax.Array, ...], lora: LoRA, quantization: Quantization | None,
           rngs: nnx.Rngs) -> nnx.Module:
     """``module`` with LoRA factors on every targeted weight; ``A`` is drawn from ``rngs``."""
     if quantization is not None:

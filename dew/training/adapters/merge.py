@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,11 @@ from etils import epath
 from flax import nnx
 
 from dew.contract.config import RunConfig
+from dew.training import adapt
+from dew.training.checkpointing.checkpoints import Checkpoints
+
+if TYPE_CHECKING:
+    from dew.objectives.base import Objective
 
 SUFFIX_A, SUFFIX_B = "_lora_a", "_lora_b"
 
@@ -48,7 +53,9 @@ def merged(model: nnx.Module, run: RunConfig) -> dict[str, jax.Array]:
         if key.endswith((SUFFIX_A, SUFFIX_B)):
             continue
         a, b = flat.get(key + SUFFIX_A), flat.get(key + SUFFIX_B)
-        out[key] = value if a is None else _merge_one(key, value, a, b, scale)
+        if a is not None and b is None:
+            raise MergeError(f"--merge-lora: {key} has the factor {SUFFIX_A} without {SUFFIX_B}")
+        out[key] = value if a is None or b is None else _merge_one(key, value, a, b, scale)
     return out
 
 
@@ -66,18 +73,18 @@ def plain_run(run: RunConfig) -> RunConfig:
     return dataclasses.replace(run, lora=None, trainer=dataclasses.replace(run.trainer, init_from=None, init_skip=()))
 
 
-def merged_model(model: nnx.Module, run: RunConfig, objective: Any) -> nnx.Module:
+def merged_model(model: nnx.Module, run: RunConfig, objective: Objective) -> nnx.Module:
     """The plain model with ``model``'s adapted weights merged: what ``dew-sample`` draws from for a
     LoRA run, so that the run and its merged checkpoint (``dew-export --merge-lora``) sample with
     the same program from the same bits, as PEFT's ``merge_and_unload`` serves an adapter; the
     unmerged product agrees with it to float rounding only (module docstring)."""
-    from dew.training import adapt
-
     params = merged(model, run)
     plain = plain_run(run)
-    graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: adapt.build_model(plain, objective)), nnx.Param, ...)
+    # flax types split's parts as a variadic tuple; two filters give exactly three
+    graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: adapt.build_model(plain, objective)),  # type: ignore[misc]
+                                         nnx.Param, ...)
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):  # none of dew's models has any
-        _, _, rest = nnx.split(adapt.build_model(plain, objective), nnx.Param, ...)
+        _, _, rest = nnx.split(adapt.build_model(plain, objective), nnx.Param, ...)  # type: ignore[misc]
     flat = nnx.to_flat_state(abstract)
     if differ := sorted({"/".join(map(str, p)) for p, _ in flat} ^ set(params)):
         raise MergeError(f"--merge-lora: the merged parameters and the plain model differ at {differ[:4]}")
@@ -89,8 +96,6 @@ def merged_model(model: nnx.Module, run: RunConfig, objective: Any) -> nnx.Modul
 def write_run(run: RunConfig, params: dict[str, jax.Array], out: str, *, step: int, merged_from: str) -> None:
     """Write ``params`` as a run directory at ``out``: ``run.json`` (``run`` without lora and without
     init_from: the checkpoint holds the whole model) and checkpoint step ``step``."""
-    from dew.training.checkpointing.checkpoints import Checkpoints
-
     plain_run(run).save(out)
     tree: dict[str, Any] = {}
     for key, value in params.items():  # saved as a train state's params are: each leaf a {"value": ...} node

@@ -35,7 +35,7 @@ from dew import compat
 from dew.contract.config import Quantization
 
 
-def _traces_to(x: Any, param: Any) -> bool:
+def _traces_to(x: object, param: object) -> bool:
     """Whether ``x`` is ``param`` or follows from it through unary ops (casts, reshapes)."""
     while True:
         if x is param or (hasattr(x, "get_const") and x.get_const() is param):
@@ -47,7 +47,7 @@ def _traces_to(x: Any, param: Any) -> bool:
 
 
 @contextlib.contextmanager
-def one_weight_per_matmul(operands: tuple[Any, ...]) -> Iterator[None]:
+def one_weight_per_matmul(operands: tuple[jax.typing.ArrayLike, ...]) -> Iterator[None]:
     """Within: of a matmul's operands that qwix takes for the same weight, only one is it.
 
     qwix's ``find_param`` (is this operand a parameter of the current module?) follows a traced
@@ -73,7 +73,7 @@ def one_weight_per_matmul(operands: tuple[Any, ...]) -> Iterator[None]:
         yield
         return
 
-    def find_param(x: Any, ptq_array_type: Any = None) -> str | None:
+    def find_param(x: jax.typing.ArrayLike, ptq_array_type: type | None = None) -> str | None:
         return None if id(x) in activations else shape_or_trace(x, ptq_array_type)
 
     with compat.qwix_find_param(find_param):
@@ -83,15 +83,16 @@ def one_weight_per_matmul(operands: tuple[Any, ...]) -> Iterator[None]:
 class ExactWeights:
     """Mixin for qwix providers: every intercepted matmul runs under ``one_weight_per_matmul``."""
 
-    def dot_general(self, lhs: Any, rhs: Any, *args: Any, **kwargs: Any) -> Any:
+    def dot_general(self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: Any, **kwargs: Any) -> jax.Array:
         with one_weight_per_matmul((lhs, rhs)):
             return super().dot_general(lhs, rhs, *args, **kwargs)  # type: ignore[misc]
 
-    def einsum(self, einsum_str: str, *operands: Any, **kwargs: Any) -> Any:
+    def einsum(self, einsum_str: str, *operands: jax.typing.ArrayLike, **kwargs: Any) -> jax.Array:
         with one_weight_per_matmul(operands):
             return super().einsum(einsum_str, *operands, **kwargs)  # type: ignore[misc]
 
-    def conv_general_dilated(self, lhs: Any, rhs: Any, *args: Any, **kwargs: Any) -> Any:
+    def conv_general_dilated(self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: Any,
+                             **kwargs: Any) -> jax.Array:
         with one_weight_per_matmul((lhs, rhs)):
             return super().conv_general_dilated(lhs, rhs, *args, **kwargs)  # type: ignore[misc]
 
@@ -120,7 +121,7 @@ def check_module_path(module: nnx.Module, pattern: str, field: str) -> None:
                          f"{', '.join(paths)}")
 
 
-def quantize(module: nnx.Module, inputs: tuple[Any, ...], q: Quantization) -> nnx.Module:
+def quantize(module: nnx.Module, inputs: tuple[jax.Array, ...], q: Quantization) -> nnx.Module:
     """``module`` with its forward quantized as ``q`` says (see the module docstring). ``inputs`` is
     one sample call, which qwix traces once to find the weights each matmul reads."""
     check_module_path(module, q.module_path, "trainer.quantization.module_path")

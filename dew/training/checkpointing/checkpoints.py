@@ -31,7 +31,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -96,7 +96,7 @@ def describe_damage(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _metric(key: str, metrics: Any) -> float:
+def _metric(key: str, metrics: Mapping[str, float]) -> float:
     return float(metrics[key])
 
 

@@ -20,16 +20,24 @@ is not written: both are refused by name.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from dew.models.decoder import attention_scale
+from dew.contract.models import of
+from dew.models.decoder import attention_scale, mlp_hidden
+from dew.models.transformer import Transformer, TransformerFields
+
+if TYPE_CHECKING:
+    from flax.typing import PathParts
+
+    from dew.contract.config import RunConfig
 
 FIELD = "trainer.init_from"
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -37,26 +45,18 @@ CONFIG, WEIGHTS = "config.json", "model.safetensors"
 Layout = Callable[[Any], Any]
 
 
-def _architecture() -> str:
-    from dew.models.transformer import Transformer
-
-    return Transformer.name
-
-
-ARCHITECTURE = _architecture()
+ARCHITECTURE = Transformer.name
 """The architecture whose blocks are Llama's (its registered name, read from its class)."""
 
 
-def fields_of(run: Any) -> Any:
+def fields_of(run: RunConfig | TransformerFields) -> TransformerFields:
     """The ``transformer`` fields of a run (or the fields themselves)."""
-    if not hasattr(run, "model"):
+    if isinstance(run, TransformerFields):
         return run
-    from dew.contract.models import of
-
     return of(run.model.architecture, run.model.fields()).fields
 
 
-def refuse_unmappable(f: Any, where: str) -> None:
+def refuse_unmappable(f: TransformerFields, where: str) -> None:
     """Raise naming the field when the model has what Llama has not and cannot be folded."""
     if f.qk_norm:
         raise ValueError(f"{where}: model.config.qk_norm=true: Llama has no QK-norm, and it cannot be folded "
@@ -66,7 +66,7 @@ def refuse_unmappable(f: Any, where: str) -> None:
                          "head (tie_word_embeddings=false)")
 
 
-def factors(f: Any) -> dict[str, float]:
+def factors(f: TransformerFields) -> dict[str, float]:
     """The scale each dew parameter takes in Llama's layout (1 where none is listed)."""
     hd = f.head_dim or f.hidden_size // f.num_heads
     m = f.hidden_size / f.mup_base_width if f.mup else 1.0
@@ -75,7 +75,7 @@ def factors(f: Any) -> dict[str, float]:
             "blocks/attn/q/kernel": attention_scale(f) * math.sqrt(hd), "lm_head/kernel": 1.0 / m}
 
 
-def table(f: Any) -> dict[str, tuple[str, Layout, Layout]]:
+def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
     """dew parameter -> (Llama name, ``{i}`` for a block's layer, dew layout -> Llama's, back).
     A block's layouts act on one layer (the stack's ``depth`` axis taken off)."""
     D, N = f.hidden_size, f.num_heads
@@ -104,10 +104,8 @@ def table(f: Any) -> dict[str, tuple[str, Layout, Layout]]:
     }
 
 
-def config_json(f: Any) -> dict[str, Any]:
+def config_json(f: TransformerFields) -> dict[str, Any]:
     """Llama's ``config.json`` for ``transformer`` fields ``f``."""
-    from dew.models.decoder import mlp_hidden
-
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": f.hidden_size,
             "intermediate_size": mlp_hidden(f), "num_hidden_layers": f.depth, "num_attention_heads": f.num_heads,
             "num_key_value_heads": f.num_kv_heads or f.num_heads,
@@ -120,7 +118,7 @@ def config_json(f: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- out
 
 
-def write(f: Any, params: dict[str, Any], out: str) -> None:
+def write(f: TransformerFields, params: dict[str, jax.Array], out: str) -> None:
     """Write ``params`` (dew path -> array, a ``transformer`` with fields ``f``) to ``out`` in
     Llama's layout, in float32."""
     from safetensors.numpy import save_file
@@ -142,7 +140,7 @@ def write(f: Any, params: dict[str, Any], out: str) -> None:
 # ----------------------------------------------------------------------------------------- in
 
 
-def check_config(f: Any, path: str) -> None:
+def check_config(f: TransformerFields, path: str) -> None:
     """Refuse a Llama directory whose config differs from ``f`` where shapes do not show it."""
     refuse_unmappable(f, FIELD)
     with open(os.path.join(path, CONFIG)) as fh:
@@ -164,12 +162,12 @@ def check_config(f: Any, path: str) -> None:
         raise ValueError(f"{FIELD}={path!r}: config.json has biases; dew's transformer has none")
 
 
-def dew_shapes(run: Any, path: str) -> dict[str, tuple[int, ...]]:
+def dew_shapes(run: RunConfig | TransformerFields, path: str) -> dict[str, tuple[int, ...]]:
     """The shapes the Llama directory ``path`` gives dew's parameters (a block's with ``depth`` in
     front), after checking its config against the run's model."""
     from safetensors import safe_open
 
-    if getattr(run, "model", None) is not None and run.model.architecture != ARCHITECTURE:
+    if not isinstance(run, TransformerFields) and run.model.architecture != ARCHITECTURE:
         raise ValueError(f"{FIELD}={path!r}: a Hugging Face Llama directory starts a {ARCHITECTURE!r} run, "
                          f"not {run.model.architecture!r}")
     f = fields_of(run)
@@ -191,14 +189,15 @@ def dew_shapes(run: Any, path: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def read(run: Any, path: str, target: dict[tuple[Any, ...], Any]) -> dict[tuple[Any, ...], Any]:
+def read(run: RunConfig | TransformerFields, path: str,
+         target: dict[PathParts, jax.ShapeDtypeStruct]) -> dict[PathParts, jax.Array]:
     """The Llama directory's values for ``target`` (flat ``{path: ShapeDtypeStruct}`` with
     shardings), each built on the devices its sharding names from the slices they hold."""
     from safetensors import safe_open
 
     f = fields_of(run)
     spec, scale = table(f), factors(f)
-    out = {}
+    out: dict[PathParts, jax.Array] = {}
     with safe_open(os.path.join(path, WEIGHTS), "np") as fh:
         for p, want in target.items():
             key = "/".join(map(str, p))
@@ -208,5 +207,10 @@ def read(run: Any, path: str, target: dict[tuple[Any, ...], Any]) -> dict[tuple[
             else:
                 value = from_hf(fh.get_tensor(name))
             value = (value / np.float32(scale.get(key, 1.0))).astype(want.dtype)
-            out[p] = jax.make_array_from_callback(want.shape, want.sharding, lambda idx, v=value: v[idx])
+            out[p] = jax.make_array_from_callback(want.shape, want.sharding, functools.partial(_at, value))
     return out
+
+
+def _at(value: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
+    """The slice of ``value`` a device holds (``jax.make_array_from_callback``'s callback)."""
+    return value[index]

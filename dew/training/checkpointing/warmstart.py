@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -40,7 +40,12 @@ from flax import nnx
 
 from dew.contract.config import RunConfig, RunRecord
 from dew.contract.rundir import RUN_RECORD, is_step
+from dew.training import sharding
+from dew.training.checkpointing import hf_llama
 from dew.training.checkpointing.checkpoints import Checkpoints
+
+if TYPE_CHECKING:
+    from flax.typing import PathParts
 
 log = logging.getLogger("dew")
 
@@ -91,7 +96,7 @@ def skipped(run: RunConfig, key: str) -> bool:
     return any(re.fullmatch(p, key) for p in run.trainer.init_skip)
 
 
-def shapes_of(state: Any) -> dict[str, tuple[int, ...]]:
+def shapes_of(state: nnx.State) -> dict[str, tuple[int, ...]]:
     """Each leaf's path (``blocks/attn/q/kernel``) -> its shape."""
     return {"/".join(map(str, path)): tuple(v.shape) for path, v in nnx.to_flat_state(state)}
 
@@ -130,8 +135,6 @@ def check(run: RunConfig, abstract: nnx.Module) -> None:
 def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
     """The source's parameter shapes by path, after checking its architecture against the run's."""
     if source.kind == "hf":
-        from dew.training.checkpointing import hf_llama
-
         return hf_llama.dew_shapes(run, source.path)
     record = RunRecord.read(source.path).values
     theirs = record.get("model", {}).get("architecture")
@@ -158,7 +161,7 @@ def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
     raise ValueError(f"{FIELD}={run.trainer.init_from!r}: no checkpoint of the source reads: " + "; ".join(errors))
 
 
-def _key(entry: Any) -> str:
+def _key(entry: jax.tree_util.KeyEntry) -> str:
     for attr in ("key", "name", "idx"):
         if hasattr(entry, attr):
             return str(getattr(entry, attr))
@@ -226,9 +229,8 @@ def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None,
     given), and the step read: laid out over ``mesh`` as the run lays its parameters out, or, with no
     mesh, whole on this process's first device. The skipped leaves move to the same layout, so that
     the state is one kind of array throughout."""
-    from dew.training import sharding
-
     flat = {path: v for path, v in nnx.to_flat_state(state)}
+    where: dict[PathParts, jax.sharding.Sharding]
     if mesh is not None:
         specs = sharding.param_specs(state, mesh, run.trainer.layout)
         where = {p: jax.sharding.NamedSharding(mesh, specs["/".join(map(str, p))]) for p in flat}
@@ -248,9 +250,9 @@ def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None,
     return state, used
 
 
-def _nested(flat: dict[tuple[Any, ...], Any], into: dict[Any, Any] | None = None) -> dict[Any, Any]:
+def _nested(flat: dict[PathParts, Any], into: dict[Any, Any] | None = None) -> dict[Any, Any]:
     """A flat ``{path: leaf}`` as nested dicts (into ``into`` when given)."""
-    tree = {} if into is None else into
+    tree: dict[Any, Any] = {} if into is None else into
     for path, value in flat.items():
         node = tree
         for k in path[:-1]:
@@ -259,15 +261,14 @@ def _nested(flat: dict[tuple[Any, ...], Any], into: dict[Any, Any] | None = None
     return tree
 
 
-def _read(run: RunConfig, target: dict[tuple[Any, ...], Any],
-          step: int | None) -> tuple[dict[tuple[Any, ...], Any], int | None]:
+def _read(run: RunConfig, target: dict[PathParts, jax.ShapeDtypeStruct],
+          step: int | None) -> tuple[dict[PathParts, jax.Array], int | None]:
     """The source's values for ``target``, a flat ``{path: ShapeDtypeStruct}`` whose leaves carry
     their sharding, and the step they are from (None for a Hugging Face directory). ``step`` (or the
     one ``init_from`` names) is read as it is; otherwise the newest step that restores."""
+    assert run.trainer.init_from is not None  # load() reads nothing without one
     source = resolve(run.trainer.init_from)
     if source.kind == "hf":
-        from dew.training.checkpointing import hf_llama
-
         return hf_llama.read(run, source.path, target), None
     step = step if step is not None else source.step
     checkpoints = _ParamsOnly(epath.Path(source.path))

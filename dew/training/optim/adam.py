@@ -7,7 +7,8 @@ from __future__ import annotations
 import optax
 
 from dew.training.optim.bf16 import bf16_moments
-from dew.training.optim.registry import Schedule, UpdateRule, optimizers
+from dew.training.optim.registry import UpdateRule, optimizers
+from dew.training.optim.schedules import Rate
 
 
 @optimizers.register("adam")
@@ -23,7 +24,7 @@ class Adam(UpdateRule):
             return bf16_moments(o["b1"], o["b2"], o["eps"])
         return optax.scale_by_adam(o["b1"], o["b2"], o["eps"])
 
-    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         return optax.chain(optax.add_decayed_weights(decay), self.scale(state_dtype),
                            optax.scale_by_learning_rate(rate))
 
@@ -34,6 +35,6 @@ class AdamW(Adam):
 
     weight_decay = 1e-4  # optax.adamw's default
 
-    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         return optax.chain(self.scale(state_dtype), optax.add_decayed_weights(decay),
                            optax.scale_by_learning_rate(rate))

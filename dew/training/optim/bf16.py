@@ -48,7 +48,7 @@ def round_to_bf16_nearest(x: jax.Array) -> jax.Array:
 class Bf16AdamState(NamedTuple):
     """Adam's state with both moments in bfloat16."""
 
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, as optax's ScaleByAdamState does
     """Completed updates, int32."""
     mu: optax.Updates
     """First moment, bfloat16."""
@@ -76,7 +76,8 @@ def bf16_moments(
         count = optax.safe_increment(state.count)
         step_key = jax.random.fold_in(base_key, count)
         leaves, treedef = jax.tree.flatten(updates)
-        mus, nus = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)
+        # jaxlib's PyTreeDef is opaque to mypy (its methods are unknown to it): the ignores below
+        mus, nus = treedef.flatten_up_to(state.mu), treedef.flatten_up_to(state.nu)  # type: ignore[attr-defined]
         new_updates, new_mu, new_nu = [], [], []
         t = count.astype(jnp.float32)
         for i, (g, m, v) in enumerate(zip(leaves, mus, nus, strict=True)):
@@ -90,8 +91,8 @@ def bf16_moments(
             new_mu.append(round_to_bf16_stochastic(m, key_m))
             new_nu.append(round_to_bf16_stochastic(v, key_v))
         return (
-            treedef.unflatten(new_updates),
-            Bf16AdamState(count, treedef.unflatten(new_mu), treedef.unflatten(new_nu)),
+            treedef.unflatten(new_updates),  # type: ignore[attr-defined]
+            Bf16AdamState(count, treedef.unflatten(new_mu), treedef.unflatten(new_nu)),  # type: ignore[attr-defined]
         )
 
     return optax.GradientTransformation(init_fn, update_fn)

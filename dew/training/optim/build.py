@@ -36,7 +36,7 @@ from dew.training.optim.bf16 import bf16_moments
 from dew.training.optim.muon import EMBEDDING_PATTERNS, NON_MATRIX_PATTERNS
 from dew.training.optim.muonclip import qk_clip
 from dew.training.optim.registry import UpdateRule, optimizers, path_str
-from dew.training.optim.schedules import build_schedule
+from dew.training.optim.schedules import Rate, build_schedule
 
 if TYPE_CHECKING:
     from dew.contract.models import Architecture
@@ -45,8 +45,6 @@ __all__ = [
     "Optimizer", "QKClipLayer", "bf16_moments", "build_optimizer", "group_labels", "mup_param_groups",
     "optimizers", "param_paths", "qk_clip",
 ]
-
-Schedule = Callable[[jax.Array], jax.Array]
 
 
 # ----------------------------------------------------------------------------------- the optimizer
@@ -59,7 +57,7 @@ class Optimizer:
     tx: optax.GradientTransformation
     """The whole chain: clipping, groups, update rules, weight decay, schedule and the rule's
     post-update transform."""
-    learning_rate: Schedule
+    learning_rate: Rate
     """The schedule's rate at a step (completed updates, int32), before group multipliers: train/lr."""
     extra_args: tuple[str, ...] = ()
     """What ``tx.update`` takes besides the gradients (``UpdateRule.extra_args``): ``max_logits``
@@ -68,7 +66,7 @@ class Optimizer:
 
 def build_optimizer(
     config: OptimConfig,
-    params: Any,
+    params: optax.Params,
     *,
     total_steps: int,
     tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
@@ -89,7 +87,7 @@ def build_optimizer(
     groups = config.param_groups
     group_labels(params, groups)  # raises on a pattern that matches nothing, before anything compiles
 
-    def labels(tree: Any) -> Any:
+    def labels(tree: optax.Params) -> Any:
         return group_labels(tree, groups)
 
     parts: dict[str, optax.GradientTransformation] = {}
@@ -106,7 +104,7 @@ def build_optimizer(
     return Optimizer(tx=tx, learning_rate=schedule, extra_args=rule.extra_args)
 
 
-def _scaled(schedule: Schedule, multiplier: float) -> Schedule:
+def _scaled(schedule: Rate, multiplier: float) -> Rate:
     if multiplier == 1.0:
         return schedule
     return lambda step: multiplier * schedule(step)
@@ -115,7 +113,7 @@ def _scaled(schedule: Schedule, multiplier: float) -> Schedule:
 # ---------------------------------------------------------------------------------------- groups
 
 
-def param_paths(tree: Any) -> Any:
+def param_paths(tree: optax.Params) -> Any:
     """The tree with each leaf replaced by its path, keys joined with "/" (``blocks/attn/qkv/kernel``).
 
     An ``nnx.Param``'s own ``value`` attribute is not part of the path.
@@ -127,13 +125,13 @@ def _label(index: int) -> str:
     return f"group{index}"
 
 
-def group_labels(tree: Any, groups: Sequence[ParamGroup]) -> Any:
+def group_labels(tree: optax.Params, groups: Sequence[ParamGroup]) -> Any:
     """Each leaf's group label, ``group{i}`` for the first group whose pattern its path matches
     (``re.search``) and ``group{len(groups)}`` for the rest. A pattern that matches no leaf raises."""
     compiled = [re.compile(g.pattern) for g in groups]
     used = [False] * len(groups)
 
-    def label(path: Any, _leaf: Any) -> str:
+    def label(path: jax.tree_util.KeyPath, _leaf: jax.Array) -> str:
         text = path_str(path)
         for i, pattern in enumerate(compiled):
             if pattern.search(text):
@@ -154,7 +152,7 @@ def group_labels(tree: Any, groups: Sequence[ParamGroup]) -> Any:
 
 
 def mup_param_groups(
-    params: Any,
+    params: optax.Params,
     width_multiplier: float,
     *,
     embedding_patterns: Sequence[str] = EMBEDDING_PATTERNS,
@@ -194,6 +192,6 @@ def _exact(paths: Sequence[str]) -> str:
     return "^(?:" + "|".join(re.escape(p) for p in paths) + ")$"
 
 
-def state_bytes(state: Any) -> int:
+def state_bytes(state: optax.OptState) -> int:
     """Bytes of the arrays in an optimizer state (or any tree)."""
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state) if hasattr(x, "dtype"))

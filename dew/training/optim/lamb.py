@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import optax
 
-from dew.training.optim.registry import Schedule, UpdateRule, optimizers, path_str
+from dew.training.optim.registry import UpdateRule, optimizers, path_str
+from dew.training.optim.schedules import Rate
 
 STACKED_PATTERNS: tuple[str, ...] = (r"(^|/)blocks/",)
 """Path patterns (``re.search``) of the leaves stacked over layers: everything under a model's
@@ -45,11 +45,12 @@ def scale_by_layerwise_trust_ratio(patterns: Sequence[str] = STACKED_PATTERNS) -
 
     per_layer = jax.vmap(one)
 
-    def update_fn(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+    def update_fn(updates: optax.Updates, state: optax.EmptyState, params: optax.Params | None = None
+                  ) -> tuple[optax.Updates, optax.EmptyState]:
         if params is None:
             raise ValueError("scale_by_layerwise_trust_ratio needs the parameters: pass params to update")
 
-        def scale(path: Any, update: jax.Array, param: jax.Array) -> jax.Array:
+        def scale(path: jax.tree_util.KeyPath, update: jax.Array, param: jax.Array) -> jax.Array:
             stacked = update.ndim >= 1 and is_stacked(path_str(path), patterns)
             return per_layer(update, param) if stacked else one(update, param)
 
@@ -66,7 +67,7 @@ class Lamb(UpdateRule):
     options = {"b1": 0.9, "b2": 0.999, "eps": 1e-6}
     weight_decay = 0.0  # optax.lamb's default
 
-    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
         return optax.chain(optax.scale_by_adam(o["b1"], o["b2"], o["eps"]), optax.add_decayed_weights(decay),
                            scale_by_layerwise_trust_ratio(), optax.scale_by_learning_rate(rate))

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from dew.training.optim.registry import UpdateRule, optimizers, path_str
+from dew.training.optim.schedules import Rate
 
 __all__ = [
     "DEFAULT_ADAM_PATTERNS", "DEFAULT_MATRIX_AXES", "EMBEDDING_PATTERNS", "NON_MATRIX_PATTERNS", "NS_COEFFS",
@@ -57,8 +58,6 @@ DEFAULT_MATRIX_AXES: dict[str, list[list[int]]] = {
 """dew's attention kernels (``dew.models.attention``): q, k, v are (…, hidden, heads, head_dim),
 one (hidden, heads·head_dim) matrix each; o is (…, heads, head_dim, hidden), one
 (heads·head_dim, hidden) matrix. Every other matrix is its last two axes."""
-
-Schedule = Callable[[jax.Array], jax.Array]
 
 
 # ------------------------------------------------------------------------------ Newton-Schulz
@@ -166,7 +165,7 @@ def scale_by_muon(
     def init_fn(params: optax.Params) -> MuonState:
         return MuonState(jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params))
 
-    def direction(path: Any, g: jax.Array, buf: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def direction(path: jax.tree_util.KeyPath, g: jax.Array, buf: jax.Array) -> tuple[jax.Array, jax.Array]:
         g = g.astype(jnp.float32)
         buf = momentum * buf + (1.0 - momentum) * g
         u = (1.0 - momentum) * g + momentum * buf if nesterov else buf
@@ -182,16 +181,17 @@ def scale_by_muon(
     def update_fn(updates: optax.Updates, state: MuonState, params: optax.Params | None = None):
         del params
         flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
-        bufs = treedef.flatten_up_to(state.mu)
+        # jaxlib's PyTreeDef is opaque to mypy (its methods are unknown to it): the ignores below
+        bufs = treedef.flatten_up_to(state.mu)  # type: ignore[attr-defined]
         pairs = [direction(path, g, buf) for (path, g), buf in zip(flat, bufs, strict=True)]
-        return (treedef.unflatten([o for o, _ in pairs]),
-                MuonState(treedef.unflatten([b for _, b in pairs])))
+        return (treedef.unflatten([o for o, _ in pairs]),  # type: ignore[attr-defined]
+                MuonState(treedef.unflatten([b for _, b in pairs])))  # type: ignore[attr-defined]
 
     return optax.GradientTransformation(init_fn, update_fn)
 
 
 def muon(
-    learning_rate: Schedule,
+    learning_rate: Rate,
     *,
     weight_decay: float,
     momentum: float,
@@ -223,7 +223,7 @@ def muon(
         assert d is not None, path
         return d
 
-    def labels(tree: Any) -> Any:
+    def labels(tree: optax.Params) -> Any:
         return jax.tree_util.tree_map_with_path(
             lambda p, x: "adam" if route(path_str(p), jnp.shape(x)) is None else "muon", tree)
 
@@ -259,7 +259,7 @@ class Muon(UpdateRule):
     }
     weight_decay = 0.1  # Moonlight (Liu et al. 2025), with its matched update RMS
 
-    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
         return muon(rate, weight_decay=decay, momentum=o["momentum"], nesterov=o["nesterov"],
                     ns_steps=o["ns_steps"], update_scale=o["update_scale"], rms_ratio=o["rms_ratio"],

@@ -57,12 +57,13 @@ def qk_clip_after_update(tau: float, layers: Mapping[str, QKClipLayer]) -> optax
     ``clipped - params`` (one rounding from the clipped value).
     """
 
-    def init(params: Any) -> QKClipState:
+    def init(params: optax.Params) -> QKClipState:
         del params
         return QKClipState()
 
-    def update(updates: Any, state: QKClipState, params: Any = None, *, max_logits: Any = None,
-               **extra: Any) -> tuple[Any, QKClipState]:
+    def update(updates: optax.Updates, state: QKClipState, params: optax.Params | None = None, *,
+               max_logits: jax.Array | Mapping[str, jax.Array] | None = None,
+               **extra: Any) -> tuple[optax.Updates, QKClipState]:
         del extra
         if params is None or max_logits is None:
             raise ValueError("QK-clip needs the parameters and max_logits at every update")
@@ -77,12 +78,12 @@ def qk_clip_after_update(tau: float, layers: Mapping[str, QKClipLayer]) -> optax
 
 
 def qk_clip(
-    params: Any,
+    params: optax.Params,
     max_logits: Mapping[str, jax.Array],
     tau: float,
     *,
     layers: Mapping[str, QKClipLayer],
-) -> Any:
+) -> optax.Params:
     """Kimi K2's QK-clip: cap every attention head's largest pre-softmax logit at ``tau``.
 
     ``max_logits[name]`` is the largest logit q·k (after the 1/sqrt(head_dim) scale) each query
@@ -133,7 +134,7 @@ def qk_clip(
 
     found: set[str] = set()
 
-    def apply(path: Any, leaf: Any) -> Any:
+    def apply(path: jax.tree_util.KeyPath, leaf: jax.Array) -> jax.Array:
         text = path_str(path)
         if text not in scales:
             return leaf

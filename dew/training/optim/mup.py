@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 import jax
+import optax
+from flax import nnx
 
 from dew.contract.config import OptimConfig, ParamGroup, RunConfig
 from dew.contract.models import of
+from dew.contract.typed import ConfigError
+from dew.training import adapt
 from dew.training.optim.build import group_labels, mup_param_groups
 from dew.training.optim.registry import optimizers, path_str
-from dew.contract.typed import ConfigError
+
+if TYPE_CHECKING:
+    from dew.objectives.base import Objective
 
 __all__ = ["mup_groups", "with_mup_groups", "width_multiplier"]
 
@@ -47,22 +53,18 @@ def width_multiplier(run: RunConfig) -> float | None:
     return multiplier
 
 
-def with_mup_groups(run: RunConfig, objective: Any) -> RunConfig:
+def with_mup_groups(run: RunConfig, objective: Objective) -> RunConfig:
     """``run`` with muP's parameter groups in ``optim.param_groups`` when its model has muP on;
     ``run`` itself otherwise. ``objective`` builds the module (abstractly: nothing is allocated)."""
     multiplier = width_multiplier(run)
     if multiplier is None:
         return run
-    from flax import nnx
-
-    from dew.training import adapt
-
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     groups = mup_groups(run.optim, nnx.state(abstract, adapt.trainable(run.lora)), multiplier)
     return dataclasses.replace(run, optim=dataclasses.replace(run.optim, param_groups=groups))
 
 
-def mup_groups(optim: OptimConfig, params: Any, multiplier: float) -> tuple[ParamGroup, ...]:
+def mup_groups(optim: OptimConfig, params: optax.Params, multiplier: float) -> tuple[ParamGroup, ...]:
     """muP's groups of ``params`` at ``multiplier``, after checking that the groups ``optim``
     already holds agree with them (see the module's docstring)."""
     groups = mup_param_groups(params, multiplier)
@@ -71,7 +73,7 @@ def mup_groups(optim: OptimConfig, params: Any, multiplier: float) -> tuple[Para
     return groups
 
 
-def _check_agree(optim: OptimConfig, params: Any, mup: tuple[ParamGroup, ...], multiplier: float) -> None:
+def _check_agree(optim: OptimConfig, params: optax.Params, mup: tuple[ParamGroup, ...], multiplier: float) -> None:
     group_labels(params, optim.param_groups)  # a typed pattern that matches nothing is named as ever
     default_decay = optim.weight_decay if optim.weight_decay is not None else optimizers[optim.optimizer].weight_decay
 

@@ -11,18 +11,17 @@ rule in each group, then the post-update transform. ``OptimConfig.optimizer`` na
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import optax
 
 from dew.contract.registry import Registry
+from dew.training.optim.schedules import Rate
 
 if TYPE_CHECKING:
     from dew.contract.models import Architecture
-
-Schedule = Callable[[jax.Array], jax.Array]
 
 
 class UpdateRule:
@@ -55,7 +54,7 @@ class UpdateRule:
             check_option(key, value)
         return cls(opts)
 
-    def rule(self, rate: Schedule, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         """One parameter group's update: the rule, its decoupled weight decay ``decay`` and the rate
         ``rate`` (the group's multiplier already in it). ``state_dtype`` is ``OptimConfig``'s."""
         raise NotImplementedError(f"optimizer {self.name!r} must implement rule")
@@ -72,15 +71,15 @@ optimizers: Registry[type[UpdateRule]] = Registry(
 """Optimizer name -> its class."""
 
 
-def _unit(value: Any) -> bool:
+def _unit(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0
 
 
-def _positive(value: Any) -> bool:
+def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
-OPTION_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+OPTION_CHECKS: dict[str, tuple[Callable[[object], bool], str]] = {
     "b1": (_unit, "must lie in [0, 1)"),
     "b2": (_unit, "must lie in [0, 1)"),
     "adam_b1": (_unit, "must lie in [0, 1)"),
@@ -100,7 +99,7 @@ OPTION_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 """The range of each option name the optimizers share; an option not listed is taken as given."""
 
 
-def check_option(key: str, value: Any) -> None:
+def check_option(key: str, value: object) -> None:
     """Raise naming ``optim.optimizer_opts.<key>`` and its value if it is outside its range."""
     if key in OPTION_CHECKS:
         ok, allowed = OPTION_CHECKS[key]
@@ -108,7 +107,7 @@ def check_option(key: str, value: Any) -> None:
             raise ValueError(f"optim.optimizer_opts.{key}={value!r} {allowed}")
 
 
-def path_str(path: Sequence[Any]) -> str:
+def path_str(path: jax.tree_util.KeyPath) -> str:
     """Join a jax key path with "/", leaving out an ``nnx.Variable``'s ``value`` attribute."""
     parts = []
     for key in path:

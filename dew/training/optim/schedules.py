@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from dew.contract.schedules import ScheduleSpec, schedules
 
@@ -24,11 +24,12 @@ if TYPE_CHECKING:
 
 
 Rate = Callable[["jax.Array"], "jax.Array"]
-"""The learning rate as a function of the step (int32 array -> float32 array)."""
+"""The learning rate as a function of the step (int32 array -> float32 array): what a schedule
+builds, what an update rule is handed and what the trainer logs as ``train/lr``. dew's one name for it."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Ramp:
+class WarmupDecay:
     """The parts every schedule shares: a linear warmup over ``warmup`` updates and the progress
     of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``)."""
 
@@ -63,7 +64,7 @@ class CosineSchedule(ScheduleSpec):
         if not 0.0 <= self.floor_ratio <= 1.0:
             raise ValueError(f"optim.schedule.floor_ratio={self.floor_ratio} must lie in [0, 1]")
 
-    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
         import jax.numpy as jnp
 
         floor = self.floor_ratio
@@ -90,7 +91,7 @@ class LinearSchedule(ScheduleSpec):
         if not 0.0 <= self.end_ratio <= 1.0:
             raise ValueError(f"optim.schedule.end_ratio={self.end_ratio} must lie in [0, 1]")
 
-    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
         import jax.numpy as jnp
 
         end = self.end_ratio
@@ -138,7 +139,7 @@ class PowerSchedule(ScheduleSpec):
         if self.decay_fraction is not None and not 0.0 <= self.decay_fraction <= 1.0:
             raise ValueError(f"optim.schedule.decay_fraction={self.decay_fraction} must lie in [0, 1]")
 
-    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
         import jax.numpy as jnp
 
         if tokens_seen is None:
@@ -186,7 +187,7 @@ def build_schedule(
     *,
     total_steps: int,
     tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
-) -> Callable[[jax.Array], jax.Array]:
+) -> Rate:
     """Return the learning rate as a function of the step (an int32 array), a float32 array.
 
     ``spec`` None is the constant ``peak``. ``tokens_seen(step)`` is the number of tokens (records,
@@ -203,4 +204,4 @@ def build_schedule(
     if warmup > total_steps:
         raise ValueError(f"optim.schedule.warmup_steps={warmup} exceeds the run's {total_steps} steps")
 
-    return spec.build(peak, Ramp(warmup, total_steps), tokens_seen)
+    return spec.build(peak, WarmupDecay(warmup, total_steps), tokens_seen)

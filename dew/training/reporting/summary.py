@@ -17,14 +17,23 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from dew.contract.config import RunConfig
 from dew.contract.rundir import human
+from dew.sampling import write_grid
 from dew.training.checkpointing.checkpoints import BEST_METRIC
 from dew.training.process import compilation_cache_stats
+
+if TYPE_CHECKING:
+    import optax
+    from flax import nnx
+
+    from dew.objectives.base import Objective
+    from dew.training.reporting.tracker import Tracker
+    from dew.training.step import TrainState
 
 log = logging.getLogger("dew")
 
@@ -48,8 +57,8 @@ def _seconds(s: float) -> str:
 class RunReport:
     """The start and end messages of one run, and the clock that splits its wall time."""
 
-    def __init__(self, run: RunConfig, name: str, path: Any, *, total_steps: int, samples: bool = True,
-                 every: tuple[int | None, int | None] | None = None) -> None:
+    def __init__(self, run: RunConfig, name: str, path: str | os.PathLike[str], *, total_steps: int,
+                 samples: bool = True, every: tuple[int | None, int | None] | None = None) -> None:
         """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
         end suggests ``dew-sample``. ``every``: the steps between evaluations and between
         checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set."""
@@ -72,7 +81,8 @@ class RunReport:
         return (f"this run was given no trainer.name: it is called {self.name!r}; resume it with "
                 f"trainer.name={self.name}")
 
-    def start(self, *, mesh: Any, params: Any, opt_state: Any, resumed_from: int | None) -> None:
+    def start(self, *, mesh: jax.sharding.Mesh, params: nnx.State, opt_state: optax.OptState,
+              resumed_from: int | None) -> None:
         t = self.run.trainer
         devices = jax.devices()
         kinds = sorted({d.device_kind for d in devices})
@@ -154,7 +164,7 @@ class RunReport:
         scored = {s: v[BEST_METRIC] for s, v in self.evals.items() if math.isfinite(v.get(BEST_METRIC, math.nan))}
         if scored:
             last = max(scored)
-            best = min(scored, key=scored.get)
+            best = min(scored, key=scored.__getitem__)
             log.info("%s %.4g at step %d (final); best %.4g at step %d (the best checkpoint, when it was saved)",
                      BEST_METRIC, scored[last], last, scored[best], best)
         sweep = os.path.dirname(self.path) if "/" in self.name.strip("/") else self.path
@@ -166,7 +176,8 @@ class RunReport:
             log.info(note)
 
 
-def log_samples(tracker: Any, objective: Any, state: Any, step: int, *, seed: int) -> None:
+def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step: int, *,
+                seed: int) -> None:
     """The objective's samples at an evaluation, as W&B media: the image grid (one row per class) or
     the text samples. Every process samples (the parameters may be laid out over all of them); the
     process that reports writes the grid beside the journal and logs it."""
@@ -175,8 +186,6 @@ def log_samples(tracker: Any, objective: Any, state: Any, step: int, *, seed: in
     model = state.model(ema=state.ema is not None)
     key = jax.random.PRNGKey(seed + 3)  # the key dew-train's final samples are drawn with
     if hasattr(objective, "sample_grid"):
-        from dew.sampling import write_grid
-
         images, labels = objective.sample_grid(model, key)
         if tracker.wandb_run is not None:
             folder = tracker.directory / "samples"
