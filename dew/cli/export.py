@@ -19,9 +19,16 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
-from typing import Any
+
+from flax import nnx
 
 from dew.cli.console import console_script
+from dew.cli.sample import Restored, SampleError, load_recipe, restore
+from dew.contract.typed import ConfigError
+from dew.recipe import Recipe
+from dew.training.adapters import merge
+from dew.training.adapters.merge import MergeError
+from dew.training.checkpointing import hf_llama
 
 EXIT_BAD_INPUT = 2
 
@@ -44,9 +51,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> str:
     """Export as ``args`` say; returns the directory written."""
-    from dew.cli.sample import load_recipe, restore
-    from dew.training.adapters import merge
-
     if os.path.exists(args.to):
         raise merge.MergeError(f"--to {args.to}: it exists; dew-export writes a new directory")
     check(load_recipe(args.run_dir), merge_lora=args.merge_lora)  # before the slow rebuild
@@ -58,11 +62,8 @@ def run(args: argparse.Namespace) -> str:
     return write_hf(r, args.to)
 
 
-def check(recipe: Any, *, merge_lora: bool) -> None:
+def check(recipe: Recipe, *, merge_lora: bool) -> None:
     """Refuse, from the run's record alone, what the export cannot write."""
-    from dew.training.checkpointing import hf_llama
-    from dew.training.adapters import merge
-
     if merge_lora:
         if recipe.lora is None:
             raise merge.MergeError("--merge-lora: the run has no lora: its checkpoint already holds the full model")
@@ -76,14 +77,8 @@ def check(recipe: Any, *, merge_lora: bool) -> None:
         raise merge.MergeError(str(err)) from None
 
 
-def write_hf(r: Any, out: str) -> str:
+def write_hf(r: Restored, out: str) -> str:
     """The restored run ``r`` in the Hugging Face Llama layout at ``out``."""
-    from flax import nnx
-
-    from dew.training.checkpointing import hf_llama
-
-    from dew.training.adapters import merge
-
     if r.recipe.lora is not None:
         params = merge.merged(r.model, r.recipe)
     else:
@@ -105,10 +100,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import logging
 
     logging.getLogger("absl").setLevel(logging.ERROR)
-    from dew.cli.sample import SampleError
-    from dew.training.adapters.merge import MergeError
-    from dew.contract.typed import ConfigError
-
     try:
         out = run(args)
     except (SampleError, MergeError, ConfigError, FileNotFoundError) as err:

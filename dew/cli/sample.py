@@ -29,8 +29,27 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import numpy as np
+from etils import epath
+from flax import nnx
+
+import dew
+from dew.build import build_run
 from dew.cli.console import console_script
+from dew.contract.config import NoRunRecord, RunRecord
+from dew.contract.data import Dataset
+from dew.contract.objectives import can_sample, summary_name
 from dew.contract.rundir import RUN_RECORD, SAMPLE_PREFIX
+from dew.contract.typed import ConfigError, differences
+from dew.data.tokenizer import from_record
+from dew.objectives.base import Objective
+from dew.recipe import Recipe
+from dew.sampling import to_uint8, write_grid
+from dew.training import adapt
+from dew.training.adapters.merge import merged_model
+from dew.training.checkpointing import warmstart
+from dew.training.checkpointing.checkpoints import CheckpointDamagedError, Checkpoints
 
 EXIT_BAD_INPUT = 2
 
@@ -43,15 +62,15 @@ class SampleError(Exception):
 class Restored:
     """A run rebuilt from its directory: the record, the objective, the dataset and the model."""
 
-    recipe: Any
-    objective: Any
-    dataset: Any
-    model: Any
+    recipe: Recipe
+    objective: Objective
+    dataset: Dataset
+    model: nnx.Module
     step: int
     ema: bool
     """Whether ``model`` carries the EMA of the parameters."""
-    params: Any
-    """The restored parameters the model was merged with (an ``nnx.State``)."""
+    params: nnx.State
+    """The restored parameters the model was merged with."""
     damaged: tuple[tuple[int, str], ...] = ()
     """Damaged steps passed over on the way to ``step``: (step, what is wrong)."""
 
@@ -59,14 +78,9 @@ class Restored:
 # ------------------------------------------------------------------------------ the run directory
 
 
-def load_recipe(run_dir: str) -> Any:
+def load_recipe(run_dir: str) -> Recipe:
     """The run's record (``RunRecord``) as a ``Recipe``, or a SampleError that says what is wrong with
     the directory."""
-    import dew
-    from dew.contract.config import NoRunRecord, RunRecord
-    from dew.recipe import Recipe
-    from dew.contract.typed import ConfigError
-
     if not os.path.isdir(run_dir):
         raise SampleError(f"run directory {run_dir!r} does not exist")
     try:
@@ -78,7 +92,7 @@ def load_recipe(run_dir: str) -> Any:
                           f"dew version? This is dew {dew.__version__}.") from None
 
 
-def choose_step(checkpoints: Any, run_dir: str, *, step: int | None, latest: bool) -> int:
+def choose_step(checkpoints: Checkpoints, run_dir: str, *, step: int | None, latest: bool) -> int:
     steps = checkpoints.all_steps()
     if not steps:
         raise SampleError(f"{run_dir!r} holds no finished checkpoint: the run has not saved one yet, "
@@ -87,18 +101,17 @@ def choose_step(checkpoints: Any, run_dir: str, *, step: int | None, latest: boo
         if step not in steps:
             raise SampleError(f"--step {step}: {run_dir!r} holds steps {', '.join(map(str, sorted(steps)))}")
         return step
+    newest = checkpoints.latest_step()
+    assert newest is not None  # the run holds steps
     if latest:
-        return checkpoints.latest_step()
+        return newest
     best = checkpoints.best_step()
-    return best if best is not None else checkpoints.latest_step()
+    return best if best is not None else newest
 
 
-def rebuild(recipe: Any, record: str) -> tuple[Any, Any]:
+def rebuild(recipe: Recipe, record: str) -> tuple[Objective, Dataset]:
     """(objective, dataset) built from the record as dew-train built them; refused when the data no
     longer gives the model the run was trained with."""
-    from dew.build import build_run
-    from dew.contract.typed import differences
-
     try:
         resolved, objective, dataset = build_run(recipe)
     except (ValueError, FileNotFoundError) as err:
@@ -110,7 +123,8 @@ def rebuild(recipe: Any, record: str) -> tuple[Any, Any]:
     return objective, dataset
 
 
-def read_step(checkpoints: Any, step: int, abstract_params: Any, ema: bool | None) -> tuple[bool, Any]:
+def read_step(checkpoints: Checkpoints, step: int, abstract_params: nnx.State,
+              ema: bool | None) -> tuple[bool, nnx.State | None]:
     """(EMA used, parameters) of ``step``: the EMA when asked for (``ema``), else when the step kept
     one. The parameters are None when ``ema`` asks for an EMA the run did not keep."""
     kept = "ema" in checkpoints.saved(step)
@@ -121,13 +135,11 @@ def read_step(checkpoints: Any, step: int, abstract_params: Any, ema: bool | Non
     return key == "ema", state[key]
 
 
-def read_params(checkpoints: Any, run_dir: str, chosen: int, abstract_params: Any, *, ema: bool | None,
-                asked: bool) -> tuple[int, bool, Any, list[tuple[int, str]]]:
+def read_params(checkpoints: Checkpoints, run_dir: str, chosen: int, abstract_params: nnx.State, *, ema: bool | None,
+                asked: bool) -> tuple[int, bool, nnx.State | None, list[tuple[int, str]]]:
     """``(step, EMA used, parameters, damaged steps passed over)`` (``read_step``) of step ``chosen``
     or, when it is damaged and was not ``asked`` for by number, of the newest intact step before it
     (``Checkpoints.first_intact``)."""
-    from dew.training.checkpointing.checkpoints import CheckpointDamagedError
-
     def say(bad: int, problem: str) -> None:
         print(f"dew-sample: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
               file=sys.stderr, flush=True)
@@ -150,20 +162,13 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     """Rebuild the run in ``run_dir`` and restore its parameters at the best checkpoint (the
     latest with ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
     recipe = load_recipe(run_dir)
-
-    from etils import epath
-    from flax import nnx
-
-    from dew.training import adapt
-    from dew.training.checkpointing.checkpoints import Checkpoints
-
     checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
         objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD))
         # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
         abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
-        graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)
+        graphdef, abstract_params, rest = _split(abstract, recipe)
         chosen, ema_used, params, damaged = read_params(checkpoints, run_dir, chosen, abstract_params, ema=ema,
                                                         asked=step is not None)
     finally:
@@ -172,8 +177,6 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
                           f"{objective.ema_decay}); sample without --ema")
     rest = concrete(recipe, objective, rest)
-    from dew.training.checkpointing import warmstart
-
     _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, ema_used, params, tuple(damaged))
@@ -185,23 +188,21 @@ def for_inference(r: Restored) -> Restored:
     any other run (a LoRA run over a quantized base included, which has no merged form) as it is."""
     if r.recipe.lora is None or r.recipe.trainer.quantization is not None:
         return r
-    from dew.training.adapters.merge import merged_model
-
     return dataclasses.replace(r, model=merged_model(r.model, r.recipe, r.objective))
 
 
-def concrete(recipe: Any, objective: Any, rest: Any) -> Any:
+def concrete(recipe: Recipe, objective: Objective, rest: nnx.State) -> nnx.State:
     """The module's non-parameter state: as split off when it is concrete, else rebuilt from the seed
     (none of dew's models has any today)."""
-    import jax
-    from flax import nnx
-
-    from dew.training import adapt
-
     if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):
         return rest
-    _, _, rest = nnx.split(adapt.build_model(recipe, objective), adapt.trainable(recipe.lora), ...)
-    return rest
+    return _split(adapt.build_model(recipe, objective), recipe)[2]
+
+
+def _split(model: nnx.Module, recipe: Recipe) -> tuple[nnx.GraphDef[nnx.Module], nnx.State, nnx.State]:
+    """(graph, trained parameters, the rest) of ``model``, as the trainer splits it."""
+    graphdef, params, rest = nnx.split(model, adapt.trainable(recipe.lora), ...)  # type: ignore[misc]  # nnx.split's stub returns a variadic tuple
+    return graphdef, params, rest
 
 
 # ------------------------------------------------------------------------------------- sampling
@@ -210,10 +211,7 @@ def concrete(recipe: Any, objective: Any, rest: Any) -> Any:
 def sample_images(r: Restored, *, count: int | None, seed: int, guidance_scale: float | None,
                   steps: int | None, sampler: str | None) -> tuple[Any, Any]:
     """Images (float32 NHWC in [-1, 1]) and labels, ``count`` per class, one class after another."""
-    import jax
-    import numpy as np
-
-    o = r.objective
+    o: Any = r.objective  # an image objective: its sampler and knobs are its own
     per_class = count or o.knobs.samples_per_class
     labels = np.repeat(np.arange(max(o.num_classes, 1)), per_class).astype(np.int32)
     images = o.sample(r.model, labels, jax.random.PRNGKey(seed), steps=steps,
@@ -224,9 +222,7 @@ def sample_images(r: Restored, *, count: int | None, seed: int, guidance_scale: 
 def sample_text(r: Restored, *, count: int | None, seed: int, steps: int | None, temperature: float | None,
                 top_k: int | None, prompt: str | None, max_new_tokens: int | None = None) -> tuple[Any, list[str]]:
     """Token ids and their text."""
-    import jax
-
-    o = r.objective
+    o: Any = r.objective  # a text objective: its sampler and knobs are its own
     options: dict[str, Any] = {"temperature": temperature, "top_k": top_k}
     if max_new_tokens is not None:
         if not hasattr(o, "start_ids"):
@@ -242,8 +238,6 @@ def sample_text(r: Restored, *, count: int | None, seed: int, steps: int | None,
             raise SampleError("--prompt: masked diffusion samples whole sequences; it takes no prompt")
         if o.tokenizer is None:
             raise SampleError("--prompt: the run's data recorded no tokenizer to encode it with")
-        from dew.data.tokenizer import from_record
-
         options["prompt"] = [int(i) for i in from_record(o.tokenizer).encode(prompt)]
     try:
         return o.sample_text(r.model, jax.random.PRNGKey(seed), count, **options)
@@ -288,10 +282,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def check_samples(objective: Any) -> None:
+def check_samples(objective: Objective) -> None:
     """Refuse a run whose objective draws no samples (a plugin's classifier, say), naming it."""
-    from dew.contract.objectives import can_sample, summary_name
-
     if not can_sample(objective):
         name = summary_name(objective) or type(objective).__name__
         raise SampleError(f"the run's objective {name!r} cannot sample: it defines neither sample_grid (images) "
@@ -313,13 +305,9 @@ def run(args: argparse.Namespace) -> str:
                 raise SampleError(f"--{name.replace('_', '-')}: the run samples images; it is a text option")
         images, labels = sample_images(r, count=args.count, seed=args.seed, guidance_scale=args.guidance_scale,
                                        steps=args.steps, sampler=args.sampler)
-        from dew.sampling import to_uint8, write_grid
-
         out = args.out or stem + ".png"
-        write_grid(out, to_uint8(images), rows=max(r.objective.num_classes, 1), scale=4)
+        write_grid(out, to_uint8(images), rows=max(getattr(r.objective, "num_classes"), 1), scale=4)
         if args.npz:
-            import numpy as np
-
             np.savez(args.npz, images=images, labels=labels)
             print(f"dew-sample: images and labels in {args.npz}", flush=True)
         print(f"dew-sample: {len(images)} images ({source}) in {out}", flush=True)
@@ -346,8 +334,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import logging
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
-    from dew.contract.typed import ConfigError
-
     try:
         run(args)
     except (SampleError, ConfigError, FileNotFoundError, json.JSONDecodeError) as err:

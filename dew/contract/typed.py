@@ -18,6 +18,9 @@ import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
+from dew.contract.data import DataSpec, datasets
+from dew.contract.schedules import ScheduleSpec, schedules
+
 NAME_KEY = "name"
 """The key a registered member's kind is written under."""
 
@@ -32,9 +35,6 @@ class JsonString:
 
 def registry_of(cls: type) -> Mapping[str, type] | None:
     """The registry a base class dispatches through (``DataSpec`` -> datasets), or None."""
-    from dew.contract.data import DataSpec, datasets
-    from dew.contract.schedules import ScheduleSpec, schedules
-
     if cls is DataSpec:
         return datasets
     if cls is ScheduleSpec:

@@ -54,7 +54,7 @@ class FlowMatchingSpec(ObjectiveSpec):
 
     @classmethod
     def build(cls, run: RunConfig, dataset: Dataset) -> Any:
-        from dew.objectives.rectified_flow import FlowMatching
+        from dew.objectives.rectified_flow import FlowMatching  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
         size, channels = int(fields["input_size"]), int(fields["in_channels"])

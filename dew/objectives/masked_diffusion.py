@@ -69,7 +69,7 @@ class MaskedDiffusionSpec(ObjectiveSpec):
 
     @classmethod
     def build(cls, run: RunConfig, dataset: Dataset) -> Any:
-        from dew.objectives.mdlm import MaskedDiffusion
+        from dew.objectives.mdlm import MaskedDiffusion  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
         return MaskedDiffusion(model_config=run.model, knobs=cls.knobs(run), vocab_size=int(fields["vocab_size"]),

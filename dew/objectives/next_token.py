@@ -43,7 +43,7 @@ class NextTokenSpec(ObjectiveSpec):
 
     @classmethod
     def build(cls, run: RunConfig, dataset: Dataset) -> Any:
-        from dew.objectives.autoregressive import NextToken
+        from dew.objectives.autoregressive import NextToken  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
         return NextToken(model_config=run.model, knobs=cls.knobs(run), vocab_size=int(fields["vocab_size"]),
@@ -51,6 +51,6 @@ class NextTokenSpec(ObjectiveSpec):
 
     @classmethod
     def metrics(cls) -> tuple[Any, ...]:
-        from dew.objectives.metrics import NextTokenAccuracy
+        from dew.objectives.metrics import NextTokenAccuracy  # heavy: JAX loads only when the metrics are asked for
 
         return (NextTokenAccuracy(),)
