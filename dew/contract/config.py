@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from flax import nnx
 
     from dew.contract.data import Dataset
+    from dew.objectives.base import Metric, Objective
+    from dew.training.step import TrainState
 
 __all__ = [
     "ConfigError", "DataSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
@@ -746,8 +748,8 @@ class RunConfig:
         """Read the config a run in ``directory`` was built from, as this class (``RunRecord``)."""
         return RunRecord.read(directory).typed(cls)
 
-    def train(self, objective: Any, dataset: Dataset, *, name: str, metrics: Sequence[Any] = (),
-              summary: Mapping[str, object] | None = None) -> Any:
+    def train(self, objective: Objective, dataset: Dataset, *, name: str, metrics: Sequence[Metric] = (),
+              summary: Mapping[str, object] | None = None) -> TrainState:
         """Train ``objective`` on ``dataset`` as this run says; every recipe calls this once it has
         built both.
 

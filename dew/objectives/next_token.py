@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dew.contract.data import whole
 from dew.contract.objectives import ObjectiveSpec, check_sampling, objectives
 
 if TYPE_CHECKING:
@@ -46,8 +47,10 @@ class NextTokenSpec(ObjectiveSpec):
         from dew.objectives.autoregressive import NextToken  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
-        return NextToken(model_config=run.model, knobs=cls.knobs(run), vocab_size=int(fields["vocab_size"]),
-                         seq_len=int(fields["seq_len"]), tokenizer=getattr(dataset, "tokenizer", None))
+        vocab_size = whole(fields["vocab_size"], "the data's vocab_size")
+        seq_len = whole(fields["seq_len"], "the data's seq_len")
+        return NextToken(model_config=run.model, knobs=cls.knobs(run), vocab_size=vocab_size,
+                         seq_len=seq_len, tokenizer=getattr(dataset, "tokenizer", None))
 
     @classmethod
     def metrics(cls) -> tuple[Any, ...]:

@@ -11,7 +11,7 @@ import numpy as np
 from dew.data.tokenizer import from_record
 
 
-def shape_logits(logits_BxLxV: jax.Array, temperature: float, top_k: int) -> jax.Array:
+def shape_logits(logits_BxLxV: jax.Array, temperature: float | jax.Array, top_k: int) -> jax.Array:
     """Logits divided by ``temperature``, with every token outside the ``top_k`` most likely at
     -inf (``top_k`` 0 keeps them all); float32."""
     logits = logits_BxLxV.astype(jnp.float32) / temperature
