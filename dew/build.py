@@ -62,6 +62,6 @@ def build_run(run: RunConfig) -> tuple[RunConfig, Any, Dataset]:
     dataset = run.data.load(batch_size=run.trainer.batch_size, seed=run.trainer.seed)
     run = resolve(run, dataset)
     objective = build_objective(run, dataset)
-    from dew.training.optim.mup import with_mup_groups
+    from dew.training.optim.mup import with_mup_groups  # heavy: optax stays out of the launcher's checks until a run is built
 
     return with_mup_groups(run, objective), objective, dataset

@@ -98,7 +98,7 @@ def qwix_qt_provider_private() -> dict[str, Callable[..., Any]]:
     return {name: getattr(qwix.QtProvider, name) for name in QT_PROVIDER_PRIVATE}
 
 
-def qwix_convert_rules(provider: type, convert: Callable[[Any], Any]) -> None:
+def qwix_convert_rules(provider: type[Any], convert: Callable[[Any], Any]) -> None:
     """Make ``provider`` (a subclass of a qwix provider) pass each of its rules through ``convert``
     after its base classes prepared it. qwix 0.1.8's ``QuantizationProvider.__init__`` prepares every
     rule with the private ``self._init_rule(rule)`` (``QtProvider``'s makes it a ``QtRule``), the only
@@ -107,7 +107,7 @@ def qwix_convert_rules(provider: type, convert: Callable[[Any], Any]) -> None:
     def _init_rule(self: Any, rule: Any) -> Any:
         return convert(super(provider, self)._init_rule(rule))
 
-    provider._init_rule = _init_rule
+    setattr(provider, "_init_rule", _init_rule)  # a private hook qwix's stubs do not name
 
 
 # ------------------------------------------------------------------------------- hydra, submitit
@@ -166,11 +166,11 @@ def submitit_slurm_script(make: Callable[[str, str, int | None], str]) -> Iterat
     def text(self: Any, command: str, uid: str) -> str:
         return make(str(self.folder), command, self.parameters.get("map_count"))
 
-    slurm.SlurmExecutor._make_submission_file_text = text
+    slurm.SlurmExecutor._make_submission_file_text = text  # type: ignore[method-assign]  # the patch this function is for
     try:
         yield
     finally:
-        slurm.SlurmExecutor._make_submission_file_text = original
+        slurm.SlurmExecutor._make_submission_file_text = original  # type: ignore[method-assign]  # undone
 
 
 def submitit_slurm_command(folder: str) -> str:
@@ -194,7 +194,7 @@ def submitit_slurm_parameter_names() -> dict[str, str]:
     executor's own for each (``time``, ``ntasks_per_node`` ...)."""
     from submitit.slurm import slurm
 
-    return slurm.SlurmExecutor._equivalence_dict()
+    return {generic: str(own) for generic, own in slurm.SlurmExecutor._equivalence_dict().items()}
 
 
 def submitit_requeue_handler(handler: Any) -> bool:

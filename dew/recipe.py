@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from dew.contract.config import RunConfig
+from dew.contract.models import with_data_fields as merge
 from dew.contract.objectives import knob_fields
 
 
@@ -39,7 +40,5 @@ Recipe.__qualname__ = "Recipe"
 def with_data_fields(run: RunConfig, data_fields: dict[str, object]) -> RunConfig:
     """``run`` with the model fields that follow from the data filled in (``dew.contract.models``);
     an explicit value that disagrees with the data is an error, not a silent override."""
-    from dew.contract.models import with_data_fields as merge
-
     config = merge(run.model.architecture, run.model.config, data_fields)
     return dataclasses.replace(run, model=dataclasses.replace(run.model, config=config))

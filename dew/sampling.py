@@ -5,7 +5,7 @@ so a run directory on any filesystem epath reaches (gs://) takes them."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -13,16 +13,21 @@ from etils import epath
 
 from dew.contract.rundir import SAMPLE_PREFIX
 
+if TYPE_CHECKING:
+    from flax import nnx
 
-def write_sample_grid(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = f"{SAMPLE_PREFIX}.png") -> str:
-    """A PNG grid of class-conditional samples, one row per class, in ``run_dir``."""
+
+def write_sample_grid(objective: Any, model: nnx.Module, run_dir: str | os.PathLike[str], *, seed: int, name: str = f"{SAMPLE_PREFIX}.png") -> str:
+    """A PNG grid of class-conditional samples, one row per class, in ``run_dir``; ``objective`` is an
+    image objective (its own ``sample_grid``)."""
     images, labels = objective.sample_grid(model, jax.random.PRNGKey(seed + 3))
     rows = max(int(labels.max()) + 1, 1)
     return write_grid(os.fspath(run_dir) + "/" + name, images, rows=rows, scale=4)
 
 
-def write_text_samples(objective: Any, model: Any, run_dir: Any, *, seed: int, name: str = f"{SAMPLE_PREFIX}.txt") -> str:
-    """The objective's ``samples`` knob of sequences, decoded, one block each, in ``run_dir``."""
+def write_text_samples(objective: Any, model: nnx.Module, run_dir: str | os.PathLike[str], *, seed: int, name: str = f"{SAMPLE_PREFIX}.txt") -> str:
+    """The objective's ``samples`` knob of sequences, decoded, one block each, in ``run_dir``;
+    ``objective`` is a text objective (its own ``sample_text``)."""
     _, texts = objective.sample_text(model, jax.random.PRNGKey(seed + 3))
     path = os.fspath(run_dir) + "/" + name
     epath.Path(path).write_text("".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts)))
@@ -47,7 +52,7 @@ def write_grid(path: str, images: np.ndarray, rows: int, scale: int = 1) -> str:
         grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + col * (w + pad): pad + col * (w + pad) + w] = img
     picture = Image.fromarray(grid[..., 0] if c == 1 else grid)
     if scale > 1:
-        picture = picture.resize((picture.width * scale, picture.height * scale), Image.NEAREST)
+        picture = picture.resize((picture.width * scale, picture.height * scale), Image.Resampling.NEAREST)
     with epath.Path(path).open("wb") as f:  # through epath: a gs:// run directory takes it too
         picture.save(f, format="PNG")
     return path

@@ -116,10 +116,15 @@ def graph() -> dict[str, set[str]]:
 
 
 def imports_of(module: str) -> set[str]:
-    """Every module ``module``'s text imports, at any level, dew's or not."""
+    """Every module ``module``'s text imports, at any level, dew's or not, but under ``if
+    TYPE_CHECKING:`` (which never runs: a signature of the contract may name a type of the engine)."""
     path = modules()[module]
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skipped = type_checking_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import | ast.ImportFrom):
             names |= set(imported(node, module, path.name == "__init__.py"))
         elif isinstance(node, ast.Call):

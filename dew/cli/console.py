@@ -17,20 +17,22 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 EXIT_CLOSED_PIPE = 141
 """The reader of stdout went away (128 + SIGPIPE, as a shell reports ``cat big | head``)."""
 
 
-def _is_terminal(stream: Any) -> bool:
+def _is_terminal(stream: TextIO | None) -> bool:
+    if stream is None:  # no stream
+        return False
     try:
         return bool(stream.isatty())
-    except (AttributeError, ValueError):  # no stream, or a closed one
+    except (AttributeError, ValueError):  # not a file, or a closed one
         return False
 
 
-def _closed_pipe(stream: Any) -> NoReturn:
+def _closed_pipe(stream: TextIO) -> NoReturn:
     """End the command: ``stream`` goes to /dev/null (Python flushes it again at exit), exit 141."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, stream.fileno())
@@ -41,7 +43,7 @@ def _closed_pipe(stream: Any) -> NoReturn:
 class _Stdout:
     """``sys.stdout`` whose writes end the command quietly when the reader has gone."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
     def write(self, text: str) -> int:

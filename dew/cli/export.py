@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from dew.cli.console import console_script
+from dew.contract.typed import ConfigError
 
 EXIT_BAD_INPUT = 2
 
@@ -42,62 +41,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> str:
-    """Export as ``args`` say; returns the directory written."""
-    from dew.cli.sample import load_recipe, restore
-    from dew.training.adapters import merge
-
-    if os.path.exists(args.to):
-        raise merge.MergeError(f"--to {args.to}: it exists; dew-export writes a new directory")
-    check(load_recipe(args.run_dir), merge_lora=args.merge_lora)  # before the slow rebuild
-    r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
-    if args.merge_lora:
-        params = merge.merged(r.model, r.recipe)
-        merge.write_run(r.recipe, params, args.to, step=r.step, merged_from=os.path.abspath(args.run_dir))
-        return args.to
-    return write_hf(r, args.to)
-
-
-def check(recipe: Any, *, merge_lora: bool) -> None:
-    """Refuse, from the run's record alone, what the export cannot write."""
-    from dew.training.checkpointing import hf_llama
-    from dew.training.adapters import merge
-
-    if merge_lora:
-        if recipe.lora is None:
-            raise merge.MergeError("--merge-lora: the run has no lora: its checkpoint already holds the full model")
-        return
-    if recipe.model.architecture != hf_llama.ARCHITECTURE:
-        raise merge.MergeError(f"the Hugging Face Llama layout holds a {hf_llama.ARCHITECTURE!r}; the run is a "
-                               f"{recipe.model.architecture!r}")
-    try:
-        hf_llama.refuse_unmappable(hf_llama.fields_of(recipe), "dew-export")
-    except ValueError as err:
-        raise merge.MergeError(str(err)) from None
-
-
-def write_hf(r: Any, out: str) -> str:
-    """The restored run ``r`` in the Hugging Face Llama layout at ``out``."""
-    from flax import nnx
-
-    from dew.training.checkpointing import hf_llama
-
-    from dew.training.adapters import merge
-
-    if r.recipe.lora is not None:
-        params = merge.merged(r.model, r.recipe)
-    else:
-        params = {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(r.model, nnx.Param))}
-    try:
-        hf_llama.write(hf_llama.fields_of(r.recipe), params, out)
-    except ValueError as err:
-        raise merge.MergeError(str(err)) from None
-    record = getattr(r.objective, "tokenizer", None) or {}
-    if record.get("kind") == "bpe":  # a `tokenizers` file is Hugging Face's own tokenizer.json
-        shutil.copyfile(str(record["file"]), os.path.join(out, "tokenizer.json"))
-    return out
-
-
 @console_script
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
@@ -105,13 +48,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     import logging
 
     logging.getLogger("absl").setLevel(logging.ERROR)
-    from dew.cli.sample import SampleError
+    # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
+    from dew.cli import exporting, restore
     from dew.training.adapters.merge import MergeError
-    from dew.contract.typed import ConfigError
 
     try:
-        out = run(args)
-    except (SampleError, MergeError, ConfigError, FileNotFoundError) as err:
+        out = exporting.run(args)
+    except (restore.SampleError, MergeError, ConfigError, FileNotFoundError) as err:
         print(f"dew-export: error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     print(f"dew-export: {args.run_dir} {'merged into' if args.merge_lora else 'in the Hugging Face layout in'} {out}",

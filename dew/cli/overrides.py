@@ -18,12 +18,17 @@ import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Union
 
+from dew.compat import hydra_args_parser
 from dew.contract.typed import hints, registry_of
 
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
+    from omegaconf import DictConfig
 
-def _record_type(tp: Any) -> Any:
+
+def _record_type(tp: object) -> type | None:
     """The dataclass behind ``tp`` (through ``Annotated`` and ``X | None``), else None."""
     origin = typing.get_origin(tp)
     if origin is Annotated:
@@ -40,9 +45,9 @@ def unknown_key(key: str, root: type) -> str | None:
     parts = key.split(".")
     if len(parts) < 2 or parts[0] == "hydra":
         return None  # a config group (model=...), a top-level field, or Hydra's own settings
-    cls = root
+    tp: object = root
     for depth, part in enumerate(parts):
-        cls = _record_type(cls)
+        cls = _record_type(tp)
         if cls is None or registry_of(cls) is not None:
             return None
         fields = [f.name for f in dataclasses.fields(cls) if f.init]
@@ -50,7 +55,7 @@ def unknown_key(key: str, root: type) -> str | None:
             where = ".".join(parts[:depth])
             return (f"{'.'.join(parts[:depth + 1])}: unknown field of {where or 'the run'} ({cls.__name__}); "
                     f"its fields are {', '.join(fields)}")
-        cls = hints(cls)[part]
+        tp = hints(cls)[part]
     return None
 
 
@@ -111,7 +116,7 @@ def how_to_set(path: str, record: type, conf: str | None, example: str = "...") 
     return f"give the record whole, e.g. {path}='{{{example}}}' (its fields: {', '.join(fields)})"
 
 
-def unset_record(key: str, cfg: Any, root: type, conf: str | None = None, value: str = "...") -> str | None:
+def unset_record(key: str, cfg: DictConfig, root: type, conf: str | None = None, value: str = "...") -> str | None:
     """A message when ``key`` (set to ``value``) sets a field of an optional record the composed
     ``cfg`` leaves unset (null), so Hydra has nowhere to put it; None otherwise."""
     from omegaconf import OmegaConf
@@ -155,7 +160,7 @@ def check_unset_records(overrides: Sequence[str], root: type, conf: str) -> str 
                  if (p := unset_record(o.key_or_group, cfg, root, conf, o.get_value_element_as_str()))), None)
 
 
-def _chosen(path: str, parsed: Sequence[Any], conf: str) -> bool:
+def _chosen(path: str, parsed: Sequence[Override], conf: str) -> bool:
     """Whether the command line, or the experiment file it names, plainly gives the record at
     ``path`` (its config group chosen, or the record set): then no composition is needed to know it
     is set, which spares most commands (``experiment=digits optim.schedule.warmup_steps=1``) a second
@@ -172,15 +177,17 @@ def _chosen(path: str, parsed: Sequence[Any], conf: str) -> bool:
             if not file.is_file():
                 continue
             experiment = OmegaConf.load(file)
+            if not isinstance(experiment, DictConfig):
+                continue
             entries = [e for e in experiment.get("defaults", []) if isinstance(e, DictConfig)]
-            if any(group in k.split("@")[0] and v is not None for e in entries for k, v in e.items()):
+            if any(group in str(k).split("@")[0] and v is not None for e in entries for k, v in e.items()):
                 return True
             if isinstance(OmegaConf.select(experiment, path), DictConfig):
                 return True
     return False
 
 
-def _one_value(override: Any) -> str | None:
+def _one_value(override: Override) -> str | None:
     """``override`` as text, a sweep replaced by its first value (None for a sweep with no list)."""
     if not override.is_sweep_override():
         return override.input_line
@@ -208,8 +215,6 @@ def first_job_to_print(argv: Sequence[str]) -> tuple[list[str], str | None]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    from dew.compat import hydra_args_parser
-
     rest = [a for a in argv if a not in MULTIRUN_FLAGS]
     try:
         overrides = hydra_args_parser().parse_known_args(rest)[0].overrides
@@ -221,6 +226,7 @@ def first_job_to_print(argv: Sequence[str]) -> tuple[list[str], str | None]:
         if (value := _one_value(o)) is None:
             raise ValueError(f"{o.input_line}: the sweeper samples this value, so no job's config is known "
                              "before the sweep runs; give it one value to print a config with --cfg")
+        assert o.input_line is not None  # parse_overrides keeps each override's text
         first[o.input_line] = value
     out = with_overrides([first.get(a, a) for a in rest], ["hydra.mode=MULTIRUN"])
     note = f"the config of the sweep's first job ({' '.join(first.values())})" if first else None
@@ -230,8 +236,6 @@ def first_job_to_print(argv: Sequence[str]) -> tuple[list[str], str | None]:
 def with_overrides(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
     """``argv`` with the overrides ``extra`` put before its first override, or at its end when it has
     none: Hydra's parser reads the overrides as one run of arguments, not two."""
-    from dew.compat import hydra_args_parser
-
     try:
         overrides = hydra_args_parser().parse_known_args(list(argv))[0].overrides
     except SystemExit:
@@ -245,8 +249,6 @@ def hydra_help_args(argv: Sequence[str], launch_uri: str) -> list[str]:
     alone (not conf/config.yaml), so dew's template (``hydra/hydra_help=dew``) and the launcher
     profiles' directory are named here, and the overrides of dew's own config (``experiment=digits``),
     which Hydra's config alone would refuse, are left out: they change nothing in Hydra's help."""
-    from dew.compat import hydra_args_parser
-
     try:
         overrides = set(hydra_args_parser().parse_known_args(list(argv))[0].overrides)
     except SystemExit:

@@ -10,22 +10,26 @@ count the mesh names without those devices, reads no data and writes nothing.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dew.cli.console import console_script
 from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs
-from dew.recipe import Recipe
 from dew.contract.typed import ConfigError
+from dew.recipe import Recipe
+
+if TYPE_CHECKING:
+    from dew.training.plan import Plan
 
 
-def plan_from_hydra(cfg: DictConfig) -> Any:
+def plan_from_hydra(cfg: DictConfig) -> Plan:
+    # heavy: JAX loads only once Hydra has composed the config (--help and a bad override stay quick)
+    from dew.training.plan import plan
+
     try:
         recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
-        from dew.training.plan import plan
-
         result = plan(recipe)
     except (ConfigError, ValueError) as err:
         print(f"dew-plan: error: {err}", file=sys.stderr)

@@ -20,11 +20,15 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
-
 from dew.cli.console import console_script
+from dew.runs import table
+from dew.runs.compare import diff_text
 from dew.runs.discover import RunsError, find_runs
+from dew.runs.plot import draw, plot_data
+from dew.runs.show import show_text
 from dew.runs.status import Run, read_run
+from dew.runs.study import Study, has_study, read_study, study_text
+from dew.runs.study_plot import draw_study
 
 EXIT_BAD_INPUT = 2
 COMMANDS = ("list", "diff", "plot", "show")
@@ -78,10 +82,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 
 def _select(runs: list[Run], where: Sequence[str]) -> list[Run]:
-    from dew.runs.table import parse_where
-
     for expression in where:
-        keep = parse_where(expression, runs)
+        keep = table.parse_where(expression, runs)
         runs = [r for r in runs if keep(r)]
     return runs
 
@@ -98,8 +100,6 @@ def run(argv: Sequence[str]) -> str:
     argv = list(argv)
     command = argv.pop(0) if argv and argv[0] in COMMANDS else "list"
     args = _parser(command).parse_args(argv)
-    from dew.runs import table
-
     if command == "list":
         runs = load_runs(args.dirs, args.tracking)
         studies = _studies(args.dirs, args.tracking) if not (args.json or args.sort or args.where) else ""
@@ -111,22 +111,14 @@ def run(argv: Sequence[str]) -> str:
             return table.to_json(runs)
         return studies + (table.render(runs, keys) if runs else f"no runs in {', '.join(args.dirs)}")
     if command == "diff":
-        from dew.runs.compare import diff_text
-
         return diff_text(_one(args.a, args.tracking), _one(args.b, args.tracking), args.metric)
     if command == "show":
-        from dew.runs.show import show_text
-
         return show_text(_one(args.run, args.tracking))
-    from dew.runs.plot import draw, plot_data
-
     if not 0.0 <= args.smooth < 1.0:
         raise RunsError(f"--smooth {args.smooth}: the weight must lie in [0, 1)")
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg"):
         raise RunsError(f"-o {args.output!r}: the file must end in .png or .svg")
     if len(args.dirs) == 1 and not args.where and (study := _study(args.dirs[0], args.tracking)) is not None:
-        from dew.runs.study_plot import draw_study
-
         width, height = draw_study(study, args.output)
         return (f"wrote {args.output} ({width}x{height}): study {study.name}, {len(study.trials)} trials, "
                 "the objective against each searched parameter and the best so far")
@@ -145,17 +137,13 @@ def run(argv: Sequence[str]) -> str:
         f"; final values against {', '.join(data.fields)}" if data.fields else "")
 
 
-def _study(directory: str, tracking: str | None) -> Any:
+def _study(directory: str, tracking: str | None) -> Study | None:
     """The Optuna study a sweep directory holds (``hydra/sweeper=optuna``), or None."""
-    from dew.runs.study import has_study, read_study
-
     return read_study(directory, tracking) if has_study(directory) else None
 
 
 def _studies(directories: Sequence[str], tracking: str | None) -> str:
     """The studies among ``directories``, as text, each followed by a blank line."""
-    from dew.runs.study import study_text
-
     return "".join(f"{study_text(s)}\n\n" for d in directories if (s := _study(d, tracking)) is not None)
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from omegaconf import MISSING
 
-from dew.contract.typed import NAME_KEY, JsonString, hints, registry_of
+from dew.contract.typed import NAME_KEY, JsonString, hints, registry_of, to_json
 
 
 @functools.cache
@@ -33,13 +33,13 @@ def schema_of(cls: type) -> type:
 def member_schema(cls: type) -> type:
     """The twin of a registered member (``Digits``), a subclass of its base node with its name."""
     base = next(b for b in cls.__mro__[1:] if registry_of(b) is not None)
-    twin = _twin(cls, bases=(schema_of(base),), name_default=cls.name)
+    twin = _twin(cls, bases=(schema_of(base),), name_default=getattr(cls, "name"))  # every registered member has its name
     return twin
 
 
 def _twin(cls: type, bases: tuple[type, ...], name_default: str | None = None) -> type:
     types_ = hints(cls)
-    fields: list[tuple[str, Any, dataclasses.Field]] = []
+    fields: list[tuple[str, Any, Any]] = []  # (name, type, dataclasses.field(...)): the stubs type a field as its default
     if name_default is not None:
         fields.append((NAME_KEY, str, dataclasses.field(default=name_default)))
     for f in dataclasses.fields(cls):
@@ -54,8 +54,9 @@ def _twin(cls: type, bases: tuple[type, ...], name_default: str | None = None) -
             # `++model.config={...}` merges new ones.
             default = _default(f)
             if default.default_factory is not dataclasses.MISSING and default.default_factory() == {}:
-                default = dataclasses.field(default="{}")
-            fields.append((f.name, tp, default))
+                fields.append((f.name, tp, dataclasses.field(default="{}")))
+            else:
+                fields.append((f.name, tp, default))
             continue
         if f.default is None and _optional_record(types_[f.name]):
             # An unset optional record defaults to `${unset:}` (a resolver that gives null), not to
@@ -77,21 +78,19 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("unset", lambda: None, replace=True)
 
 
-def _optional_record(tp: Any) -> bool:
+def _optional_record(tp: object) -> bool:
     if typing.get_origin(tp) not in (Union, types.UnionType):
         return False
     args = typing.get_args(tp)
     return type(None) in args and any(isinstance(a, type) and dataclasses.is_dataclass(a) for a in args)
 
 
-def _is_json(tp: Any) -> bool:
+def _is_json(tp: object) -> bool:
     return typing.get_origin(tp) is Annotated and any(
         isinstance(m, JsonString) or m is JsonString for m in typing.get_args(tp)[1:])
 
 
-def _default(f: dataclasses.Field) -> dataclasses.Field:
-    from dew.contract.typed import to_json
-
+def _default(f: dataclasses.Field[Any]) -> dataclasses.Field[Any]:
     if f.default is not dataclasses.MISSING:
         value = f.default
     elif f.default_factory is not dataclasses.MISSING:
@@ -110,12 +109,10 @@ def _default(f: dataclasses.Field) -> dataclasses.Field:
     return dataclasses.field(default=plain)
 
 
-def _to_node(value: Any) -> Any:
+def _to_node(value: object) -> Any:
     """A dataclass value as an instance of its twin (nested records as twins too)."""
-    from dew.contract.typed import to_json
-
     if dataclasses.is_dataclass(value):
-        cls = type(value)
+        cls: type = type(value)
         node = member_schema(cls) if registry_of(_base(cls)) is not None else schema_of(cls)
         types_ = hints(cls)
         kwargs = {}
@@ -141,7 +138,7 @@ def _base(cls: type) -> type:
     return cls
 
 
-def _node_type(tp: Any) -> Any:
+def _node_type(tp: object) -> Any:
     origin = typing.get_origin(tp)
     if origin is Annotated:
         inner, *meta = typing.get_args(tp)
@@ -167,9 +164,9 @@ def _node_type(tp: Any) -> Any:
             node = Any
         return Optional[node] if optional else node  # noqa: UP045
     if origin is tuple:
-        args = typing.get_args(tp)
-        elem = args[0] if len(args) == 2 and args[1] is Ellipsis else Any
-        return list[_node_type(elem)] if elem is not Any else list[Any]
+        items = typing.get_args(tp)
+        elem = items[0] if len(items) == 2 and items[1] is Ellipsis else Any
+        return list[_node_type(elem)] if elem is not Any else list[Any]  # type: ignore[misc]  # a type built at run time, for OmegaConf
     if origin is dict:
         return dict[str, Any]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):

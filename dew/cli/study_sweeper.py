@@ -29,7 +29,6 @@ chosen.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
@@ -38,16 +37,23 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+import shutil
 from typing import Any, NoReturn
 
 import optuna
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from dew import compat
+from dew.cli.overrides import unset_record
+from dew.cli.train import EXIT_BUSY, conf_dir
+from dew.contract.lock import RunLock, RunLockedError
 from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_LOCK_DIR, study_url
+from dew.launching.checks import checking
+from dew.launching.naming import SWEEP_ENV
+from dew.recipe import Recipe
 
 _impl = compat.optuna_sweeper_impl()
-OptunaSweeperImpl = _impl.OptunaSweeperImpl
+OptunaSweeperImpl: Any = _impl.OptunaSweeperImpl  # the plugin's class, read through compat (it ships no types)
 create_params_from_overrides = _impl.create_params_from_overrides
 
 log = logging.getLogger("dew")
@@ -60,11 +66,6 @@ def holding_the_study(sweep_dir: str) -> Iterator[None]:
     """The run lock on the study (``STUDY_LOCK_DIR``) for as long as the block sweeps, and no trace
     of it after; a command already sweeping the same study is refused with its host and process
     (exit 4)."""
-    import shutil
-
-    from dew.cli.train import EXIT_BUSY
-    from dew.contract.lock import RunLock, RunLockedError
-
     where = os.path.join(sweep_dir, STUDY_LOCK_DIR)
     try:
         lock = RunLock(where).acquire()
@@ -81,6 +82,10 @@ def holding_the_study(sweep_dir: str) -> Iterator[None]:
 class ResumableOptunaSweeper(OptunaSweeperImpl):
     """The plugin's sweeper with the study in the sweep directory, resumed and counted whole."""
 
+    sampler: Any
+    """The plugin's sampler (a ``functools.partial`` of the grid sampler until the space is known)."""
+    n_trials: int
+
     def sweep(self, arguments: list[str]) -> None:
         space, fixed = self._search_space(arguments)
         directions = self._get_directions()
@@ -95,7 +100,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         with holding_the_study(self.sweep_dir):
             self._sweep(space, fixed, directions[0])
 
-    def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: Any) -> None:
+    def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
         study = optuna.create_study(study_name=self.study_name or Path(self.sweep_dir).name,
                                     storage=self.storage or study_url(self.sweep_dir), sampler=self.sampler,
                                     direction=direction, load_if_exists=True)
@@ -112,7 +117,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 self._run(study, group, self._configure_trials(group, space, fixed))
         self._report(study)
 
-    def _rehearse(self, space: dict[str, Any], fixed: dict[str, Any], direction: Any) -> None:
+    def _rehearse(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
         """``dew-train --check`` or a dry run: the first batch of trials a new study would draw (the
         sampler's seed as configured), drawn in a study held in memory, handed to the launcher,
         which checks (or prints) them and starts nothing; nothing is told, written or continued."""
@@ -140,10 +145,6 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         schedule chosen), or whose values cannot be merged into their field at all (the low end of
         ``interval(0, 300)``, a float, into an int field). A space that merges at its low end may
         still hold values dew refuses: those trials fail one by one."""
-        from dew.cli.overrides import unset_record
-        from dew.cli.train import conf_dir
-        from dew.recipe import Recipe
-
         for key in space:
             if problem := unset_record(key, self.config, Recipe, conf_dir()):
                 stop(f"hydra.sweeper.params: {problem}", BAD_INPUT)
@@ -159,8 +160,6 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
         the sweep directory's name wrote lists the command line's sweeps, not the search space."""
-        from dew.launching.naming import SWEEP_ENV
-
         record = json.loads(os.environ.get(SWEEP_ENV) or '{"dir": null, "swept": []}')
         record["swept"] = sorted({*record["swept"], *space})
         os.environ[SWEEP_ENV] = json.dumps(record)
@@ -223,11 +222,9 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                        Path(self.sweep_dir) / "optimization_results.yaml")
 
 
-def rehearsal(config: Any) -> bool:
+def rehearsal(config: DictConfig) -> bool:
     """Whether this command only checks (``dew-train --check``) or prints what it would submit (a
     launcher's ``dry_run``): a study then draws its first batch of trials and stops."""
-    from dew.launching.checks import checking
-
     return checking() or bool(OmegaConf.select(config, "hydra.launcher.dry_run", default=False))
 
 

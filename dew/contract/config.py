@@ -21,7 +21,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
+from dew.contract.axes import LOGICAL_AXES
 from dew.contract.data import DataSpec, datasets
+from dew.contract.models import architecture, resolve_fields
+from dew.contract.models import build as build_architecture
 from dew.contract.registry import AttentionImpl, DtypeName, MatmulPrecision
 from dew.contract.rundir import RUN_RECORD
 from dew.contract.schedules import ScheduleSpec
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
     from flax import nnx
 
     from dew.contract.data import Dataset
+    from dew.objectives.base import Metric, Objective
+    from dew.training.step import TrainState
 
 __all__ = [
     "ConfigError", "DataSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
@@ -76,8 +81,6 @@ class ModelConfig:
     rest, xla on any other backend."""
 
     def __post_init__(self) -> None:
-        from dew.contract.models import architecture, resolve_fields
-
         try:
             architecture(self.architecture)
         except ValueError as err:
@@ -92,8 +95,6 @@ class ModelConfig:
                     f"set the precision once, as model.{name} (or give both the same value)")
 
     def _precision(self) -> dict[str, object]:
-        from dew.contract.models import architecture
-
         declared = architecture(self.architecture).precision()
         values = {"dtype": self.dtype, "param_dtype": self.param_dtype,
                   "matmul_precision": self.matmul_precision, "attention_impl": self.attention_impl}
@@ -118,11 +119,9 @@ class ModelConfig:
         """Build the architecture from ``fields()``; ``rngs`` seeds its initialisation."""
         from flax import nnx
 
-        from dew.contract.models import build
-
         if isinstance(rngs, int):
             rngs = nnx.Rngs(rngs)
-        return build(self.architecture, self.fields(), rngs)
+        return build_architecture(self.architecture, self.fields(), rngs)
 
 
 # ----------------------------------------------------------------------------------------- optimizer
@@ -270,8 +269,6 @@ class Layout:
     axes say: splitting them saves nothing and costs a collective."""
 
     def __post_init__(self) -> None:
-        from dew.contract.axes import LOGICAL_AXES
-
         mesh_axes = tuple(f.name for f in dataclasses.fields(MeshSpec))
         for name, axes in self.rules.items():
             if name not in LOGICAL_AXES:
@@ -751,8 +748,8 @@ class RunConfig:
         """Read the config a run in ``directory`` was built from, as this class (``RunRecord``)."""
         return RunRecord.read(directory).typed(cls)
 
-    def train(self, objective: Any, dataset: Dataset, *, name: str, metrics: Sequence[Any] = (),
-              summary: Mapping[str, object] | None = None) -> Any:
+    def train(self, objective: Objective, dataset: Dataset, *, name: str, metrics: Sequence[Metric] = (),
+              summary: Mapping[str, object] | None = None) -> TrainState:
         """Train ``objective`` on ``dataset`` as this run says; every recipe calls this once it has
         built both.
 
@@ -762,6 +759,6 @@ class RunConfig:
         and counts, logged as ``eval/<name>`` to the journal and W&B, and one marked ``best`` chooses
         the best checkpoint instead of ``eval/loss``.
         """
-        from dew.training.trainer import train
+        from dew.training.trainer import train  # the one arrow up (tests/test_layers.py); heavy: JAX stays out of the contract
 
         return train(self, objective, dataset, name=name, metrics=metrics, summary=summary)

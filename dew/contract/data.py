@@ -14,6 +14,7 @@ this module imports nothing from dew but the contract package, and no JAX.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
@@ -97,3 +98,11 @@ class Dataset(Protocol):
         carries a float32 ``mask`` field, 1 for a real record and 0 for the padding that fills the
         last batch."""
         ...
+
+
+def whole(value: object, what: str) -> int:
+    """``value`` (one of ``Dataset.model_fields``, say) as an int; a ValueError naming ``what`` when it
+    is not a whole number (a numpy integer is one)."""
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    raise ValueError(f"{what}={value!r} is not a whole number")

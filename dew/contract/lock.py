@@ -336,7 +336,7 @@ class RunLock:
             if err.errno in HELD:
                 raise _busy(local, holder) from None
             log.info("%s: the filesystem cannot flock (%s): the run lock is a lease renewed every %g s",
-                     local, errno.errorcode.get(err.errno, err.errno), stale_after() / RENEWALS_PER_BOUND)
+                     local, errno.errorcode.get(err.errno or -1, err.errno), stale_after() / RENEWALS_PER_BOUND)
             self._lease = _Lease(local)
             self._lease.acquire()
             return

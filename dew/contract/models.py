@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dew.contract.registry import AttentionImpl, DtypeName, MatmulPrecision, Registry
+from dew.contract.typed import ConfigError, from_json, hints
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 PRECISION_FIELDS = ("dtype", "param_dtype", "matmul_precision", "attention_impl")
 """The run's precision settings (``ModelConfig``) an architecture may declare as fields."""
@@ -112,7 +116,7 @@ class Architecture:
         """Checks that need the fields that follow from the data, which the recipe fills in after
         the config is read; raise ``ValueError``."""
 
-    def build(self, rngs: Any) -> Any:
+    def build(self, rngs: nnx.Rngs) -> nnx.Module:
         """The module (a ``flax.nnx.Module``), initialised from ``rngs`` (a ``flax.nnx.Rngs``)."""
         raise NotImplementedError(f"architecture {self.name!r} must implement build")
 
@@ -160,8 +164,6 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
     An unknown field, or a value of the wrong type, raises naming the architecture, the field and
     the fields it takes.
     """
-    from dew.contract.typed import ConfigError, from_json, hints
-
     arch = architecture(name)
     declared = arch.declared()
     unknown = sorted(set(values) - set(declared))
@@ -198,8 +200,6 @@ def with_data_fields(name: str, values: Mapping[str, object],
     ``seq_len``, ...); only the architecture's data fields are taken from it. An explicit value that
     differs from the data's raises naming both, instead of being overridden.
     """
-    from dew.contract.typed import ConfigError
-
     arch = architecture(name)
     merged = dict(values)
     for key in arch.data_fields:
@@ -213,11 +213,9 @@ def with_data_fields(name: str, values: Mapping[str, object],
     return merged
 
 
-def build(name: str, values: Mapping[str, object], rngs: Any) -> Any:
+def build(name: str, values: Mapping[str, object], rngs: nnx.Rngs) -> nnx.Module:
     """Build architecture ``name`` from its fields (merged over its defaults), initialised from
     ``rngs`` (a ``flax.nnx.Rngs``): the ``flax.nnx.Module`` its ``build`` returns."""
-    from dew.contract.typed import ConfigError
-
     arch = of(name, values)
     try:
         arch.check_data()

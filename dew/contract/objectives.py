@@ -19,6 +19,7 @@ from dew.contract.registry import Registry
 if TYPE_CHECKING:
     from dew.contract.config import RunConfig
     from dew.contract.data import Dataset
+    from dew.objectives.base import Objective
 
 
 class ObjectiveSpec:
@@ -122,13 +123,13 @@ def check_sampling(name: str, ema_decay: float, steps: int, temperature: float, 
         raise ValueError(f"{name}.samples={samples} must be positive")
 
 
-def summary_name(objective: Any) -> str | None:
+def summary_name(objective: Objective) -> str | None:
     """The registered name of a built objective (its summary's ``objective``)."""
     summary: Mapping[str, Any] = objective.summary()
     return summary.get("objective")
 
 
-def can_sample(objective: Any) -> bool:
+def can_sample(objective: Objective) -> bool:
     """Whether a built objective draws samples: an image grid (``sample_grid``) or text
     (``sample_text``). dew-train writes samples, suggests ``dew-sample`` and dew-sample runs only
     for one that does; a plugin's classifier, say, draws none."""

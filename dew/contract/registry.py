@@ -15,7 +15,7 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, Literal, TypeVar
 
 DtypeName = Literal["float32", "bfloat16", "float16"]
@@ -40,9 +40,9 @@ PLUGIN_GROUP = "dew.plugins"
 T = TypeVar("T", bound=type)
 
 
-def unknown_name(kind: str, name: object, known: object) -> ValueError:
+def unknown_name(kind: str, name: object, known: Iterable[str]) -> ValueError:
     """The error for a name a registry does not hold, listing the ones it does."""
-    return ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")  # type: ignore[arg-type]
+    return ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")
 
 
 class Registry(Mapping[str, T], Generic[T]):
@@ -137,7 +137,7 @@ def plugin_conf_dirs() -> list[str]:
     ``model/my_model.yaml`` is the option ``model=my_model``. Found without importing the plugin."""
     import importlib.util
 
-    dirs = []
+    dirs: list[str] = []
     if os.environ.get("DEW_NO_PLUGINS"):
         return dirs
     for point in importlib.metadata.entry_points(group=PLUGIN_GROUP):

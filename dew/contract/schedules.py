@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from dew.contract.registry import Registry
+
+if TYPE_CHECKING:
+    import jax
+
+    from dew.training.optim.schedules import Ramp, Rate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +27,7 @@ class ScheduleSpec:
 
     name: ClassVar[str]
 
-    def build(self, peak: float, ramp: Any, tokens_seen: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
+    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
         """The rate at each step (a function of the step, ``dew.training.optim.schedules.Rate``), peaking at
         ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.optim.schedules.WarmupDecay``) and
         ``tokens_seen`` as ``build_schedule`` says."""

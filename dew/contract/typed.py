@@ -15,8 +15,11 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, Union
+
+from dew.contract.data import DataSpec, datasets
+from dew.contract.schedules import ScheduleSpec, schedules
 
 NAME_KEY = "name"
 """The key a registered member's kind is written under."""
@@ -32,9 +35,6 @@ class JsonString:
 
 def registry_of(cls: type) -> Mapping[str, type] | None:
     """The registry a base class dispatches through (``DataSpec`` -> datasets), or None."""
-    from dew.contract.data import DataSpec, datasets
-    from dew.contract.schedules import ScheduleSpec, schedules
-
     if cls is DataSpec:
         return datasets
     if cls is ScheduleSpec:
@@ -85,7 +85,7 @@ def _finite(value: int | float) -> bool:
 # What each scalar type accepts; bool is an int subclass, so it is neither an int nor a float here.
 # A float field is finite: every float dew reads is a rate, a scale, a ratio or a size, where NaN or
 # infinity cannot work (NaN also never equals itself, so a record holding one could never be resumed).
-_SCALARS: dict[Any, Any] = {
+_SCALARS: dict[object, Callable[[object], bool]] = {
     type(None): lambda v: v is None,
     bool: lambda v: isinstance(v, bool),
     int: lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -134,9 +134,11 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
             raise errors[0]
         _fail(path, tp, value)
     if tp in _SCALARS:
-        if _SCALARS[tp](value):
-            return float(value) if tp is float else value
-        _fail(path, tp, value)
+        if not _SCALARS[tp](value):
+            _fail(path, tp, value)
+        if tp is float and isinstance(value, int):  # JSON's 1 where a float is expected: 1.0
+            return float(value)
+        return value
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -194,7 +196,7 @@ def _dataclass_from_json(cls: type, value: object, path: str) -> Any:
     if registry is not None:
         kind = value.get(NAME_KEY)
         where = f"{path}.{NAME_KEY}" if path else NAME_KEY
-        if kind not in registry:
+        if not isinstance(kind, str) or kind not in registry:
             raise ConfigError(f"{where}: expected one of {', '.join(sorted(registry))}, "
                               f"found {_describe(kind)}")
         cls = registry[kind]

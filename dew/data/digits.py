@@ -20,16 +20,16 @@ import importlib.metadata
 import os
 import tempfile
 import zipfile
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dew.contract.data import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
 
-Spec = Any
-"""The ``digits`` spec (``dew.data.specs.Digits``), read by attribute: its ``load`` calls this
-module, which does not import it back."""
+if TYPE_CHECKING:
+    from dew.data.specs import Digits  # its load() imports this module
+
 
 NUM_CLASSES = 10
 SIDE = 8
@@ -95,14 +95,14 @@ def _keep(path: str, arrays: dict[str, np.ndarray]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".digits-", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub lets **kwds reach allow_pickle: bool
         os.replace(tmp, path)
     except OSError:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def load_digits(spec: Spec, batch_size: int, seed: int) -> RecordDataset:
+def load_digits(spec: Digits, batch_size: int, seed: int) -> RecordDataset:
     """The digits dataset at global batch ``batch_size``, shuffled from ``seed``."""
     arrays = digits_arrays(spec.eval_fraction)
     images, labels, train, held_out = (arrays[name] for name in FIELDS)

@@ -28,7 +28,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.io
@@ -37,9 +37,9 @@ from PIL import Image
 from dew.contract.data import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
 
-Spec = Any
-"""The ``oxford_flowers102`` spec (``dew.data.specs.OxfordFlowers102``), read by attribute: its
-``load`` calls this module, which does not import it back."""
+if TYPE_CHECKING:
+    from dew.data.specs import OxfordFlowers102  # its load() imports this module
+
 
 NUM_CLASSES = 102
 BASE_URL = "https://www.robots.ox.ac.uk/~vgg/data/flowers/102/"
@@ -54,7 +54,7 @@ _MEMBER = re.compile(r"^jpg/image_(\d{5})\.jpg$")
 _CACHE_VERSION = 1
 
 
-def cache_root(spec: Spec) -> str:
+def cache_root(spec: OxfordFlowers102) -> str:
     """Where this dataset's downloads and arrays live."""
     base = spec.cache_dir or os.environ.get("DEW_DATA_DIR") or "~/.cache/dew/datasets"
     return os.path.join(os.path.expanduser(base), spec.name)
@@ -96,7 +96,7 @@ def download(name: str, directory: str) -> str:
     return path
 
 
-def source_files(spec: Spec) -> dict[str, str]:
+def source_files(spec: OxfordFlowers102) -> dict[str, str]:
     """The three official files: from ``data.root``, else the cache, downloading what is missing."""
     if spec.root is not None:
         root = os.path.expanduser(spec.root)
@@ -124,7 +124,7 @@ def _mat_field(path: str, key: str) -> np.ndarray:
 
 def center_crop_resize(data: bytes, resolution: int) -> np.ndarray:
     """One JPEG decoded, centre-cropped to its shorter side and resized to ``resolution``."""
-    image = Image.open(io.BytesIO(data))
+    image: Image.Image = Image.open(io.BytesIO(data))
     image.draft("RGB", (2 * resolution, 2 * resolution))  # decode at a reduced DCT scale
     image = image.convert("RGB")
     w, h = image.size
@@ -149,7 +149,9 @@ def read_archive(path: str) -> dict[int, bytes]:
                                      "(absolute, '..' or a link): refusing the archive")
                 match = _MEMBER.match(normal)
                 if match and member.isfile():
-                    jpegs[int(match.group(1))] = archive.extractfile(member).read()
+                    file = archive.extractfile(member)
+                    assert file is not None  # a regular file's member always has one
+                    jpegs[int(match.group(1))] = file.read()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
         raise ValueError(f"{path}: corrupt or truncated archive ({e})") from e
     if not jpegs:
@@ -196,7 +198,7 @@ def build_cache(files: dict[str, str], resolution: int, directory: str) -> None:
         json.dump({s: sorted(int(i) - 1 for i in ids) for s, ids in splits.items()}, f)
 
 
-def cached_arrays(spec: Spec) -> str:
+def cached_arrays(spec: OxfordFlowers102) -> str:
     """The directory of the decoded arrays for ``spec``, building it if absent."""
     files = source_files(spec)
     # Keyed by the source files' identity and the resolution: other files get another cache.
@@ -225,7 +227,7 @@ def _decode(raw: Batch) -> Batch:
     return {"image": image, "label": raw["label"]}
 
 
-def load_flowers(spec: Spec, batch_size: int, seed: int) -> RecordDataset:
+def load_flowers(spec: OxfordFlowers102, batch_size: int, seed: int) -> RecordDataset:
     """Oxford Flowers 102 at global batch ``batch_size``, shuffled from ``seed``."""
     directory = cached_arrays(spec)
     images = np.load(os.path.join(directory, "images.npy"), mmap_mode="r")

@@ -45,7 +45,10 @@ _STATE_VERSION = 1
 class Records(Protocol):
     """Records addressed by index, read a batch at a time."""
 
-    num_records: int
+    @property
+    def num_records(self) -> int:
+        """How many records there are."""
+        ...
 
     def gather(self, indices: np.ndarray) -> Batch:
         """The records at ``indices`` (int64, any length including 0) as one batch."""

@@ -51,12 +51,13 @@ def prepare(files: Sequence[str], out: str, *, tokenizer: str = "byte", vocab_si
         tok = train_bpe(files, vocab_size, os.path.join(out, "tokenizer.json"))
     else:
         raise ValueError(f"--tokenizer={tokenizer!r} must be 'byte' or 'bpe'")
+    files_written: dict[str, dict[str, object]] = {}
     record = {"format": "dew-tokens", "version": 1, "vocab_size": tok.vocab_size,
-              "tokenizer": tok.record(), "files": {}}
+              "tokenizer": tok.record(), "files": files_written}
     for name, paths in (("train.bin", files), ("val.bin", val)):
         if paths:
             count = write_llmc(os.path.join(out, name), _documents(paths, tok), tok.vocab_size)
-            record["files"][name] = {"tokens": count, "sources": list(paths)}
+            files_written[name] = {"tokens": count, "sources": list(paths)}
     tmp = os.path.join(out, f"{SIDECAR}.tmp")
     with open(tmp, "w") as f:
         json.dump(record, f, indent=2)

@@ -33,7 +33,7 @@ class Digits(DataSpec):
             raise ValueError(f"data.eval_fraction={self.eval_fraction} must lie in (0, 1)")
 
     def load(self, batch_size: int, seed: int) -> Dataset:
-        from dew.data.digits import load_digits
+        from dew.data.digits import load_digits  # heavy: grain loads only when the data is loaded
 
         return load_digits(self, batch_size=batch_size, seed=seed)
 
@@ -74,7 +74,7 @@ class OxfordFlowers102(DataSpec):
                              f"{list(self.train_splits)}: the held-out split would be trained on")
 
     def load(self, batch_size: int, seed: int) -> Dataset:
-        from dew.data.flowers import load_flowers
+        from dew.data.flowers import load_flowers  # heavy: grain loads only when the data is loaded
 
         return load_flowers(self, batch_size=batch_size, seed=seed)
 
@@ -115,7 +115,7 @@ class TokenWindows(DataSpec):
             raise ValueError(f"data.dtype={self.dtype!r} must be uint16 or uint32")
 
     def load(self, batch_size: int, seed: int) -> Dataset:
-        from dew.data.tokens import load_token_windows
+        from dew.data.tokens import load_token_windows  # heavy: grain loads only when the data is loaded
 
         return load_token_windows(self, batch_size=batch_size, seed=seed)
 
@@ -148,6 +148,6 @@ class TextStream(DataSpec):
             raise ValueError(f"data.seq_len={self.seq_len} must be >= 1")
 
     def load(self, batch_size: int, seed: int) -> Dataset:
-        from dew.data.stream import load_text_stream
+        from dew.data.stream import load_text_stream  # heavy: grain loads only when the data is loaded
 
         return load_text_stream(self, batch_size=batch_size, seed=seed)

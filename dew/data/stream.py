@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grain
 import numpy as np
@@ -29,12 +29,12 @@ import numpy as np
 from dew.contract.data import Batch
 from dew.data.pipeline import padded_eval_batches, shard_bounds
 from dew.data.token_files import expand
-from dew.data.tokenizer import ByteTokenizer, Tokenizer, from_sidecar
+from dew.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, from_sidecar
 from dew.data.tokens import TokenWindowRecords
 
-Spec = Any
-"""The ``text_stream`` spec (``dew.data.specs.TextStream``), read by attribute: its ``load`` calls this
-module, which does not import it back."""
+if TYPE_CHECKING:
+    from dew.data.specs import TextStream  # its load() imports this module
+
 
 _STATE_VERSION = 1
 # Read files on the calling thread: grain's default 16 prefetch threads cost seconds of start-up on
@@ -92,13 +92,14 @@ class StreamIterator(grain.DatasetIterator):
 class StreamDataset:
     """A ``dew.contract.data.Dataset`` over packed text; ``num_records`` is None."""
 
-    spec: Spec
+    spec: TextStream
     files: list[str]
     val_files: list[str]
     tokenizer_impl: Tokenizer
     batch_size: int
     seed: int
-    num_records: None = None
+    num_records: int | None = None
+    """None: a stream has no record count."""
     resumable: bool = True
     tokens_per_record: int = dataclasses.field(init=False)
     """Tokens a record contributes to the loss: ``seq_len``."""
@@ -110,7 +111,7 @@ class StreamDataset:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
         self.tokens_per_record = self.spec.seq_len
         record = self.tokenizer_impl.record()
-        if "file" in record:
+        if isinstance(self.tokenizer_impl, BPETokenizer):
             record["file"] = self.tokenizer_impl.file
         self.tokenizer = record
 
@@ -153,7 +154,7 @@ class StreamDataset:
                                    process_index=process_index, process_count=process_count)
 
 
-def load_text_stream(spec: Spec, batch_size: int, seed: int) -> StreamDataset:
+def load_text_stream(spec: TextStream, batch_size: int, seed: int) -> StreamDataset:
     """The packed text stream of ``spec.path`` at global batch ``batch_size``, file order
     shuffled from ``seed``."""
     files = expand(spec.path, "data.path")

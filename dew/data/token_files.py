@@ -28,7 +28,7 @@ import numpy as np
 LLMC_MAGIC = 20240520
 LLMC_HEADER_INTS = 256
 LLMC_HEADER_BYTES = LLMC_HEADER_INTS * 4
-LLMC_VERSIONS = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
+LLMC_VERSIONS: dict[int, np.dtype] = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
 SIDECAR = "tokens.json"
 _CHUNK = 1 << 24  # tokens scanned at a time by the vocabulary check (32-64 MB)
 

@@ -15,8 +15,12 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tokenizers
 
 EOS = "<|endoftext|>"
 BYTE_VOCAB = 257
@@ -45,7 +49,7 @@ class BPETokenizer:
     """A byte-level BPE of the ``tokenizers`` library, saved as ``file``."""
 
     file: str
-    tokenizer: object = dataclasses.field(repr=False, compare=False)
+    tokenizer: tokenizers.Tokenizer = dataclasses.field(repr=False, compare=False)
 
     @classmethod
     def from_file(cls, file: str) -> BPETokenizer:
@@ -61,7 +65,10 @@ class BPETokenizer:
 
     @property
     def eos_id(self) -> int:
-        return self.tokenizer.token_to_id(EOS)
+        eos = self.tokenizer.token_to_id(EOS)
+        if eos is None:
+            raise ValueError(f"tokenizer file {self.file} has no {EOS} token (dew-prepare trains it in)")
+        return eos
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text).ids, np.int32)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,9 +25,9 @@ from dew.data.pipeline import RecordDataset
 
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
 
-Spec = Any
-"""The ``token_windows`` spec (``dew.data.specs.TokenWindows``), read by attribute: its ``load`` calls this
-module, which does not import it back."""
+if TYPE_CHECKING:
+    from dew.data.specs import TokenWindows  # its load() imports this module
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenWindowRecords:
@@ -38,6 +38,10 @@ class TokenWindowRecords:
     seq_len: int
     first: int = 0
     count: int | None = None
+    """Windows selected from ``first`` on; None: all the rest (set by ``__post_init__``)."""
+    _starts: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
+    """The index of each shard's first window, then the total."""
+    _offsets: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         per_shard = np.array([max(0, (len(s) - 1) // self.seq_len) for s in self.shards])
@@ -53,6 +57,7 @@ class TokenWindowRecords:
 
     @property
     def num_records(self) -> int:
+        assert self.count is not None  # set by __post_init__
         return self.count
 
     def gather(self, indices: np.ndarray) -> Batch:
@@ -81,11 +86,11 @@ class TokenDataset(RecordDataset):
     ``data.vocab_size`` alone."""
 
 
-def _open_all(paths: Sequence[str], spec: Spec) -> list[np.ndarray]:
+def _open_all(paths: Sequence[str], spec: TokenWindows) -> list[np.ndarray]:
     return [open_tokens(p, spec.format, spec.dtype) for p in paths]
 
 
-def load_token_windows(spec: Spec, batch_size: int, seed: int) -> TokenDataset:
+def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenDataset:
     """Token windows of ``spec.path`` at global batch ``batch_size``, shuffled from ``seed``.
 
     Every file is scanned once for ids outside the vocabulary, so a bad file fails here, naming
@@ -96,8 +101,12 @@ def load_token_windows(spec: Spec, batch_size: int, seed: int) -> TokenDataset:
     if spec.val_path and spec.val_fraction:
         raise ValueError(f"data.val_path={spec.val_path!r} and data.val_fraction="
                          f"{spec.val_fraction} both choose the held-out windows: set one")
-    sidecar = None if spec.vocab_size is not None else read_sidecar(paths + val_paths)
-    vocab_size = spec.vocab_size if sidecar is None else sidecar["vocab_size"]
+    sidecar = None
+    if spec.vocab_size is not None:
+        vocab_size = spec.vocab_size
+    else:
+        sidecar = read_sidecar(paths + val_paths)
+        vocab_size = sidecar["vocab_size"]
 
     shards, val_shards = _open_all(paths, spec), _open_all(val_paths, spec)
     for path, shard in zip(paths + val_paths, shards + val_shards):

@@ -13,15 +13,21 @@ as shapes.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from omegaconf import OmegaConf
 
+from dew.build import build_run
+from dew.contract.lock import RunLockedError
+from dew.contract.typed import ConfigError
 from dew.launching.jobs import SweepJob, hydra_config
+from dew.recipe import Recipe
+from dew.training.preflight import check_checkpoint_dir, check_xla_flags
+from dew.training.run_directory import prepare_run_dir, refuse_if_held, trained_objective
 
 
 CHECK_FLAG = "--check"
@@ -57,24 +63,19 @@ def checked() -> int:
 def check_job(job: SweepJob, device_count: int | None) -> None:
     """Raise ``ConfigError``/``ValueError``/``OSError`` with the message a single run would print,
     for any problem the job's run would find before writing anything."""
-    from dew.recipe import Recipe
-
     with hydra_config(job.hydra):
         container = OmegaConf.to_container(job.config, resolve=True)
     job.recipe = Recipe.from_dict(container)  # before JAX is imported: a typo fails at once
     check_run(job.recipe, job.run_dir, device_count)
 
 
-def check_run(recipe: Any, run_dir: str, device_count: int | None) -> None:
+def check_run(recipe: Recipe, run_dir: str, device_count: int | None) -> None:
     """Every check a run makes before it writes anything, for the run ``recipe`` in ``run_dir``:
     the XLA flags, the data (present, sized), the model and the optimizer as shapes, the run's
     length against its warmup and cadences, the mesh over ``device_count`` devices (the mesh's
     fixed sizes where the count is unknown), the checkpoint directory, and a run directory that
     already holds another run's record or is held by a live process. Reads only."""
-    from dew.build import build_run
-    from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-    from dew.training.run_directory import prepare_run_dir, refuse_if_held, trained_objective
-    from dew.training.trainer import check
+    from dew.training.trainer import check  # heavy: JAX stays out of composing and launching until a run is checked
 
     check_xla_flags(recipe.trainer)
     recipe, objective, dataset = build_run(recipe)
@@ -85,7 +86,7 @@ def check_run(recipe: Any, run_dir: str, device_count: int | None) -> None:
     prepare_run_dir(recipe, name, write=False, trains=trained_objective(recipe, objective))
 
 
-def _known_devices(recipe: Any) -> int:
+def _known_devices(recipe: Recipe) -> int:
     """Where the launcher cannot know the device count: the product of the mesh's fixed sizes."""
     sizes = [s for s in dataclasses.asdict(recipe.trainer.mesh).values() if s != -1]
     count = 1
@@ -96,9 +97,6 @@ def _known_devices(recipe: Any) -> int:
 
 def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
     """One line per job that fails its checks: the job, its overrides and the message."""
-    from dew.contract.typed import ConfigError
-    from dew.contract.lock import RunLockedError
-
     lines = []
     for job in jobs:
         if job.problem:  # Hydra could not compose it
@@ -111,7 +109,7 @@ def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
     return lines
 
 
-def launcher_without_multirun(args: Any) -> str | None:
+def launcher_without_multirun(args: argparse.Namespace) -> str | None:
     """A launcher chosen on a single run, where Hydra would ignore it and train right here (on a
     cluster's login node): the sentence that says so and how to launch. ``--cfg``, ``--info`` and
     ``--help`` only show the config, and may."""

@@ -31,7 +31,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -49,7 +51,7 @@ class LaunchInterrupts:
         self.phase = BEFORE
         self.stop_file: str | None = None
         """Written at the first signal while local jobs run: their tasks stop when it appears."""
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
     def install(self) -> LaunchInterrupts:
         for signum in SIGNALS:

@@ -10,9 +10,14 @@ import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict, read_write
+
+from dew.training.reporting.tracker import read_journal, tracking_dir
+
+if TYPE_CHECKING:
+    from hydra.types import HydraContext
 
 
 @dataclasses.dataclass
@@ -55,7 +60,7 @@ def hydra_config(cfg: DictConfig) -> Iterator[None]:
         instance.cfg = previous
 
 
-def compose_jobs(config: DictConfig, hydra_context: Any, job_overrides: Sequence[Sequence[str]],
+def compose_jobs(config: DictConfig, hydra_context: HydraContext, job_overrides: Sequence[Sequence[str]],
                  initial_job_idx: int) -> list[SweepJob]:
     """Every job's config and run directory, composed as each job will compose its own."""
     from hydra.errors import HydraException
@@ -88,8 +93,6 @@ def _first_lines(err: BaseException) -> str:
 
 def stop_record(job: SweepJob) -> dict[str, Any] | None:
     """The last ``stop`` or ``end`` event of the job's journal, None if it has none (or no journal)."""
-    from dew.training.reporting.tracker import read_journal, tracking_dir
-
     if job.recipe is None:
         return None
     name = os.path.relpath(job.run_dir, job.recipe.trainer.checkpoint_dir)

@@ -8,11 +8,20 @@ mixins before Hydra's and hydra-submitit-launcher's classes; ``dew.launching.loc
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+
+from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
+from dew.contract.lock import RunLockedError, holder
+from dew.launching.checks import checking, failures, record_checked
+from dew.launching.interrupts import current, stop_before_start
+from dew.launching.jobs import SweepJob, compose_jobs, stop_record
 from dew.launching.sweep_lock import holding_the_sweep, refuse_live_jobs, wait_until_released
+from dew.training.preemption import install_early
 
 
 class CheckedLaunch:
@@ -37,11 +46,6 @@ class CheckedLaunch:
         return None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
-        from dew.launching.checks import checking, failures, record_checked
-        from dew.launching.jobs import compose_jobs
-        from dew.contract.lock import RunLockedError
-
         sweep_dir = str(self.config.hydra.sweep.dir)
         _stop_if_interrupted(sweep_dir)  # Ctrl-C while Hydra composed: nothing is started
         jobs = compose_jobs(self.config, self.hydra_context, job_overrides, initial_job_idx)
@@ -83,8 +87,6 @@ class CheckedLaunch:
 def _stop_if_interrupted(sweep_dir: str, jobs: int | None = None) -> None:
     """End the command, leaving no trace, if the launching process got Ctrl-C (or SIGTERM) before
     this launch started its jobs."""
-    from dew.launching.interrupts import current, stop_before_start
-
     if (signals := current()) is not None and signals.received is not None:
         _leave_no_trace(sweep_dir)
         stop_before_start(jobs)
@@ -92,19 +94,15 @@ def _stop_if_interrupted(sweep_dir: str, jobs: int | None = None) -> None:
 
 def hand_back_signals() -> None:
     """Python's own SIGINT and SIGTERM handlers again, for a launcher that answers them itself."""
-    from dew.launching.interrupts import current
-
     if (signals := current()) is not None:
         signals.hand_back()
 
 
-def searching(config: Any) -> bool:
+def searching(config: DictConfig) -> bool:
     """Whether the sweep is a search (a sweeper that chooses the next jobs from the last ones'
     values, Optuna's), not Hydra's grid: a job of a grid that fails its checks stops the whole
     sweep before anything starts, but a search's trial that does is reported to the sweeper as
     failed (the job fails its own checks, ``dew.cli.trial``) and the study goes on."""
-    from omegaconf import OmegaConf
-
     target = OmegaConf.select(config, "hydra.sweeper._target_", default="") or ""
     return not target.endswith(".BasicSweeper")
 
@@ -157,15 +155,10 @@ def ended_on_a_signal(jobs: Sequence[Any]) -> bool:
     return end_of_stopped(jobs, interrupted=False)
 
 
-def end_of_stopped(jobs: Sequence[Any], *, interrupted: bool, status: int | None = None) -> bool:
+def end_of_stopped(jobs: Sequence[SweepJob], *, interrupted: bool, status: int | None = None) -> bool:
     """Print one line per job that stopped on a signal (and per job not finished; after an
     interrupt, per job that ended too) and exit with a stopped run's status (``status``, where the
     launching process knows it); False, printing nothing, when no job stopped so."""
-    import shlex
-
-    from dew.launching.jobs import stop_record
-    from dew.contract.lock import holder
-
     stops = {job.num: stop_record(job) for job in jobs}
     if not interrupted and not any(r and r.get("event") == "stop" and r.get("reason") in ("preempted", "interrupted")
                                    for r in stops.values()):
@@ -194,8 +187,5 @@ def job_process_setup() -> None:
     """In a submitit job's own process, before its task runs: dew's stop handlers listen from the
     start (a signal during set-up or restore is the run's, not submitit's: ``dew.training.preemption``)
     and dew's OmegaConf resolvers, which do not travel in the pickle, are registered again."""
-    from dew.cli.train import register_configs
-    from dew.training.preemption import install_early
-
     install_early()
     register_configs()

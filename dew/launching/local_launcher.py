@@ -21,8 +21,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from dew import compat
+from dew.launching.interrupts import for_launch
 from dew.launching.launchers import SubmititLaunch, end_of_stopped, ended_on_a_signal, job_process_setup
 from dew.launching.naming import SweepInPickle
+from dew.launching.pool import free_ports
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR, wait_until_released
 
 STOP_FILE = "stop"
@@ -47,12 +50,9 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
         cpu_devices = int(os.environ.get("JAX_NUM_CPU_DEVICES", "1"))
         on_cpu = os.environ.get("JAX_PLATFORMS", "") == "cpu" or not self.params.get("gpus_per_node")
         known = isinstance(tasks, int) and on_cpu and "JAX_NUM_CPU_DEVICES" in os.environ
-        return tasks * cpu_devices if known else None
+        return tasks * cpu_devices if known and isinstance(tasks, int) else None
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        from dew import compat
-        from dew.launching.pool import free_ports
-
         self.ports = free_ports(len(job_overrides), first=initial_job_idx)
         self.record_sweep()
         self.launcher_pid = os.getpid()
@@ -65,8 +65,6 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
         group, at any moment: ``dew.launching.interrupts``), wait for every job to save and end, and
         end with one line per job and 130 (143 for SIGTERM)."""
         from submitit.core.utils import UncompletedJobError
-
-        from dew.launching.interrupts import for_launch
 
         signals = for_launch()
         self.stop_file = os.path.abspath(os.path.join(str(self.config.hydra.sweep.dir), SWEEP_LOCK_DIR, STOP_FILE))

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ JOB_NAME_MAX = 120
 """Longest job directory name (most filesystems take 255 bytes per path component)."""
 
 
-def sweep_name(name: str | None, checkpoint_dir: str, overrides: Any = ()) -> str:
+def sweep_name(name: str | None, checkpoint_dir: str, overrides: Iterable[object] = ()) -> str:
     """A sweep's directory under checkpoint_dir: ``<name>-sweep-<digest>`` (``sweep-<digest>`` for an
     unnamed run), the digest that of the sweep's command line. The same command launched again finds
     the same directory, resumes its unfinished jobs and leaves its finished ones as they are (a time
@@ -64,7 +65,7 @@ def sweep_record(config: DictConfig) -> str | None:
     return os.environ.get(SWEEP_ENV)
 
 
-def job_dirname(num: Any, overrides: Any) -> str:
+def job_dirname(num: int | str, overrides: Iterable[object]) -> str:
     """A sweep job's directory: its number (unique in the sweep), then the swept keys with this
     job's values (``0-optim.learning_rate=0.001``), made safe as one path component. Fixed
     overrides are left out, so every job's name shows what tells it apart; the full list is in the

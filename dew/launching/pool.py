@@ -36,7 +36,7 @@ def _cluster_configured() -> bool:
             or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1 or _submitit_local_tasks() > 1)
 
 
-def _pool_arguments() -> dict[str, object]:
+def _pool_arguments() -> dict[str, Any]:
     """What jax.distributed.initialize cannot find itself. Inside an srun step (SLURM, submitit's
     SLURM executor included) it finds the coordinator, the process count and the rank, but not
     which of the node's GPUs are this process's (``dew.launching.slurm.local_device_ids``); under

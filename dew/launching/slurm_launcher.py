@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dew import compat
 from dew.launching.launchers import SubmititLaunch, job_process_setup
 from dew.launching.naming import SweepInPickle
 
@@ -51,8 +52,6 @@ def batch_script(params: dict[str, Any], folder: str, command: str, map_count: i
     function behind both the script a dry run prints and the script ``sbatch`` receives
     (``compat.submitit_slurm_script``). ``--wckey`` appears only when ``wckey`` is set: submitit's
     executor drops a ``None`` and puts back its own default, ``submitit``."""
-    from dew import compat
-
     names = compat.submitit_slurm_parameter_names()
     script = {names.get(k, k): v for k, v in params.items() if k not in ("submitit_folder", "max_num_timeout")}
     script = {k: v for k, v in script.items() if v is not None}
@@ -94,16 +93,12 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         if self.dry_run:  # checked as a submission is, and then only printed
             return self.print_script(job_overrides, initial_job_idx)
-        from dew import compat
-
         with compat.submitit_slurm_script(functools.partial(batch_script, self.params)):
             return super().start_and_wait(job_overrides, initial_job_idx)
 
     def print_script(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
         """Print the batch script ``launch`` would submit (one for a whole sweep: a job array) and
         each job's overrides; submit nothing."""
-        from dew import compat
-
         folder = str(Path(self.params["submitit_folder"]).expanduser().absolute())  # as the executor makes it
         count = len(job_overrides) if len(job_overrides) > 1 else None
         print(batch_script(self.params, folder, compat.submitit_slurm_command(folder), count))

@@ -32,7 +32,7 @@ def exit_after_stop(signum: int | None) -> NoReturn:
     signum = signum or signal.SIGTERM
     handler = signal.getsignal(signum)
     if os.environ.get("SUBMITIT_EXECUTOR"):
-        if signum == compat.submitit_requeue_signal() and compat.submitit_requeue_handler(handler):
+        if signum == compat.submitit_requeue_signal() and callable(handler) and compat.submitit_requeue_handler(handler):
             try:
                 handler(signum, None)
             finally:

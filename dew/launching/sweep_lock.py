@@ -7,8 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+from dew.contract.lock import RunLockedError, describe, holder
+from dew.training.run_directory import hold
+
+if TYPE_CHECKING:
+    from dew.launching.jobs import SweepJob
 
 SWEEP_LOCK_DIR = ".launch"
 """Where in a sweep's directory the launching process holds the run lock while its jobs run (a
@@ -20,10 +28,6 @@ for a run)."""
 def holding_the_sweep(sweep_dir: str) -> Iterator[None]:
     """Hold the sweep's lock for the block (``RunLockedError`` if another process holds it), and
     leave no trace of it after: the sweep's directory then holds its jobs alone."""
-    import shutil
-
-    from dew.training.run_directory import hold
-
     lock_dir = os.path.join(sweep_dir, SWEEP_LOCK_DIR)
     held = hold(lock_dir)
     held.__enter__()  # raises, leaving the other process's lock as it is, when one holds it
@@ -34,11 +38,9 @@ def holding_the_sweep(sweep_dir: str) -> Iterator[None]:
         shutil.rmtree(lock_dir, ignore_errors=True)
 
 
-def refuse_live_jobs(sweep_dir: str, jobs: Sequence[Any]) -> None:
+def refuse_live_jobs(sweep_dir: str, jobs: Sequence[SweepJob]) -> None:
     """Raise ``RunLockedError`` if the sweep is being launched by another live process, or one of
     its jobs' run directories is in use."""
-    from dew.contract.lock import RunLockedError, describe, holder
-
     if (who := holder(os.path.join(sweep_dir, SWEEP_LOCK_DIR))) is not None:
         raise RunLockedError(f"the sweep {sweep_dir} is being run by {describe(who)}: its jobs are alive, and "
                              "the same command run again would start them twice. Wait for it to end (it "
@@ -49,12 +51,8 @@ def refuse_live_jobs(sweep_dir: str, jobs: Sequence[Any]) -> None:
                                  "the same command run again would start it twice. Wait for it to end or stop it")
 
 
-def wait_until_released(jobs: Sequence[Any], every_s: float = 0.5) -> None:
+def wait_until_released(jobs: Sequence[SweepJob], every_s: float = 0.5) -> None:
     """Wait until no process holds any job's run directory: a job the scheduler reports ended
     (cancelled) can still be saving its checkpoint, and only then says where it stopped."""
-    import time
-
-    from dew.contract.lock import holder
-
     while any(holder(job.run_dir) is not None for job in jobs):
         time.sleep(every_s)

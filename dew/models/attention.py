@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 from jax.ad_checkpoint import checkpoint_name
 
 from dew.models.axes import constrain, param
@@ -47,7 +48,7 @@ _logged: set[tuple[str, str]] = set()
 # -------------------------------------------------------------------------------------- kernel choice
 
 
-def cudnn_obstacles(dtype: Any, head_dim: int) -> list[str]:
+def cudnn_obstacles(dtype: DTypeLike, head_dim: int) -> list[str]:
     """Why cuDNN flash attention cannot run for ``dtype`` and ``head_dim`` here; empty when it can."""
     obstacles = []
     device = jax.devices()[0]
@@ -63,7 +64,7 @@ def cudnn_obstacles(dtype: Any, head_dim: int) -> list[str]:
     return obstacles
 
 
-def choose_implementation(impl: str, dtype: Any, head_dim: int) -> str:
+def choose_implementation(impl: str, dtype: DTypeLike, head_dim: int) -> Literal["xla", "cudnn"]:
     """Resolve ``attention_impl`` (``auto``, ``xla``, ``cudnn``) to the kernel that will run."""
     if impl == "xla":
         return "xla"
@@ -75,6 +76,7 @@ def choose_implementation(impl: str, dtype: Any, head_dim: int) -> str:
         return "cudnn"
     if impl != "auto":
         raise ValueError(f"attention_impl={impl!r}; known: auto, cudnn, xla")
+    chosen: Literal["xla", "cudnn"]
     chosen, why = ("xla", "; ".join(obstacles)) if obstacles else ("cudnn", "cuDNN supports this shape")
     if (chosen, why) not in _logged:
         _logged.add((chosen, why))
@@ -147,8 +149,8 @@ class Attention(nnx.Module):
     def __init__(self, hidden_size: int, num_heads: int, *, precision: Precision, rngs: nnx.Rngs,
                  num_kv_heads: int | None = None, head_dim: int | None = None, use_bias: bool = True,
                  qk_norm: bool = False, norm_eps: float = 1e-6, scale: float | None = None,
-                 impl: str = "auto", kernel_init: Any = nnx.initializers.xavier_uniform(),
-                 out_init: Any | None = None) -> None:
+                 impl: str = "auto", kernel_init: nnx.Initializer = nnx.initializers.xavier_uniform(),
+                 out_init: nnx.Initializer | None = None) -> None:
         num_kv_heads = num_kv_heads or num_heads
         head_dim = head_dim or hidden_size // num_heads
         if num_heads % num_kv_heads:
@@ -174,8 +176,8 @@ class Attention(nnx.Module):
         if qk_norm:
             norm = dict(epsilon=norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "kv"),
                         **precision.dtypes)
-            self.q_norm = nnx.RMSNorm(head_dim, **norm)
-            self.k_norm = nnx.RMSNorm(head_dim, **norm)
+            self.q_norm: nnx.RMSNorm | None = nnx.RMSNorm(head_dim, **norm)
+            self.k_norm: nnx.RMSNorm | None = nnx.RMSNorm(head_dim, **norm)
         else:
             self.q_norm = self.k_norm = None
 
@@ -186,7 +188,7 @@ class Attention(nnx.Module):
         q_BxTxNxH = constrain(self.q(x_BxTxD), "batch", "length", "heads", "kv")
         k_BxTxKxH = constrain(self.k(x_BxTxD), "batch", "length", "kv_heads", "kv")
         v_BxTxKxH = constrain(self.v(x_BxTxD), "batch", "length", "kv_heads", "kv")
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (qk_norm)
             q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
         if rope is not None:
             q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)
@@ -207,7 +209,7 @@ class Attention(nnx.Module):
         ``(B, size, num_kv_heads, head_dim)``) and every query attends to the positions up to its own.
         ``rope`` holds the tables of those ``T`` positions. Returns the output and the updated cache."""
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = self.q(x_BxTxD), self.k(x_BxTxD), self.v(x_BxTxD)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:  # both or neither (qk_norm)
             q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
         if rope is not None:
             q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)

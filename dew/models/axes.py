@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dew.contract.axes import LOGICAL_AXES  # the vocabulary is part of the contract (the config checks it)
+
+if TYPE_CHECKING:
+    import jax
+    from jax.sharding import Mesh, PartitionSpec
 
 
 def param(init: Callable[..., Any], *names: str | None) -> Callable[..., Any]:
@@ -37,12 +41,12 @@ def param(init: Callable[..., Any], *names: str | None) -> Callable[..., Any]:
     return nnx.with_partitioning(init, tuple(names), eager_sharding=False)
 
 
-_active: contextvars.ContextVar[tuple[Any, tuple[tuple[str, tuple[str, ...]], ...]] | None] = (
+_active: contextvars.ContextVar[tuple[Mesh, tuple[tuple[str, tuple[str, ...]], ...]] | None] = (
     contextvars.ContextVar("dew_logical_rules", default=None))
 
 
 @contextlib.contextmanager
-def rules(mesh: Any, table: Sequence[tuple[str, tuple[str, ...]]]) -> Iterator[None]:
+def rules(mesh: Mesh, table: Sequence[tuple[str, tuple[str, ...]]]) -> Iterator[None]:
     """Within: ``constrain`` pins activations to ``mesh`` by ``table`` (logical name -> mesh axes).
     The trainer traces its step inside; outside, ``constrain`` does nothing."""
     token = _active.set((mesh, tuple(table)))
@@ -52,7 +56,7 @@ def rules(mesh: Any, table: Sequence[tuple[str, tuple[str, ...]]]) -> Iterator[N
         _active.reset(token)
 
 
-def constrain(x: Any, *names: str | None) -> Any:
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     """``x`` laid out as its logical ``names`` say under the active ``rules``; ``x`` itself outside.
 
     ``jax.lax.with_sharding_constraint`` through flax's translation: a name takes its rule's mesh
@@ -70,13 +74,14 @@ def constrain(x: Any, *names: str | None) -> Any:
 
 
 def mesh_axes(names: Sequence[str | None], table: Sequence[tuple[str, tuple[str, ...]]],
-              mesh_shape: Any) -> Any:
+              mesh_shape: Mapping[str, int]) -> PartitionSpec:
     """The ``PartitionSpec`` of a value whose dimensions are ``names`` under ``table``: flax's
     ``logical_to_mesh_axes`` (rules in order, each mesh axis used once), without axes of size 1."""
     from flax.linen import logical_to_mesh_axes
     from jax.sharding import PartitionSpec as P
 
     spec = logical_to_mesh_axes(tuple(names), tuple(table))
+    assert spec is not None  # None only for names None
     dims = []
     for entry in spec:
         axes = (entry,) if isinstance(entry, str) else tuple(entry or ())

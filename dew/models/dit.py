@@ -152,7 +152,7 @@ class DiTBlock(nnx.Module):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
         attn = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
                          return_max_logits=return_max_logits)
-        attn_BxTxD, max_logits_N = attn if return_max_logits else (attn, None)
+        attn_BxTxD, max_logits_N = attn if isinstance(attn, tuple) else (attn, None)  # a tuple when asked for
         x_BxTxD = constrain(x_BxTxD + gate_msa[:, None] * attn_BxTxD, "batch", "length", "embed")
         h_BxTxH = constrain(self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp)),
                             "batch", "length", "mlp")
@@ -190,7 +190,7 @@ class SimpleDiT(nnx.Module):
         D = f.hidden_size
         self.tokens = f.vocab_size is not None
         if self.tokens:
-            self.x_embedder = nnx.Embed(f.vocab_size, D, embedding_init=param(_normal, "vocab", "embed"),
+            self.x_embedder: nnx.Embed | nnx.Linear = nnx.Embed(f.vocab_size, D, embedding_init=param(_normal, "vocab", "embed"),
                                         rngs=rngs, **precision.dtypes)
             out_features = f.vocab_size
         else:

@@ -19,7 +19,8 @@ This module imports no JAX.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+from dew.contract.models import architecture, resolve_fields
 
 
 def training_flops(per_token: int, per_example: int, tokens: int, depth: int, attention_width: int) -> float:
@@ -28,11 +29,9 @@ def training_flops(per_token: int, per_example: int, tokens: int, depth: int, at
     return float(6 * (per_token * tokens + per_example) + 12 * depth * tokens ** 2 * attention_width)
 
 
-def flops_per_example(name: str, fields: Any) -> float | None:
+def flops_per_example(name: str, fields: object) -> float | None:
     """Training FLOPs (forward and backward) of one example of architecture ``name``; ``fields`` is
     its fields record or a mapping of its fields. None where the architecture counts none."""
-    from dew.contract.models import architecture, resolve_fields
-
     arch = architecture(name)
     record = resolve_fields(name, fields) if isinstance(fields, Mapping) else fields
     return arch(record).flops_per_example()

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dew.contract.models import PrecisionFields
+
 LAX_PRECISION = {  # matmul_precision name -> jax.lax.Precision
     "default": jax.lax.Precision.DEFAULT,
     "high": jax.lax.Precision.HIGH,
@@ -25,15 +27,15 @@ LAX_PRECISION = {  # matmul_precision name -> jax.lax.Precision
 class Precision:
     """Compute dtype, parameter dtype and matmul precision of one model."""
 
-    dtype: Any
+    dtype: jnp.dtype
     """Compute dtype of every layer (``jnp.float32``, ``jnp.bfloat16``, ...)."""
-    param_dtype: Any
+    param_dtype: jnp.dtype
     """Storage dtype of every parameter."""
     matmul: str
     """``default``, ``high`` or ``highest``: what every matmul asks XLA for."""
 
     @classmethod
-    def of(cls, record: Any) -> Precision:
+    def of(cls, record: PrecisionFields) -> Precision:
         """Read the precision fields of an architecture's fields record."""
         return cls(jnp.dtype(record.dtype), jnp.dtype(record.param_dtype), record.matmul_precision)
 

@@ -12,6 +12,7 @@ from dew.contract.models import (
     QK_LAYER, Architecture, PrecisionFields, QKClipLayer, Shape, architectures, check_divides, check_positive,
 )
 from dew.contract.registry import RematPolicy
+from dew.models.flops import training_flops
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -93,7 +94,7 @@ class SimpleDiT(Architecture):
             raise ValueError(f"input_size={f.input_size} is not a multiple of patch_size={f.patch_size}")
 
     def build(self, rngs: nnx.Rngs) -> nnx.Module:
-        from dew.models.dit import SimpleDiT as Layers
+        from dew.models.dit import SimpleDiT as Layers  # heavy: Flax loads only when the model is built
 
         return Layers(self.fields, rngs)
 
@@ -116,8 +117,6 @@ class SimpleDiT(Architecture):
         return per_token, per_example, tokens
 
     def flops_per_example(self) -> float:
-        from dew.models.flops import training_flops
-
         per_token, per_example, tokens = self.matmul_params()
         return training_flops(per_token, per_example, tokens, self.fields.depth, self.fields.hidden_size)
 

@@ -12,6 +12,7 @@ from dew.contract.models import (
     QK_LAYER, Architecture, PrecisionFields, QKClipLayer, Shape, architectures, check_divides, check_positive,
 )
 from dew.contract.registry import RematPolicy
+from dew.models.flops import training_flops
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -100,7 +101,7 @@ class Transformer(Architecture):
     fields: TransformerFields
 
     def build(self, rngs: nnx.Rngs) -> nnx.Module:
-        from dew.models.decoder import Transformer as Layers
+        from dew.models.decoder import Transformer as Layers  # heavy: Flax loads only when the model is built
 
         return Layers(self.fields, rngs)
 
@@ -124,8 +125,6 @@ class Transformer(Architecture):
         return f.depth * per_block + D * f.vocab_size, 0, f.seq_len
 
     def flops_per_example(self) -> float:
-        from dew.models.flops import training_flops
-
         per_token, per_example, tokens = self.matmul_params()
         return training_flops(per_token, per_example, tokens, self.fields.depth,
                               self.fields.num_heads * self.head_dim())

@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 
 from dew.contract.config import ModelConfig
+from dew.contract.data import whole
 from dew.objectives.base import Batch, Loss
 from dew.objectives.decoding import generate
 from dew.contract.objectives import objective_of
@@ -79,7 +80,7 @@ class NextToken:
     def start_ids(self) -> list[int]:
         """The default prompt: the end-of-text id the data separates documents with, else id 0."""
         eos = (self.tokenizer or {}).get("eos_id")
-        return [int(eos)] if eos is not None else [0]
+        return [whole(eos, "the tokenizer's eos_id")] if eos is not None else [0]
 
     def sample(self, model: nnx.Module, count: int, key: jax.Array, *, prompt: Sequence[int] | None = None,
                temperature: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,

@@ -21,7 +21,7 @@ class Loss(NamedTuple):
     same count (reported as ``sums[k] / count``)."""
 
     total: jax.Array
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # a field named like tuple.count, which typeshed types as the method
     sums: Mapping[str, jax.Array]
     max_logits: jax.Array | None = None
     """Each attention layer's largest pre-softmax logit per head, ``(depth, heads)``, when the

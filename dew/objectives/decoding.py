@@ -93,12 +93,12 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, ke
         ids, _ = jax.lax.fori_loop(P - 1, total - 1, step, (ids, cache))
     else:
 
-        def step(i: jax.Array, ids: jax.Array) -> jax.Array:
+        def uncached_step(i: jax.Array, ids: jax.Array) -> jax.Array:
             # Causal: the logits at i see only the window's tokens up to i, whatever follows them.
             start = context_start(i, window)
             logits_BxSxV = model(jax.lax.dynamic_slice_in_dim(ids, start, span, axis=1))
             logits_BxV = jax.lax.dynamic_index_in_dim(logits_BxSxV, i - start, axis=1, keepdims=False)
             return ids.at[:, i + 1].set(draw(logits_BxV, i + 1))
 
-        ids = jax.lax.fori_loop(P - 1, total - 1, step, ids)
+        ids = jax.lax.fori_loop(P - 1, total - 1, uncached_step, ids)
     return ids[:, :total]

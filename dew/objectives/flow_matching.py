@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Literal
 
+from dew.contract.data import whole
 from dew.contract.objectives import ObjectiveSpec, objectives
 
 if TYPE_CHECKING:
@@ -54,9 +55,11 @@ class FlowMatchingSpec(ObjectiveSpec):
 
     @classmethod
     def build(cls, run: RunConfig, dataset: Dataset) -> Any:
-        from dew.objectives.rectified_flow import FlowMatching
+        from dew.objectives.rectified_flow import FlowMatching  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
-        size, channels = int(fields["input_size"]), int(fields["in_channels"])
+        size = whole(fields["input_size"], "the data's input_size")
+        channels = whole(fields["in_channels"], "the data's in_channels")
         return FlowMatching(model_config=run.model, knobs=cls.knobs(run),
-                            num_classes=int(fields.get("num_classes", 0)), image_shape=(size, size, channels))
+                            num_classes=whole(fields.get("num_classes", 0), "the data's num_classes"),
+                            image_shape=(size, size, channels))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dew.contract.data import whole
 from dew.contract.objectives import ObjectiveSpec, check_sampling, objectives
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ class MaskedDiffusionSpec(ObjectiveSpec):
         """The mask token joins the vocabulary as id V of a model vocabulary of V + 1; the model
         reads the window's first ``seq_len`` tokens, unconditionally."""
         fields = dataset.model_fields()
-        return {"vocab_size": int(fields["vocab_size"]) + 1, "input_size": int(fields["seq_len"]),
+        return {"vocab_size": whole(fields["vocab_size"], "the data's vocab_size") + 1,
+                "input_size": whole(fields["seq_len"], "the data's seq_len"),
                 "num_classes": 0}
 
     @classmethod
@@ -69,8 +71,10 @@ class MaskedDiffusionSpec(ObjectiveSpec):
 
     @classmethod
     def build(cls, run: RunConfig, dataset: Dataset) -> Any:
-        from dew.objectives.mdlm import MaskedDiffusion
+        from dew.objectives.mdlm import MaskedDiffusion  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
-        return MaskedDiffusion(model_config=run.model, knobs=cls.knobs(run), vocab_size=int(fields["vocab_size"]),
-                               seq_len=int(fields["seq_len"]), tokenizer=getattr(dataset, "tokenizer", None))
+        vocab_size = whole(fields["vocab_size"], "the data's vocab_size")
+        seq_len = whole(fields["seq_len"], "the data's seq_len")
+        return MaskedDiffusion(model_config=run.model, knobs=cls.knobs(run), vocab_size=vocab_size,
+                               seq_len=seq_len, tokenizer=getattr(dataset, "tokenizer", None))

@@ -126,7 +126,7 @@ class MaskedDiffusion:
         mask_id = self.mask_id
 
         @jax.jit
-        def run(state: Any, key: jax.Array) -> jax.Array:
+        def run(state: nnx.State, key: jax.Array) -> jax.Array:
             m = nnx.merge(graphdef, state)
             ts = jnp.linspace(1.0, 0.0, steps + 1)
 

@@ -28,13 +28,13 @@ masked_diffusion's bits per token, and next_token's, are already reported by the
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dew.objectives.base import Batch, Metric
+from dew.contract.objectives import objectives, summary_name
+from dew.objectives.base import Batch, Metric, Objective
 
 
 def masked_sum(per_position_BxL: jax.Array, mask_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -62,9 +62,7 @@ class NextTokenAccuracy:
         return masked_sum(hit_BxL, batch["mask"])
 
 
-def builtin_metrics(objective: Any) -> tuple[Metric, ...]:
+def builtin_metrics(objective: Objective) -> tuple[Metric, ...]:
     """The metrics ``dew-train`` evaluates ``objective`` with: its registered class's ``metrics``."""
-    from dew.contract.objectives import objectives, summary_name
-
     name = summary_name(objective)
-    return tuple(objectives[name].metrics()) if name in objectives else ()
+    return tuple(objectives[name].metrics()) if name is not None and name in objectives else ()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dew.contract.data import whole
 from dew.contract.objectives import ObjectiveSpec, check_sampling, objectives
 
 if TYPE_CHECKING:
@@ -43,14 +44,16 @@ class NextTokenSpec(ObjectiveSpec):
 
     @classmethod
     def build(cls, run: RunConfig, dataset: Dataset) -> Any:
-        from dew.objectives.autoregressive import NextToken
+        from dew.objectives.autoregressive import NextToken  # heavy: JAX loads only when the objective is built
 
         fields = dataset.model_fields()
-        return NextToken(model_config=run.model, knobs=cls.knobs(run), vocab_size=int(fields["vocab_size"]),
-                         seq_len=int(fields["seq_len"]), tokenizer=getattr(dataset, "tokenizer", None))
+        vocab_size = whole(fields["vocab_size"], "the data's vocab_size")
+        seq_len = whole(fields["seq_len"], "the data's seq_len")
+        return NextToken(model_config=run.model, knobs=cls.knobs(run), vocab_size=vocab_size,
+                         seq_len=seq_len, tokenizer=getattr(dataset, "tokenizer", None))
 
     @classmethod
     def metrics(cls) -> tuple[Any, ...]:
-        from dew.objectives.metrics import NextTokenAccuracy
+        from dew.objectives.metrics import NextTokenAccuracy  # heavy: JAX loads only when the metrics are asked for
 
         return (NextTokenAccuracy(),)

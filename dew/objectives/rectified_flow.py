@@ -91,7 +91,7 @@ class FlowMatching:
         v_label, v_null = both[:n], both[n:]
         return v_null + guidance_scale * (v_label - v_null)
 
-    def sample(self, model: nnx.Module, labels: jax.Array, key: jax.Array, *, steps: int | None = None,
+    def sample(self, model: nnx.Module, labels: jax.Array | np.ndarray, key: jax.Array, *, steps: int | None = None,
                guidance_scale: float | None = None, sampler: str | None = None) -> jax.Array:
         """Images for ``labels``, integrated from noise at t = 1 to t = 0; values in about [-1, 1]."""
         steps = steps or self.knobs.sample_steps
@@ -100,7 +100,7 @@ class FlowMatching:
         graphdef, state = nnx.split(model)
 
         @jax.jit
-        def run(state: Any, labels: jax.Array, key: jax.Array) -> jax.Array:
+        def run(state: nnx.State, labels: jax.Array, key: jax.Array) -> jax.Array:
             m = nnx.merge(graphdef, state)
             x = jax.random.normal(key, (labels.shape[0], *self.image_shape))
             ts = jnp.linspace(1.0, 0.0, steps + 1)

@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.data.tokenizer import from_record
 
-def shape_logits(logits_BxLxV: jax.Array, temperature: float, top_k: int) -> jax.Array:
+
+def shape_logits(logits_BxLxV: jax.Array, temperature: float | jax.Array, top_k: int) -> jax.Array:
     """Logits divided by ``temperature``, with every token outside the ``top_k`` most likely at
     -inf (``top_k`` 0 keeps them all); float32."""
     logits = logits_BxLxV.astype(jnp.float32) / temperature
@@ -24,7 +26,5 @@ def decode(ids_NxL: np.ndarray, tokenizer: Mapping[str, object] | None) -> list[
     came from ``data.vocab_size`` alone), the ids separated by spaces."""
     if tokenizer is None:
         return [" ".join(str(int(i)) for i in row) for row in ids_NxL]
-    from dew.data.tokenizer import from_record
-
     tok = from_record(tokenizer)
     return [tok.decode([int(i) for i in row]) for row in np.asarray(ids_NxL)]

@@ -12,6 +12,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from dew.contract.data import datasets
+from dew.contract.models import architectures
+from dew.contract.objectives import natural_objective, objectives
 from dew.runs.status import Run
 from dew.runs.table import differing_fields, flatten, number, short_names
 
@@ -75,13 +78,9 @@ def objective_of(record: dict[str, Any] | None) -> str | None:
         return None
     if record.get("objective"):
         return record["objective"]
-    from dew.contract.data import datasets
-    from dew.contract.models import architectures
-    from dew.contract.objectives import natural_objective
-
     model, data = record.get("model") or {}, record.get("data") or {}
     arch, dataset = model.get("architecture"), data.get("name") if isinstance(data, dict) else None
-    if arch not in architectures or dataset not in datasets:
+    if not isinstance(arch, str) or not isinstance(dataset, str) or arch not in architectures or dataset not in datasets:
         return None
     try:
         return natural_objective(architectures[arch].role, datasets[dataset].kind)
@@ -96,10 +95,8 @@ def unit(metric: str, runs: Sequence[Run]) -> str:
         kinds = {objective_of(r.record) for r in runs} - {None}
         if len(kinds) != 1:
             return "loss"
-        from dew.contract.objectives import objectives
-
         name = kinds.pop()
-        return objectives[name].loss_unit if name in objectives else "loss"
+        return objectives[name].loss_unit if name is not None and name in objectives else "loss"
     return ""
 
 
@@ -169,7 +166,7 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
     cols, rows = max(len(data.metrics), 1), 1 + len(data.fields)
     fig, axes = plt.subplots(rows, cols, figsize=(PANEL[0] * cols, PANEL[1] * rows), dpi=DPI,
                              squeeze=False, layout="constrained")
-    colors = {}
+    colors: dict[str, str] = {}
     for curve in data.curves:
         colors.setdefault(curve.run, f"C{len(colors) % 10}")
     for j, metric in enumerate(data.metrics):
@@ -204,7 +201,7 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
             points = sorted((p for p in data.points if p.field == field and p.metric == metric),
                             key=lambda p: (str(type(p.x)), p.x))
             numeric = all(isinstance(p.x, (int, float)) and not isinstance(p.x, bool) for p in points)
-            xs = [p.x if numeric else number(p.x) for p in points]
+            xs: list[Any] = [p.x if numeric else number(p.x) for p in points]  # numbers when numeric, else their text
             if numeric and len(set(xs)) == len(xs):  # a one-field sweep: a line through its points
                 ax.plot(xs, [p.y for p in points], color="0.5", linewidth=1)
             for p, x in zip(points, xs):

@@ -35,14 +35,14 @@ def show_text(run: Run) -> str:
     out = [f"run {s.name}: {status_text(s)}", f"  directory: {s.path}", f"  journal:   {s.journal or 'none found'}"]
     if s.reason:
         out.append(f"  reason:    {s.reason}")
-    step = "-" if s.step is None else f"{s.step}/{s.total_steps}" if s.total_steps else str(s.step)
-    out.append(f"  step {step}  train/loss {number(s.train_loss)}  best {BEST_METRIC} "
+    progress = "-" if s.step is None else f"{s.step}/{s.total_steps}" if s.total_steps else str(s.step)
+    out.append(f"  step {progress}  train/loss {number(s.train_loss)}  best {BEST_METRIC} "
                f"{number(s.best)} @{number(s.best_step)}  wall {duration(s.wall_time)}  "
                f"examples/s {number(s.examples_per_sec)}")
 
     evals = dict(zip(*run.journal.series(BEST_METRIC))) if run.journal is not None else {}
     scored = {step: evals[step] for step in s.checkpoints if step in evals}
-    best = min(scored, key=scored.get) if scored else None
+    best = min(scored, key=scored.__getitem__) if scored else None
     out.append("\ncheckpoints:" if s.checkpoints else "\ncheckpoints: none")
     for step in s.checkpoints:
         metric = f"{BEST_METRIC} {number(evals[step])}" if step in evals else ""

@@ -53,7 +53,7 @@ class Study:
         if not done:
             return None
         pick = max if self.direction == "maximize" else min
-        return pick(done, key=lambda t: t.value)
+        return pick(done, key=lambda t: t.value if t.value is not None else math.nan)  # none is None here
 
     def best_so_far(self) -> list[tuple[int, float]]:
         """(trial number, the best value among trials up to it) for every completed trial."""
@@ -136,9 +136,9 @@ def study_text(study: Study) -> str:
             for t in sorted(study.trials, key=lambda t: (t is not best, t.number))]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines.append("")
-    for r, t in zip([header, *rows], [None, *sorted(study.trials, key=lambda t: (t is not best, t.number))]):
+    for r, trial in zip([header, *rows], [None, *sorted(study.trials, key=lambda t: (t is not best, t.number))]):
         text = "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-        if t is not None and t.reason:
-            text += f"  ({t.reason})"  # a failed trial's run says why
+        if trial is not None and trial.reason:
+            text += f"  ({trial.reason})"  # a failed trial's run says why
         lines.append(text)
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from dew.launching.local_launcher import LocalLaunch
 from dew.launching.slurm_launcher import SlurmLaunch
 
 
-class BasicLauncher(CheckedLaunch, compat.hydra_basic_launcher()):
+class BasicLauncher(CheckedLaunch, compat.hydra_basic_launcher()):  # type: ignore[misc]  # Hydra's, via compat
     """Hydra's basic launcher (the jobs one after another, in this process), every job checked
     before the first starts: dew's default launcher (conf/config.yaml)."""
 
@@ -35,9 +35,9 @@ class DewSlurmConf(config.SlurmQueueConf):
     (``dew.launching.slurm_launcher.slurm_parameters`` reads them)."""
 
     _target_: str = "hydra_plugins.dew_launchers.SlurmLauncher"
-    tasks_per_node: Optional[int] = None  # type: ignore[assignment]  # noqa: UP045 - OmegaConf reads Optional
+    tasks_per_node: Optional[int] = None  # noqa: UP045 - OmegaConf reads Optional
     """Processes per node; None: one per GPU (``gpus_per_node``, or the count in ``gres``), 1 without GPUs."""
-    name: Optional[str] = None  # type: ignore[assignment]  # noqa: UP045
+    name: Optional[str] = None  # noqa: UP045
     """The SLURM job's name; None: the sweep directory's (``<trainer.name>-sweep-<digest>``)."""
     wckey: Optional[str] = None  # noqa: UP045
     """``--wckey``, emitted only when set (sites that enforce wckeys reject a made-up one)."""

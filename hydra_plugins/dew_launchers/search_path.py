@@ -11,12 +11,12 @@ from pathlib import Path
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
+from dew.contract.registry import plugin_conf_dirs
+
 
 class DewPluginSearchPath(SearchPathPlugin):
     """Appends each dew plugin's ``conf/`` to Hydra's search path."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from dew.contract.registry import plugin_conf_dirs
-
         for directory in plugin_conf_dirs():
             search_path.append(provider="dew-plugin", path=Path(directory).as_uri())

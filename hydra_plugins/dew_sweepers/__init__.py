@@ -25,7 +25,7 @@ class OptunaSweeper(Sweeper):
     """hydra-optuna-sweeper's sweeper with a resumable study (``dew.cli.study_sweeper``)."""
 
     def __init__(self, **settings: Any) -> None:
-        from dew.cli.study_sweeper import ResumableOptunaSweeper
+        from dew.cli.study_sweeper import ResumableOptunaSweeper  # heavy: Optuna loads only when the sweeper is chosen
 
         self.sweeper = ResumableOptunaSweeper(**settings)
 

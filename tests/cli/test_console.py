@@ -152,3 +152,27 @@ def test_optuna_lines_carry_no_colour_codes_into_a_pipe(workdir: Path):
     assert "A new study created" in out, out[-3000:]
     assert re.search(r"^\[I \d{4}-\d\d-\d\d", out, re.M), out[-3000:]  # an Optuna line, uncoloured
     assert "\x1b[" not in out, out[-3000:]
+
+
+# ------------------------------------------------------------------------------ help without JAX
+
+def test_sample_export_and_plan_answer_help_and_bad_options_without_jax():
+    """In a fresh interpreter: importing dew-sample's, dew-export's and dew-plan's modules, and their
+    ``--help`` and argument errors (dew-plan's help is Hydra's), load no JAX library: JAX loads only
+    once the arguments are good."""
+    code = "\n".join([
+        "import contextlib, io, sys",
+        "import dew.cli.sample, dew.cli.export, dew.cli.plan",
+        "codes = []",
+        "for main, argv in [(dew.cli.sample.main, ['--help']), (dew.cli.sample.main, ['run', '--count', '0']),",
+        "                   (dew.cli.export.main, ['--help']), (dew.cli.export.main, ['run'])]:",
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):",
+        "        try:",
+        "            main(argv)",
+        "        except SystemExit as exit:",
+        "            codes.append(exit.code)",
+        "print(codes, sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'grain')))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=cli_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[0, 2, 0, 2] []"

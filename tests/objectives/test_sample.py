@@ -14,7 +14,7 @@ import sklearn.datasets
 from sklearn.linear_model import LogisticRegression
 
 from dew.build import build_run
-from dew.cli.sample import restore
+from dew.cli.restore import restore
 from dew.config import ModelConfig, OptimConfig, TrainerConfig
 from dew.data.prepare import prepare
 from dew.data.specs import Digits, TokenWindows

@@ -124,7 +124,7 @@ def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value
 
 def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     from dew.build import build_run
-    from dew.cli import export
+    from dew.cli import export, exporting
     from tests.training.conftest import journal, losses
     from tests.training.mesh_runs import compose
 
@@ -143,7 +143,7 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
         return losses(journal(tmp_path, name), "eval/loss")
 
     trained = train("lm", "trainer.steps=10", "trainer.eval_every=10", "trainer.checkpoint_every=10")
-    export.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
+    exporting.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
     assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}  # byte tokens
     # A learning rate of 0: step 1 evaluates the parameters read from the directory.
     warm = train("warm", "trainer.steps=1", "trainer.eval_every=1", "optim.learning_rate=0",

@@ -123,8 +123,9 @@ def test_lora_on_a_loaded_base_trains_only_its_factors_and_merges(tmp_path: Path
     import jax
     from flax import nnx
 
-    from dew.cli import export
-    from dew.cli.sample import for_inference, restore, sample_images
+    from dew.cli import export, exporting
+    from dew.cli.drawing import sample_images
+    from dew.cli.restore import for_inference, restore
 
     src, src_loss, _ = source
     # The first update is at the warm-up's learning rate of 0: the evaluation after it is the base's.
@@ -143,7 +144,7 @@ def test_lora_on_a_loaded_base_trains_only_its_factors_and_merges(tmp_path: Path
     assert all(np.array_equal(state[k], saved[k]) for k in saved)  # the base is the source's, bit for bit
     assert any(np.abs(state[k]).max() > 0 for k in state if k.endswith("_lora_b"))  # the factors trained
 
-    export.run(export.parse_args([str(run), "--merge-lora", "--latest", "--no-ema", "--to", str(tmp_path / "merged")]))
+    exporting.run(export.parse_args([str(run), "--merge-lora", "--latest", "--no-ema", "--to", str(tmp_path / "merged")]))
     merged = restore(str(tmp_path / "merged"))
     assert merged.recipe.lora is None and merged.recipe.trainer.init_from is None
     def draw(r):
