@@ -103,7 +103,7 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
     assert record["model"]["architecture"] == "mlp"
     assert record["model"]["config"] == {"hidden": 64, "depth": 2, "features": 8, "classes": 4}
     assert record["data"]["name"] == "blobs" and record["classification"]["label_smoothing"] == 0.0
-    from dew.training.reporting.tracker import read_journal
+    from dew.contract.journal import read_journal
 
     journal = read_journal(work / "tracking" / "blobs" / "journal.jsonl")
     first = next(r for r in journal if r.get("step") == 1 and "train/loss" in r)

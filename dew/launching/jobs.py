@@ -88,13 +88,14 @@ def _first_lines(err: BaseException) -> str:
 
 def stop_record(job: SweepJob) -> dict[str, Any] | None:
     """The last ``stop`` or ``end`` event of the job's journal, None if it has none (or no journal)."""
-    from dew.training.reporting.tracker import read_journal, tracking_dir
+    from dew.contract.journal import JournalError, read_journal
+    from dew.training.reporting.tracker import tracking_dir
 
     if job.recipe is None:
         return None
     name = os.path.relpath(job.run_dir, job.recipe.trainer.checkpoint_dir)
     try:
         records = read_journal(tracking_dir(job.recipe.trainer) / name / "journal.jsonl")
-    except OSError:
+    except (OSError, JournalError):
         return None
     return next((r for r in reversed(records) if r.get("event") in ("stop", "end", "resume", "start")), None)
