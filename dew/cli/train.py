@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dew.launching.interrupts import current as launch_interrupts
 from dew.launching.interrupts import install_for_sweep
@@ -41,6 +42,9 @@ from dew.contract.typed import ConfigError
 from dew.launching.checks import CHECK_FLAG, check_only, checked, checking
 from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
 from dew.recipe import Recipe
+
+if TYPE_CHECKING:
+    from dew.training.setup import Planned
 
 log = logging.getLogger("dew")
 
@@ -202,58 +206,89 @@ def _leave_no_trace() -> None:
         job_dir.rmdir()
 
 
-def train_from_hydra(cfg: DictConfig) -> Any:
-    """Convert the composed config once, build what it names, and train."""
-    from dew.contract.lock import RunLockedError
-    from dew.training.run_directory import RunDirError, refuse_if_held, run_dir, write_hydra_record
+class PeerRefused(Exception):
+    """Process 0's refusal of the run, in a process of its pool that found nothing wrong: its
+    message and exit status."""
 
-    error, status, agreed, caught, held = None, EXIT_BAD_INPUT, False, None, contextlib.ExitStack()  # held: to the end
+
+def refusal(err: BaseException) -> tuple[str, int] | None:
+    """The message and exit status of an error that refuses a run before it trains (a bad input, a
+    busy or refused run directory, a peer's refusal), None for any other (a bug: its traceback is
+    the report)."""
+    from dew.contract.lock import RunLockedError  # heavy: JAX loads once the config is valid
+    from dew.training.run_directory import RunDirError
+
+    if isinstance(err, PeerRefused):
+        return err.args[0], err.args[1]
+    if isinstance(err, RunLockedError):
+        return str(err), EXIT_BUSY
+    if isinstance(err, RunDirError):
+        return str(err), EXIT_REFUSED
+    if isinstance(err, (ConfigError, ValueError, OSError)):  # OSError: missing files, no network
+        return str(err), EXIT_BAD_INPUT
+    return None
+
+
+def agree(error: Exception | None) -> None:
+    """The set-up's verdict in a pool (``set_up``'s ``agree``): every process asks, process 0
+    answers, and a process that is fine stops with process 0's error."""
+    from dew.launching.pool import from_process_zero  # heavy: JAX loads once the config is valid
+
+    mine = refusal(error) if error is not None else None
+    if error is not None and mine is None:
+        return  # a bug: raised as it is
+    message, status = from_process_zero("verdict", list(mine) if mine else [None, EXIT_BAD_INPUT])
+    if mine is None and message:
+        raise PeerRefused(message, status)
+
+
+def plan(recipe: Recipe, container: Any) -> Planned:
+    """What the run trains, once the process pool is up (``set_up``'s ``plan``): one run however
+    many processes. Each resolved its own config and name (a time stamp can differ by a second), so
+    all take process 0's; a busy run directory is refused at once, before the data loads."""
+    from dew.build import build_run  # heavy: JAX loads once the config is valid
+    from dew.launching.pool import from_process_zero
+    from dew.training.run_directory import refuse_if_held, run_dir
+    from dew.training.setup import Planned
+
+    theirs, name = from_process_zero("run", [container, run_name(recipe)])
+    if theirs != container:  # converted once, unless process 0 composed another config
+        recipe = Recipe.from_dict(theirs)
+    refuse_if_held(run_dir(recipe, name))
+    run, objective, dataset = build_run(recipe)
+    return Planned(run, objective, dataset, name)
+
+
+def train_from_hydra(cfg: DictConfig) -> Any:
+    """Convert the composed config once, build what it names, set the run up and train."""
+    from dew.training.setup import set_up  # heavy: JAX loads once the config is valid
+
+    held = contextlib.ExitStack()  # the lock and the signal handlers, to the end of the run
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
         recipe = Recipe.from_dict(container)
         if checking():
             return check_single_run(recipe)
-        from dew.build import build_run
-        from dew.launching.pool import from_process_zero
-        from dew.training.setup import check_setup, claim, listen, start_process
-
-        start_process(recipe.trainer)  # XLA flags checked and set, the process pool, before any backend opens
-        stop = listen(held)  # a signal during the set-up or the restore stops the run at its first step
-        # One run however many processes: each resolved its own config and name (a time stamp
-        # can differ by a second), so all take process 0's.
-        theirs, name = from_process_zero("run", [container, run_name(recipe)])
-        agreed = True
-        if theirs != container:  # converted once, unless process 0 composed another config
-            recipe, container = Recipe.from_dict(theirs), theirs
-        path = run_dir(recipe, name)
-        refuse_if_held(path)  # a busy run directory is refused at once, before anything slow
-
-        import jax
-
-        recipe, objective, dataset = build_run(recipe)
-        setup = check_setup(recipe, objective, dataset, name, stop)  # reads only: a refused resume changes nothing
-    except RunLockedError as err:
-        error, status, caught = str(err), EXIT_BUSY, err
-    except RunDirError as err:
-        error, status, caught = str(err), EXIT_REFUSED, err
-    except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, no network
-        error, caught = str(err), err
-    if agreed:  # in a pool, a process that is fine stops with process 0's error
-        verdict = from_process_zero("verdict", [error, status])  # every process asks: process 0 answers
-        error, status = (error, status) if error else verdict
-    if error:
+        (recipe, objective, dataset, name), setup = set_up(
+            recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree)
+    except Exception as err:  # noqa: BLE001 - a refused run ends with a sentence
+        refused = refusal(err)
+        if refused is None:
+            raise
         held.close()
         _leave_no_trace()
-        fail(error, status, caught)
+        fail(*refused, error=None if isinstance(err, PeerRefused) else err)
+    import jax
+
     is_main = jax.process_index() == 0
     from dew.objectives.metrics import builtin_metrics
     from dew.training.preemption import Preempted
+    from dew.training.run_directory import write_hydra_record
     from dew.training.trainer import train
 
     try:
         with held:
-            claim(recipe, setup, held)  # the lock, then the run's record (process 0)
             if is_main:
                 write_hydra_record(setup.path, cfg)
             state = train(recipe, objective, dataset, name=name, metrics=builtin_metrics(objective),

@@ -1,22 +1,23 @@
 """A run's set-up, done once before it trains: everything about the run that can fail checked
 without touching the disk, the process prepared, the stop signals listened to, the run directory's
-lock taken and its record written. ``dew-train`` does it in steps (its processes agree on a verdict
-between checking and writing) and hands the trainer the ``Setup``; ``RunConfig.train`` from Python
-does it in one call (``set_up``). Nothing is remembered between runs: a notebook that trains many
-runs sets each up once.
+lock taken and its record written. ``RunConfig.train`` from Python and ``dew-train`` both do it in
+one call, ``set_up``: dew-train passes what it does in the middle (converting its config and loading
+the data once the process pool is up) and how its processes agree on a verdict between checking and
+writing. Nothing is remembered between runs: a notebook that trains many runs sets each up once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 from etils import epath
 from flax import nnx
 
-from dew.contract.config import STEP_LIMIT, RunConfig
+from dew.contract.config import STEP_LIMIT, RunConfig, TrainerConfig
 from dew.contract.data import Dataset
 from dew.contract.models import of
 from dew.objectives.base import Objective
@@ -52,7 +53,7 @@ class Setup:
     restore is honoured at the first step boundary."""
 
 
-def start_process(t: Any) -> None:
+def start_process(t: TrainerConfig) -> None:
     """Check ``trainer.xla_flags`` (XLA aborts the process on a flag it does not know), then apply
     the flags, the compilation cache and the process pool, before anything opens a JAX backend."""
     preflight.check_xla_flags(t)
@@ -129,11 +130,36 @@ def listen(held: contextlib.ExitStack) -> StopSignals:
     return stop
 
 
-def set_up(run: RunConfig, objective: Objective, dataset: Dataset, name: str, held: contextlib.ExitStack) -> Setup:
-    """The whole set-up, for ``RunConfig.train`` called from Python; the lock and the signal
-    handlers are held until ``held`` closes."""
-    start_process(run.trainer)
+class Planned(NamedTuple):
+    """What a run trains: the resolved config, the objective, the dataset and the run's name."""
+
+    run: RunConfig
+    objective: Objective
+    dataset: Dataset
+    name: str
+
+
+def alone(error: Exception | None) -> None:
+    """The verdict of a process that needs no one's agreement: its own (``set_up``'s ``agree``)."""
+
+
+def set_up(trainer: TrainerConfig, held: contextlib.ExitStack, plan: Callable[[], Planned], *,
+           agree: Callable[[Exception | None], None] = alone) -> tuple[Planned, Setup]:
+    """The whole set-up of a run, once, for ``RunConfig.train`` and ``dew-train`` alike: the process
+    (XLA flags, the compilation cache, the pool) before any backend opens, the stop signals, then
+    ``plan()`` (what the run trains: dew-train converts its config and loads the data here, once the
+    pool is up), the checks (reading only), ``agree`` (the processes of a pool agree on the verdict:
+    called with this process's error or None; it raises to stop a process whose peer failed), and
+    the claim: the run directory's lock and record. The lock and the signal handlers are held until
+    ``held`` closes."""
+    start_process(trainer)
     stop = listen(held)  # before the checks: a signal from here on stops the run at its first step
-    setup = check_setup(run, objective, dataset, name, stop)
-    claim(run, setup, held)
-    return setup
+    try:
+        planned = plan()
+        setup = check_setup(*planned, stop)  # reads only: a refused resume changes nothing
+    except Exception as err:
+        agree(err)
+        raise
+    agree(None)
+    claim(planned.run, setup, held)
+    return planned, setup

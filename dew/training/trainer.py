@@ -48,7 +48,7 @@ from dew.training.reporting.summary import RunReport, log_samples
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.run_directory import is_local
 from dew.training.checkpointing.saving import NonFiniteError, Saver
-from dew.training.setup import Setup, check, run_optimizer, set_up
+from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState, make_eval_step, make_train_step
 from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 
@@ -89,7 +89,8 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str, 
     run = with_mup_groups(run, objective)  # muP's groups, for a run built in Python too (dew.training.optim.mup)
     with contextlib.ExitStack() as held:
         # (1) The set-up: checks, the process, the stop signals, the run directory's lock and record.
-        setup = setup or set_up(run, objective, dataset, name, held)
+        if setup is None:
+            setup = set_up(run.trainer, held, lambda: Planned(run, objective, dataset, name))[1]
         return _train(run, objective, dataset, setup, metrics=metrics, summary=summary, criterion=criterion)
 
 
