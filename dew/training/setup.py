@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 from etils import epath
@@ -23,7 +23,8 @@ from dew.contract.models import of
 from dew.objectives.base import Objective
 from dew.training import adapt, preflight, sharding
 from dew.training.checkpointing import warmstart
-from dew.training.optim.build import build_optimizer
+from dew.training.hooks import from_config
+from dew.training.optim.build import Optimizer, build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import tokens_seen_fn
@@ -80,6 +81,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
         raise ValueError(f"trainer.epochs={t.epochs} is {total_steps} steps at trainer.batch_size={t.batch_size}, "
                          f"more than the {STEP_LIMIT} a run can take")
     preflight.check_attention(run)
+    from_config(t.hooks)  # each named hook is registered and takes its options
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
@@ -93,7 +95,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
     return total_steps, eval_every, ckpt_every
 
 
-def run_optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
+def run_optimizer(run: RunConfig, dataset: Dataset, params: nnx.State, total_steps: int) -> Optimizer:
     """The run's optimizer over ``params``, its schedule counting the tokens the batch ramp feeds."""
     tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
     return build_optimizer(run.optim, params, total_steps=total_steps,

@@ -31,6 +31,7 @@ from etils import epath
 from dew.contract.config import TrainerConfig
 from dew.contract.journal import read
 from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
+from dew.training.reporting.peak import measured_peak_flops
 from dew.training.run_directory import absolute, is_local
 
 log = logging.getLogger("dew")
@@ -137,7 +138,7 @@ class Tracker:
             self.journal.write({"event": kind, "step": step, "time": time.time(), **fields})
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
-        if not self.is_main:
+        if self.journal is None or self._progress is None:  # not the process that reports
             return
         self.journal.write({"step": step, "time": time.time(), **values})
         if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
@@ -198,9 +199,7 @@ def peak_flops(device_kind: str, dtype: str, devices: int) -> float | None:
     for prefix in sorted(PEAK_FLOPS, key=len, reverse=True):
         if device_kind.startswith(prefix):
             return PEAK_FLOPS[prefix]["float32" if dtype == "float32" else "16bit"] * devices
-    import jax
-
-    from dew.training.reporting.peak import measured_peak_flops
+    import jax  # heavy: JAX stays out of the tracker's light users (dew-train's config steps, dew-runs)
 
     device = jax.devices()[0]
     if device.device_kind != device_kind:
