@@ -28,7 +28,11 @@ from dew.training.optim.build import Optimizer, build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import tokens_seen_fn
-from dew.training.run_directory import hold, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
+from dew.contract.journal import JournalError, read
+from dew.contract.rundir import JOURNAL
+from dew.training.reporting.tracker import tracking_dir
+from dew.training.run_directory import (RunDirError, hold, prepare_run_dir, read_record, resume_changes, run_dir,
+                                        trained_objective)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,8 +117,19 @@ def check_setup(run: RunConfig, objective: Objective, dataset: Dataset, name: st
     recorded = read_record(path)
     if jax.process_index() == 0:
         prepare_run_dir(run, name, write=False, trains=trains)
+        check_journal(tracking_dir(run.trainer) / name / JOURNAL)
     changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     return Setup(name, path, total_steps, eval_every, ckpt_every, trains, changed, stop)
+
+
+def check_journal(path: epath.Path) -> None:
+    """Refuse a run whose journal cannot be read (a damaged line, a newer version): a resume appends
+    to it, and reads its history first (docs/journal.md)."""
+    try:
+        if path.exists():
+            read(path)
+    except JournalError as err:
+        raise RunDirError(f"the run's journal cannot be read, so the run is not resumed: {err}") from None
 
 
 def claim(run: RunConfig, setup: Setup, held: contextlib.ExitStack) -> None:

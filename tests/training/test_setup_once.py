@@ -61,3 +61,19 @@ def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
     with contextlib.ExitStack() as held, pytest.raises(ValueError, match="batch_size=0"):
         setups.set_up("trainer", held, refused, agree=lambda err: order.append(f"agree {err}"))  # type: ignore[arg-type]
     assert order == ["process", "agree trainer.batch_size=0: must be > 0"]
+
+
+def test_a_run_whose_journal_is_damaged_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from dew.build import build_run
+    from dew.training.run_directory import RunDirError
+    from tests.training.conftest import compose
+
+    monkeypatch.delenv("DEW_TRACKING_DIR", raising=False)
+    run, objective, dataset = build_run(compose(f"trainer.checkpoint_dir={tmp_path / 'ck'}", "trainer.steps=2"))
+    journal = tmp_path / "tracking" / "r" / "journal.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text('{"event": "start", "step": 0}\n{"step": 1, "tr\n{"step": 2, "train/loss": 1.0}\n')
+    with contextlib.ExitStack() as held, pytest.raises(RunDirError, match=(
+            r"the run's journal cannot be read, so the run is not resumed: .*journal.jsonl: line 2 is not JSON")):
+        setups.set_up(run.trainer, held, lambda: setups.Planned(run, objective, dataset, "r"))
+    assert not (tmp_path / "ck").exists()
