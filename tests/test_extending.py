@@ -67,7 +67,7 @@ def test_the_guide_covers_every_kind():
     assert {"pyproject.toml", "dew_blobs/__init__.py", "dew_blobs/layers.py", "dew_blobs/loss.py",
             "dew_blobs/conf/model/mlp.yaml", "dew_blobs/conf/data/blobs.yaml", "signum.py"} <= set(files)
     text = files["dew_blobs/__init__.py"]
-    for registry in ("datasets.register", "architectures.register", "objectives.register"):
+    for registry in ("datasets.register", "architectures.register", "objectives.register", "hooks.register"):
         assert registry in text
     assert guide_commands(), "the guide trains its plugin from the command line"
 
@@ -103,13 +103,15 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
     assert record["model"]["architecture"] == "mlp"
     assert record["model"]["config"] == {"hidden": 64, "depth": 2, "features": 8, "classes": 4}
     assert record["data"]["name"] == "blobs" and record["classification"]["label_smoothing"] == 0.0
-    from dew.training.reporting.tracker import read_journal
+    from dew.contract.journal import read_journal
 
     journal = read_journal(work / "tracking" / "blobs" / "journal.jsonl")
     first = next(r for r in journal if r.get("step") == 1 and "train/loss" in r)
     assert abs(first["train/loss"] - math.log(4)) < 1e-5  # the zero head: uniform logits over 4 classes
     assert 0.0 <= first["train/accuracy"] <= 1.0
     assert any("eval/accuracy" in r for r in journal)
+    ema = {r["step"]: r["train/loss_ema"] for r in journal if "train/loss_ema" in r}  # the guide's hook, every step
+    assert sorted(ema) == [1, 2] and ema[1] == first["train/loss"]
 
     bad = dew(*args[:-4], "data.spread=-1", "trainer.checkpoint_dir=bad", cwd=work, env=env)
     assert bad.returncode == 2 and "data.spread=-1" in bad.stderr and "Traceback" not in bad.stderr

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dew.launching.interrupts import current as launch_interrupts
 from dew.launching.interrupts import install_for_sweep
@@ -32,15 +33,35 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dew.build import build_run
 from dew.cli.console import console_script
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
+from dew.cli.overrides import check_overrides, check_unset_records, first_job_to_print, hydra_help_args
 from dew.cli.schema import member_schema, register_resolvers, schema_of
+from dew.cli.trial import TrialFailed, check_direction, in_a_search, search_unavailable, selection_value
+from dew.compat import hydra_args_parser as get_args_parser
 from dew.contract.data import datasets
+from dew.contract.lock import RunLockedError
+from dew.contract.objectives import can_sample
+from dew.contract.registry import plugin_conf_dirs
 from dew.contract.schedules import schedules
 from dew.contract.typed import ConfigError
-from dew.launching.checks import CHECK_FLAG, check_only, checked, checking
+from dew.launching.checks import CHECK_FLAG, check_only, check_run, checked, checking, launcher_without_multirun
 from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
+from dew.launching.pool import from_process_zero, joins_a_pool
+from dew.launching.stop_exit import exit_after_stop
 from dew.recipe import Recipe
+from dew.training.preemption import Preempted
+from dew.training.reporting.tracker import tracking_dir
+from dew.training.run_directory import RunDirError, refuse_if_held, run_dir, write_hydra_record
+
+if TYPE_CHECKING:
+    from etils import epath
+    from flax import nnx
+
+    from dew.objectives.base import Objective
+    from dew.training.setup import Planned
+    from dew.training.step import TrainState
 
 log = logging.getLogger("dew")
 
@@ -80,10 +101,12 @@ def register_configs() -> None:
     """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore."""
     cs = ConfigStore.instance()
     cs.store(name="dew_run", node=schema_of(Recipe))
-    for name, cls in datasets.items():
-        cs.store(group="schema/data", name=name, node=member_schema(cls))
-    for name, cls in schedules.items():
-        cs.store(group="schema/schedule", name=name, node=member_schema(cls))
+    # The ignores below: typeshed's lru_cache takes a Hashable, and mypy checks a class object
+    # against its instances' __hash__; a class is hashable.
+    for name, data_cls in datasets.items():
+        cs.store(group="schema/data", name=name, node=member_schema(data_cls))  # type: ignore[arg-type]
+    for name, schedule_cls in schedules.items():
+        cs.store(group="schema/schedule", name=name, node=member_schema(schedule_cls))  # type: ignore[arg-type]
     register_resolvers()
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
     OmegaConf.register_new_resolver("dew_hydra_groups", _hydra_group_listing, replace=True)
@@ -95,8 +118,6 @@ def register_configs() -> None:
 def _group_listing() -> str:
     """The user's config groups and their options, dew's and its plugins', for --help (Hydra's own
     listing also shows the schema groups, which are dew's plumbing, not choices)."""
-    from dew.contract.registry import plugin_conf_dirs
-
     groups: dict[str, set[str]] = {}
     for root in [Path(conf_dir()), *map(Path, plugin_conf_dirs())]:
         for folder in (p for p in root.rglob("*") if p.is_dir() and p.relative_to(root).parts[0] != "hydra"):
@@ -127,7 +148,7 @@ def _hydra_group_listing() -> str:
     chosen = {f"hydra/{k}": v for entry in HydraConf().defaults if isinstance(entry, dict) for k, v in entry.items()}
     for entry in OmegaConf.load(Path(conf_dir()) / "config.yaml").defaults:
         for key, value in (entry.items() if isinstance(entry, DictConfig) else ()):
-            if key.startswith("override hydra/"):
+            if isinstance(key, str) and key.startswith("override hydra/"):
                 chosen[key.removeprefix("override ")] = value
 
     def shown(group: str, option: str) -> str:
@@ -153,8 +174,6 @@ def refuse_a_busy_run_dir(cfg: DictConfig) -> None:
     """Refuse a run directory another process holds, from the composed config, before the typed
     conversion (which imports JAX, seconds on a busy machine): a second writer fails at once. Reads
     only; the run's own lock is taken later, once the config is known to be valid."""
-    from dew.training.run_directory import refuse_if_held
-
     checkpoint_dir, name = OmegaConf.select(cfg, "trainer.checkpoint_dir"), OmegaConf.select(cfg, "trainer.name")
     if not isinstance(checkpoint_dir, str):
         return
@@ -176,8 +195,6 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
     if debugging() and error is not None:
         raise error
     print(f"dew-train: error: {message}", file=sys.stderr)
-    from dew.cli.trial import TrialFailed, in_a_search
-
     if in_a_search():  # the sweeper records a failed trial and goes on
         raise TrialFailed(message)
     sys.exit(status)
@@ -185,9 +202,7 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
 
 def stop_status(err: BaseException) -> int | None:
     """The exit status of a run that stopped on its own terms, None for any other error."""
-    from dew.training.checkpointing.checkpoints import CheckpointDamagedError
-    from dew.contract.lock import RunLockedError
-    from dew.training.run_directory import RunDirError
+    from dew.training.checkpointing.checkpoints import CheckpointDamagedError  # heavy: orbax and JAX
     from dew.training.trainer import NonFiniteError
 
     statuses = {RunLockedError: EXIT_BUSY, RunDirError: EXIT_REFUSED, NonFiniteError: EXIT_NONFINITE,
@@ -202,58 +217,79 @@ def _leave_no_trace() -> None:
         job_dir.rmdir()
 
 
-def train_from_hydra(cfg: DictConfig) -> Any:
-    """Convert the composed config once, build what it names, and train."""
-    from dew.contract.lock import RunLockedError
-    from dew.training.run_directory import RunDirError, refuse_if_held, run_dir, write_hydra_record
+class PeerRefused(Exception):
+    """Process 0's refusal of the run, in a process of its pool that found nothing wrong: its
+    message and exit status."""
 
-    error, status, agreed, caught, held = None, EXIT_BAD_INPUT, False, None, contextlib.ExitStack()  # held: to the end
+
+def refusal(err: BaseException) -> tuple[str, int] | None:
+    """The message and exit status of an error that refuses a run before it trains (a bad input, a
+    busy or refused run directory, a peer's refusal), None for any other (a bug: its traceback is
+    the report)."""
+    if isinstance(err, PeerRefused):
+        return err.args[0], err.args[1]
+    if isinstance(err, RunLockedError):
+        return str(err), EXIT_BUSY
+    if isinstance(err, RunDirError):
+        return str(err), EXIT_REFUSED
+    if isinstance(err, (ConfigError, ValueError, OSError)):  # OSError: missing files, no network
+        return str(err), EXIT_BAD_INPUT
+    return None
+
+
+def agree(error: Exception | None) -> None:
+    """The set-up's verdict in a pool (``set_up``'s ``agree``): every process asks, process 0
+    answers, and a process that is fine stops with process 0's error."""
+    mine = refusal(error) if error is not None else None
+    if error is not None and mine is None:
+        return  # a bug: raised as it is
+    message, status = from_process_zero("verdict", list(mine) if mine else [None, EXIT_BAD_INPUT])
+    if mine is None and message:
+        raise PeerRefused(message, status)
+
+
+def plan(recipe: Recipe, container: Any) -> Planned:
+    """What the run trains, once the process pool is up (``set_up``'s ``plan``): one run however
+    many processes. Each resolved its own config and name (a time stamp can differ by a second), so
+    all take process 0's; a busy run directory is refused at once, before the data loads."""
+    from dew.training.setup import Planned  # heavy: JAX loads once the config is valid
+
+    theirs, name = from_process_zero("run", [container, run_name(recipe)])
+    if theirs != container:  # converted once, unless process 0 composed another config
+        recipe = Recipe.from_dict(theirs)
+    refuse_if_held(run_dir(recipe, name))
+    run, objective, dataset = build_run(recipe)
+    return Planned(run, objective, dataset, name)
+
+
+def train_from_hydra(cfg: DictConfig) -> Any:
+    """Convert the composed config once, build what it names, set the run up and train."""
+    from dew.training.setup import set_up  # heavy: JAX loads once the config is valid
+
+    held = contextlib.ExitStack()  # the lock and the signal handlers, to the end of the run
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
         recipe = Recipe.from_dict(container)
         if checking():
             return check_single_run(recipe)
-        from dew.build import build_run
-        from dew.launching.pool import from_process_zero
-        from dew.training.setup import check_setup, claim, listen, start_process
-
-        start_process(recipe.trainer)  # XLA flags checked and set, the process pool, before any backend opens
-        stop = listen(held)  # a signal during the set-up or the restore stops the run at its first step
-        # One run however many processes: each resolved its own config and name (a time stamp
-        # can differ by a second), so all take process 0's.
-        theirs, name = from_process_zero("run", [container, run_name(recipe)])
-        agreed = True
-        if theirs != container:  # converted once, unless process 0 composed another config
-            recipe, container = Recipe.from_dict(theirs), theirs
-        path = run_dir(recipe, name)
-        refuse_if_held(path)  # a busy run directory is refused at once, before anything slow
-
-        import jax
-
-        recipe, objective, dataset = build_run(recipe)
-        setup = check_setup(recipe, objective, dataset, name, stop)  # reads only: a refused resume changes nothing
-    except RunLockedError as err:
-        error, status, caught = str(err), EXIT_BUSY, err
-    except RunDirError as err:
-        error, status, caught = str(err), EXIT_REFUSED, err
-    except (ConfigError, ValueError, OSError) as err:  # OSError: missing files, no network
-        error, caught = str(err), err
-    if agreed:  # in a pool, a process that is fine stops with process 0's error
-        verdict = from_process_zero("verdict", [error, status])  # every process asks: process 0 answers
-        error, status = (error, status) if error else verdict
-    if error:
+        (recipe, objective, dataset, name), setup = set_up(
+            recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree)
+    except Exception as err:  # noqa: BLE001 - a refused run ends with a sentence
+        refused = refusal(err)
+        if refused is None:
+            raise
         held.close()
         _leave_no_trace()
-        fail(error, status, caught)
+        fail(*refused, error=None if isinstance(err, PeerRefused) else err)
+    import jax
+
     is_main = jax.process_index() == 0
-    from dew.objectives.metrics import builtin_metrics
-    from dew.training.preemption import Preempted
+    from dew.objectives.metrics import builtin_metrics  # heavy: JAX loads once the config is valid
     from dew.training.trainer import train
 
     try:
         with held:
-            claim(recipe, setup, held)  # the lock, then the run's record (process 0)
             if is_main:
                 write_hydra_record(setup.path, cfg)
             state = train(recipe, objective, dataset, name=name, metrics=builtin_metrics(objective),
@@ -261,7 +297,6 @@ def train_from_hydra(cfg: DictConfig) -> Any:
             write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
     except Preempted as stopped:
         print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
-        from dew.launching.stop_exit import exit_after_stop
 
         exit_after_stop(stopped.signum)
     except Exception as err:  # noqa: BLE001 - a run that stops on its own terms ends with a sentence
@@ -272,7 +307,6 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         fail(str(err), status)
     if is_main:
         print(f"dew-train: run {name!r} is in {setup.path}", flush=True)
-    from dew.cli.trial import in_a_search
 
     if not in_a_search():
         return state
@@ -282,16 +316,12 @@ def train_from_hydra(cfg: DictConfig) -> Any:
 def check_single_run(recipe: Recipe) -> None:
     """``dew-train --check`` on one run: every check the run makes before it writes anything
     (``dew.launching.checks.check_run``), over the devices it would train on here, and one line."""
-    from dew.launching.checks import check_run
-    from dew.launching.pool import joins_a_pool
-    from dew.training.run_directory import run_dir
-
     path = os.fspath(run_dir(recipe, run_name(recipe)))
     devices = None
     if not joins_a_pool(recipe.trainer.multi_host):  # this process alone: its own devices
         import dataclasses
 
-        from dew.training.setup import start_process
+        from dew.training.setup import start_process  # heavy: JAX, for this process's devices
 
         start_process(dataclasses.replace(recipe.trainer, multi_host=False))  # the run's flags, as it sets them
         import jax
@@ -302,11 +332,9 @@ def check_single_run(recipe: Recipe) -> None:
           f"would be {path})", flush=True)
 
 
-def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
+def reported_value(recipe: Recipe, objective: Objective, name: str) -> float:
     """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
-    from dew.cli.trial import check_direction, selection_value
-    from dew.objectives.metrics import builtin_metrics
-    from dew.training.reporting.tracker import tracking_dir
+    from dew.objectives.metrics import builtin_metrics  # heavy: JAX (a search's trial reports its value)
     from dew.training.trainer import best_criterion
 
     metric, higher_is_better = best_criterion(builtin_metrics(objective))
@@ -314,16 +342,14 @@ def reported_value(recipe: Recipe, objective: Any, name: str) -> float:
     return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
 
 
-def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> None:
+def write_samples(objective: Objective, state: TrainState, run_path: epath.Path, *, seed: int) -> None:
     """Samples of the trained model in the run directory, for objectives that draw them. Every
     process takes part in gathering a model split over processes; process 0 samples alone."""
-    from dew.contract.objectives import can_sample
-
     if not can_sample(objective):
         return
     import jax
 
-    from dew.sampling import write_sample_grid, write_text_samples
+    from dew.sampling import write_sample_grid, write_text_samples  # heavy: JAX
 
     model = state.model(ema=state.ema is not None)
     if jax.process_count() > 1:
@@ -334,7 +360,7 @@ def write_samples(objective: Any, state: Any, run_path: Any, *, seed: int) -> No
         print(f"dew-train: samples in {samples}", flush=True)
 
 
-def _gathered(model: Any) -> Any:
+def _gathered(model: nnx.Module) -> nnx.Module:
     """``model`` with every array whole in this process (a collective: every process calls it), so
     that one process can sample from it alone."""
     import jax
@@ -353,8 +379,6 @@ def for_printing(argv: list[str]) -> None:
     composes it from its own config alone, without conf/config.yaml's choices and search path.
     ``-m`` with ``--cfg`` or ``--info`` prints the sweep's first job (``first_job_to_print``), which
     is named on stderr (stdout stays the config alone)."""
-    from dew.cli.overrides import first_job_to_print, hydra_help_args
-
     if "--hydra-help" in argv:
         argv[1:] = hydra_help_args(argv[1:], Path(launch_dir()).as_uri())
     try:
@@ -375,17 +399,13 @@ def main() -> None:
     sys.argv[1:] = set_json_keys(sys.argv[1:], json_fields(Recipe))  # model.config.mup=true
     for_printing(sys.argv)  # --hydra-help; -m with --cfg or --info
     register_configs()
-    from dew.compat import hydra_args_parser as get_args_parser  # Hydra's own command line, to read the overrides
 
-    from dew.cli.overrides import check_overrides, check_unset_records
-    from dew.launching.checks import launcher_without_multirun
 
     try:
         args = get_args_parser().parse_known_args()[0]
     except SystemExit:
         args = None  # Hydra reports its own usage errors
     overrides = args.overrides if args else []
-    from dew.cli.trial import search_unavailable
 
     if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
                    or (args and launcher_without_multirun(args))

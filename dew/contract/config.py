@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from dew.training.step import TrainState
 
 __all__ = [
-    "ConfigError", "DataSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
+    "ConfigError", "DataSpec", "HookSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
     "ParamGroup", "ProfileWindow", "Quantization", "Ramp", "RunConfig", "ScheduleSpec", "TrainerConfig",
     "Wandb", "default_compilation_cache_dir", "json_list_argument",
 ]
@@ -321,6 +321,23 @@ class Ramp:
 
 
 @dataclasses.dataclass(frozen=True)
+class HookSpec:
+    """One of the loop's hooks by its registered name (docs/training.md, "Hooks"), its cadence and its
+    options."""
+
+    name: str
+    """The hook's name in ``dew.training.hooks.hooks`` (a plugin's too)."""
+    every: int = 1
+    """Steps between its calls; it also runs at the run's last step."""
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the hook's class."""
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"trainer.hooks: hook {self.name!r}: every={self.every} must be >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class ProfileWindow:
     """One profiler window: the steps to trace, the warmup before it and where it is written."""
 
@@ -424,6 +441,10 @@ class TrainerConfig:
     """How parameters and activations map onto the mesh."""
     profile: ProfileWindow | None = None
     """One profiler window. Unset traces nothing."""
+    hooks: tuple[HookSpec, ...] = ()
+    """The run's own hooks around the steps, by registered name, each at its cadence (e.g.
+    ``[{name: my_hook, every: 10}]``); dew's own (the report, the evaluation, the checkpoint)
+    always run."""
     compilation_cache_dir: str | None = dataclasses.field(default_factory=default_compilation_cache_dir)
     """Persisted XLA cache, so a restart skips recompiling the step. None compiles from scratch
     every run."""

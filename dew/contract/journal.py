@@ -1,5 +1,6 @@
-"""A run's journal as ``dew-runs`` reads it: the records that still count, the run's lifecycle and
-its metric series.
+"""The one reader of a run's journal: ``read`` (``parse`` for lines). ``dew-runs`` takes the records
+that still count, the run's lifecycle and its metric series from it; the trainer takes the run's
+history (``JournalView.history``, ``read_journal``) when it resumes.
 
 The journal is append-only (docs/journal.md). A resumed run restarts from its checkpoint at step
 ``s`` and writes a ``resume`` event there, so the metric records and evaluation/checkpoint events
@@ -7,6 +8,12 @@ with a step past ``s`` that came before it were written by a process whose work 
 superseded. This reader drops them itself, whether or not the writer already did, so it reads
 journals written by every dew version alike. Lifecycle events (start, resume, stop, end,
 checkpoint_fallback) are always kept: they are the run's history.
+
+A line that is not a JSON object with an integer ``step`` is skipped only where a killed process
+leaves one: as the last line, or right before a ``start`` or ``resume`` event (the writer that comes
+next ends the cut-off line with a newline and writes its own first). Anywhere else it is damage no
+dew process makes (an edit, a second writer, a broken disk), and reading raises ``JournalError``
+naming the line rather than reporting numbers from a journal it cannot trust (docs/journal.md).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from typing import Any
 
 from etils import epath
@@ -38,6 +46,12 @@ class JournalView:
     dew versioned them (the same format as version 1)."""
     partial_tail: bool = False
     """The last line was cut off mid-write (a process killed while writing it) and was skipped."""
+    written: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Every record as written, in order (cut-off lines left out)."""
+    cut_off: list[int] = dataclasses.field(default_factory=list)
+    """The numbers (from 1) of the lines cut off mid-write and skipped."""
+    terminated: bool = True
+    """The text ends with a newline (or is empty): a record appended starts a line of its own."""
     _by_metric: dict[str, dict[int, float]] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def series(self, metric: str) -> tuple[list[int], list[float]]:
@@ -61,6 +75,20 @@ class JournalView:
                     if key != "step" and key != "time":
                         self._by_metric.setdefault(key, {})[step] = _number(v)
         return self._by_metric
+
+    def history(self) -> list[dict[str, Any]]:
+        """The run's history as the trainer resumes it: each step as its latest segment logged it. A
+        ``start`` event drops everything before it; a ``resume`` event at step s drops what came
+        before it at steps past s, and an earlier ``end``."""
+        kept: list[dict[str, Any]] = []
+        for record in self.written:
+            if record.get("event") == "start":
+                kept = []
+            elif record.get("event") == "resume":
+                s = record["step"]
+                kept = [r for r in kept if r.get("step", 0) <= s and r.get("event") != "end"]
+            kept.append(record)
+        return kept
 
     def lifecycle(self) -> dict[str, Any] | None:
         """The last start, resume, stop or end event: what the run last said about itself."""
@@ -107,33 +135,51 @@ def _number(value: Any) -> float:
         return math.nan
 
 
-def parse(lines: list[str], where: str = "journal") -> JournalView:
-    """Read journal lines (``read`` takes a path). Raises JournalError for a damaged line or a
-    version this dew does not know."""
-    records: list[dict[str, Any]] = []
-    partial = False
-    version: int | None = None
+def _decode(lines: list[str], where: str) -> tuple[list[tuple[int, dict[str, Any]]], list[int]]:
+    """The records of ``lines`` with their line numbers, and the numbers of the lines cut off
+    mid-write (skipped: the last line, or one right before a ``start``/``resume`` event)."""
     numbers = [n for n, line in enumerate(lines, 1) if line.strip()]
     try:  # one parse of the whole journal: 1,000 json.loads calls cost several times more
         parsed: list[Any] = json.loads("[" + ",".join(lines[n - 1] for n in numbers) + "]")
-    except json.JSONDecodeError:
-        parsed, numbers = [], []
-        for number, line in enumerate(lines, 1):  # find the bad line, or a cut-off tail
-            if not line.strip():
-                continue
+        if len(numbers) != len(parsed):  # a line held more than one value ("1, 2"): find it below
+            raise ValueError
+        values: list[Any] = list(parsed)
+    except ValueError:  # json.JSONDecodeError is one
+        values = []
+        for number in numbers:
             try:
-                parsed.append(json.loads(line))
-                numbers.append(number)
-            except json.JSONDecodeError as err:
-                if number == len(lines):  # the tail of a process killed mid-write
-                    partial = True
-                    continue
-                raise JournalError(f"{where}: line {number} is not JSON ({err.msg})") from None
-    if len(numbers) != len(parsed):  # a line held more than one value ("1, 2"): none is a record
-        raise JournalError(f"{where}: a line holds more than one JSON value")
-    for number, record in zip(numbers, parsed):
+                values.append(json.loads(lines[number - 1]))
+            except json.JSONDecodeError:
+                values.append(_Bad(number))
+    out: list[tuple[int, dict[str, Any]]] = []
+    cut: list[int] = []
+    for i, (number, record) in enumerate(zip(numbers, values)):
         if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
-            raise JournalError(f"{where}: line {number} is not a journal record (an object with an integer step)")
+            following = values[i + 1] if i + 1 < len(values) else None
+            if following is None or (isinstance(following, dict) and following.get("event") in ("start", "resume")):
+                cut.append(number)  # the last line of a killed process
+                continue
+            what = "not JSON" if isinstance(record, _Bad) else "not a journal record (an object with an integer step)"
+            raise JournalError(f"{where}: line {number} is {what}; only a killed process's last line may be cut "
+                               "off, and this one is followed by more of the same run")
+        out.append((number, record))
+    return out, cut
+
+
+class _Bad:
+    """A line that is not JSON."""
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+
+
+def parse(lines: list[str], where: str = "journal", *, terminated: bool = True) -> JournalView:
+    """Read journal lines (``read`` takes a path). Raises JournalError for a damaged line (one not
+    cut off by a killed process) or a version this dew does not know."""
+    records: list[dict[str, Any]] = []
+    version: int | None = None
+    decoded, cut = _decode(lines, where)
+    for number, record in decoded:
         kind = record.get("event")
         if kind in ("start", "resume"):
             version = record.get("journal")
@@ -145,11 +191,12 @@ def parse(lines: list[str], where: str = "journal") -> JournalView:
             records = [r for r in records if r.get("event") in LIFECYCLE or r.get("step", 0) <= step]
         records.append(record)
     events = [r for r in records if "event" in r]
-    return JournalView(records=records, events=events, version=version, partial_tail=partial)
+    return JournalView(records=records, events=events, version=version, partial_tail=len(lines) in cut,
+                       written=[r for _, r in decoded], cut_off=cut, terminated=terminated)
 
 
 def read(path: epath.Path) -> JournalView:
-    """Read and parse the journal at ``path``."""
+    """Read and parse the journal at ``path``: the only place dew reads a journal."""
     try:
         text = path.read_text()
     except UnicodeDecodeError:
@@ -157,4 +204,11 @@ def read(path: epath.Path) -> JournalView:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the newline every complete record ends with
-    return parse(lines, where=str(path))
+    return parse(lines, where=str(path), terminated=not text or text.endswith("\n"))
+
+
+def read_journal(path: str | os.PathLike[str], *, raw: bool = False) -> list[dict[str, Any]]:
+    """The run's history at ``path`` (``JournalView.history``); ``raw`` keeps every record as
+    written."""
+    view = read(epath.Path(path))
+    return view.written if raw else view.history()

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, open_dict, read_write
 
-from dew.training.reporting.tracker import read_journal, tracking_dir
+from dew.contract.journal import JournalError, read_journal
+from dew.training.reporting.tracker import tracking_dir
 
 if TYPE_CHECKING:
     from hydra.types import HydraContext
@@ -98,6 +99,6 @@ def stop_record(job: SweepJob) -> dict[str, Any] | None:
     name = os.path.relpath(job.run_dir, job.recipe.trainer.checkpoint_dir)
     try:
         records = read_journal(tracking_dir(job.recipe.trainer) / name / "journal.jsonl")
-    except OSError:
+    except (OSError, JournalError):
         return None
     return next((r for r in reversed(records) if r.get("event") in ("stop", "end", "resume", "start")), None)

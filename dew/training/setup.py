@@ -1,32 +1,38 @@
 """A run's set-up, done once before it trains: everything about the run that can fail checked
 without touching the disk, the process prepared, the stop signals listened to, the run directory's
-lock taken and its record written. ``dew-train`` does it in steps (its processes agree on a verdict
-between checking and writing) and hands the trainer the ``Setup``; ``RunConfig.train`` from Python
-does it in one call (``set_up``). Nothing is remembered between runs: a notebook that trains many
-runs sets each up once.
+lock taken and its record written. ``RunConfig.train`` from Python and ``dew-train`` both do it in
+one call, ``set_up``: dew-train passes what it does in the middle (converting its config and loading
+the data once the process pool is up) and how its processes agree on a verdict between checking and
+writing. Nothing is remembered between runs: a notebook that trains many runs sets each up once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 from etils import epath
 from flax import nnx
 
-from dew.contract.config import STEP_LIMIT, RunConfig
+from dew.contract.config import STEP_LIMIT, RunConfig, TrainerConfig
 from dew.contract.data import Dataset
 from dew.contract.models import of
 from dew.objectives.base import Objective
 from dew.training import adapt, preflight, sharding
 from dew.training.checkpointing import warmstart
-from dew.training.optim.build import build_optimizer
+from dew.training.hooks import from_config
+from dew.training.optim.build import Optimizer, build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import tokens_seen_fn
-from dew.training.run_directory import hold, prepare_run_dir, read_record, resume_changes, run_dir, trained_objective
+from dew.contract.journal import JournalError, read
+from dew.contract.rundir import JOURNAL
+from dew.training.reporting.tracker import tracking_dir
+from dew.training.run_directory import (RunDirError, hold, prepare_run_dir, read_record, resume_changes, run_dir,
+                                        trained_objective)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +58,7 @@ class Setup:
     restore is honoured at the first step boundary."""
 
 
-def start_process(t: Any) -> None:
+def start_process(t: TrainerConfig) -> None:
     """Check ``trainer.xla_flags`` (XLA aborts the process on a flag it does not know), then apply
     the flags, the compilation cache and the process pool, before anything opens a JAX backend."""
     preflight.check_xla_flags(t)
@@ -79,6 +85,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
         raise ValueError(f"trainer.epochs={t.epochs} is {total_steps} steps at trainer.batch_size={t.batch_size}, "
                          f"more than the {STEP_LIMIT} a run can take")
     preflight.check_attention(run)
+    from_config(t.hooks)  # each named hook is registered and takes its options
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
@@ -92,7 +99,7 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
     return total_steps, eval_every, ckpt_every
 
 
-def run_optimizer(run: RunConfig, dataset: Dataset, params: Any, total_steps: int) -> Any:
+def run_optimizer(run: RunConfig, dataset: Dataset, params: nnx.State, total_steps: int) -> Optimizer:
     """The run's optimizer over ``params``, its schedule counting the tokens the batch ramp feeds."""
     tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
     return build_optimizer(run.optim, params, total_steps=total_steps,
@@ -110,8 +117,19 @@ def check_setup(run: RunConfig, objective: Objective, dataset: Dataset, name: st
     recorded = read_record(path)
     if jax.process_index() == 0:
         prepare_run_dir(run, name, write=False, trains=trains)
+        check_journal(tracking_dir(run.trainer) / name / JOURNAL)
     changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     return Setup(name, path, total_steps, eval_every, ckpt_every, trains, changed, stop)
+
+
+def check_journal(path: epath.Path) -> None:
+    """Refuse a run whose journal cannot be read (a damaged line, a newer version): a resume appends
+    to it, and reads its history first (docs/journal.md)."""
+    try:
+        if path.exists():
+            read(path)
+    except JournalError as err:
+        raise RunDirError(f"the run's journal cannot be read, so the run is not resumed: {err}") from None
 
 
 def claim(run: RunConfig, setup: Setup, held: contextlib.ExitStack) -> None:
@@ -129,11 +147,36 @@ def listen(held: contextlib.ExitStack) -> StopSignals:
     return stop
 
 
-def set_up(run: RunConfig, objective: Objective, dataset: Dataset, name: str, held: contextlib.ExitStack) -> Setup:
-    """The whole set-up, for ``RunConfig.train`` called from Python; the lock and the signal
-    handlers are held until ``held`` closes."""
-    start_process(run.trainer)
+class Planned(NamedTuple):
+    """What a run trains: the resolved config, the objective, the dataset and the run's name."""
+
+    run: RunConfig
+    objective: Objective
+    dataset: Dataset
+    name: str
+
+
+def alone(error: Exception | None) -> None:
+    """The verdict of a process that needs no one's agreement: its own (``set_up``'s ``agree``)."""
+
+
+def set_up(trainer: TrainerConfig, held: contextlib.ExitStack, plan: Callable[[], Planned], *,
+           agree: Callable[[Exception | None], None] = alone) -> tuple[Planned, Setup]:
+    """The whole set-up of a run, once, for ``RunConfig.train`` and ``dew-train`` alike: the process
+    (XLA flags, the compilation cache, the pool) before any backend opens, the stop signals, then
+    ``plan()`` (what the run trains: dew-train converts its config and loads the data here, once the
+    pool is up), the checks (reading only), ``agree`` (the processes of a pool agree on the verdict:
+    called with this process's error or None; it raises to stop a process whose peer failed), and
+    the claim: the run directory's lock and record. The lock and the signal handlers are held until
+    ``held`` closes."""
+    start_process(trainer)
     stop = listen(held)  # before the checks: a signal from here on stops the run at its first step
-    setup = check_setup(run, objective, dataset, name, stop)
-    claim(run, setup, held)
-    return setup
+    try:
+        planned = plan()
+        setup = check_setup(*planned, stop)  # reads only: a refused resume changes nothing
+    except Exception as err:
+        agree(err)
+        raise
+    agree(None)
+    claim(planned.run, setup, held)
+    return planned, setup

@@ -8,6 +8,7 @@ for a loss and hands the optimizer what the optimizer says it needs (``Optimizer
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,9 +18,7 @@ import optax
 from flax import nnx, struct
 
 from dew.objectives.base import Loss, Metric, Objective
-
-NONFINITE = "_nonfinite_step"
-"""The step's metric (not logged) that carries the first non-finite step, -1 while there is none."""
+from dew.training.hooks import NONFINITE  # the step's metric of the first non-finite step (-1: none)
 
 LOSS_SCALE_START = 2.0**15
 """The dynamic loss scale's first value."""
@@ -79,7 +78,7 @@ def next_loss_scale(scale: jax.Array, good_steps: jax.Array, finite: jax.Array) 
     return scale, jnp.where(finite & ~grow, good_steps + 1, 0)
 
 
-def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.GradientTransformation,
+def make_train_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State, tx: optax.GradientTransformation,
                     learning_rate: Callable[[jax.Array], jax.Array], *, accumulation: int,
                     dynamic_scale: bool, extra_args: Sequence[str] = (),
                     ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
@@ -146,14 +145,14 @@ def make_train_step(objective: Objective, graphdef: Any, rest: Any, tx: optax.Gr
         if wants_logits:
             metrics["train/max_logit"] = extra["max_logits"].max()
         metrics[NONFINITE] = nonfinite_step
-        new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
-                            loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
+        new = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
+                                  loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
         return new, metrics
 
     return step
 
 
-def make_eval_step(objective: Objective, graphdef: Any, rest: Any,
+def make_eval_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State,
                    metrics: Sequence[Metric] = ()) -> Callable[..., tuple[jax.Array, jax.Array, Any, Any]]:
     """The evaluation of one batch: the objective's loss (sum, count, sums) and each metric's
     (sum, count) by name, all in one compiled program."""

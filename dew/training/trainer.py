@@ -3,9 +3,11 @@
 Chapters: (1) the set-up, done once (``dew.training.setup``: checks, the process, the stop signals,
 the run directory's lock and record), (2) the model, the optimizer and the mesh, (3) the compiled
 step and evaluation, (4) resume from the latest checkpoint, (5) the loop: batches in, metrics one
-step late, evaluation, checkpoints, a stop, (6) the end: the last checkpoint published. The loop
-calls named parts: ``Evaluator`` (evaluate.py), ``Reporter`` (reporter.py), ``Saver`` (saving.py),
-``Profiler`` (profiler.py), ``StopSignals`` (preemption.py).
+step late, the hooks at their cadence, a stop, (6) the end: the last checkpoint published. What
+happens around the steps is hooks (``dew.training.hooks``), each at its own cadence: the profiler
+(profiler.py), the metric report (late_metrics.py), the evaluation (``Evaluate``, below), the
+checkpoint (``Saver``, saving.py), the samples, and those ``trainer.hooks`` names; the stop signals
+are ``StopSignals`` (preemption.py).
 
 The step is a pure function of (state, batch), jitted once per batch shape with the state donated
 (docs/architecture.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
@@ -28,16 +30,18 @@ from typing import Any
 import jax
 import numpy as np
 from etils import epath
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 
-from dew.contract.config import RunConfig
-from dew.contract.data import Dataset
+from dew.contract.config import RunConfig, TrainerConfig
+from dew.contract.data import BatchIterator, Dataset
 from dew.contract.objectives import can_sample
+from dew.models.flops import flops_per_example
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
+from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopSignals
@@ -48,7 +52,8 @@ from dew.training.reporting.summary import RunReport, log_samples
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.run_directory import is_local
 from dew.training.checkpointing.saving import NonFiniteError, Saver
-from dew.training.setup import Setup, check, run_optimizer, set_up
+from dew.training.hooks import At, Hook, Hooks, Started, from_config
+from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState, make_eval_step, make_train_step
 from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 
@@ -89,7 +94,8 @@ def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str, 
     run = with_mup_groups(run, objective)  # muP's groups, for a run built in Python too (dew.training.optim.mup)
     with contextlib.ExitStack() as held:
         # (1) The set-up: checks, the process, the stop signals, the run directory's lock and record.
-        setup = setup or set_up(run, objective, dataset, name, held)
+        if setup is None:
+            setup = set_up(run.trainer, held, lambda: Planned(run, objective, dataset, name))[1]
         return _train(run, objective, dataset, setup, metrics=metrics, summary=summary, criterion=criterion)
 
 
@@ -100,18 +106,51 @@ class Parts:
     train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
     place: Callable[[Mapping[str, np.ndarray]], dict[str, jax.Array]]
     """A host batch made global arrays on the mesh."""
-    iterator: Any
+    iterator: BatchIterator
     stages: Sequence[tuple[int, int]]
     story: RunReport
     tracker: Tracker
-    meter: Throughput
-    reporter: Reporter
-    evaluator: Evaluator
+    hooks: Hooks
+    """What happens around the steps, each at its cadence (dew.training.hooks)."""
+    started: Started
+    """What the hooks are told before the first step."""
+    evaluate: Evaluate
     saver: Saver
-    profiler: Profiler
     stop: StopSignals
-    sample: Callable[[TrainState, int], None] | None
-    """Log samples to W&B at each evaluation (every process: sampling may span all of them)."""
+
+
+class Evaluate(Hook):
+    """Every ``eval_every`` steps (and at the last): the evaluation, the hooks that follow it
+    (samples), and its values reported."""
+
+    phase = "eval"
+
+    def __init__(self, evaluator: Evaluator, story: RunReport, tracker: Tracker, every: int | None) -> None:
+        super().__init__(every)
+        self.evaluator, self.story, self.tracker = evaluator, story, tracker
+        self.told: Callable[[int, Mapping[str, float], TrainState], None] = lambda step, values, state: None
+        """Tells the hooks of each evaluation (``Hooks.evaluated``)."""
+        self.last: dict[str, float] = {}
+        """The last evaluation's values (empty before one)."""
+
+    def on_step(self, at: At) -> None:
+        values = self.evaluator(at.state.params)
+        self.told(at.step, values, at.state)  # per-evaluation hooks: the samples
+        self.story.evaluated(at.step, values)
+        self.tracker.metrics(at.step, values)
+        self.tracker.event("eval", step=at.step, **values)
+        at.evaluation = self.last = values
+
+
+class Samples(Hook):
+    """Samples logged to W&B at each evaluation (every process: sampling may span all of them)."""
+
+    def __init__(self, tracker: Tracker, objective: Objective, seed: int) -> None:
+        super().__init__(every=None)
+        self.tracker, self.objective, self.seed = tracker, objective, seed
+
+    def on_eval(self, step: int, values: Mapping[str, float], state: TrainState) -> None:
+        log_samples(self.tracker, self.objective, state, step, seed=self.seed)
 
 
 def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, *, metrics: Sequence[Metric],
@@ -133,9 +172,10 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
         tracker = Tracker(t, setup.name, record=run.to_dict(), summary=summary or {}, total_steps=setup.total_steps,
                           resume_step=latest, wandb_id=wandb_id, is_main=jax.process_index() == 0,
                           changed=setup.changed)
-        for f in fallbacks:
-            tracker.event("checkpoint_fallback", step=latest, damaged_step=f.damaged_step, problem=f.problem,
-                          **({"moved_to": f.moved_to} if f.moved_to else {}))
+        if latest is not None:  # the damaged steps walked past to the one restored
+            for f in fallbacks:
+                tracker.event("checkpoint_fallback", step=latest, damaged_step=f.damaged_step, problem=f.problem,
+                              **({"moved_to": f.moved_to} if f.moved_to else {}))
         story = RunReport(run, setup.name, setup.path, total_steps=setup.total_steps, samples=can_sample(objective),
                           every=(setup.eval_every, setup.ckpt_every))
         story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
@@ -151,7 +191,7 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
 
 
 def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, metrics: Sequence[Metric], *,
-           resuming: bool) -> tuple[TrainState, Callable, Callable, Any, NamedSharding]:
+           resuming: bool) -> tuple[TrainState, Callable, Callable, Mesh, NamedSharding]:
     """The initial state laid out on the mesh (loaded from ``trainer.init_from`` for a new run),
     the compiled step and evaluation, the mesh and the batch's sharding."""
     t, total_steps, run_dir = run.trainer, setup.total_steps, setup.path
@@ -177,7 +217,8 @@ def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
     return state, train_step, eval_step, mesh, batch_sharding
 
 
-def compile_train_step(objective: Objective, optimizer: Any, t: Any, mesh: Any, state_sharding: Any,
+def compile_train_step(objective: Objective, optimizer: Optimizer, t: TrainerConfig, mesh: Mesh,
+                       state_sharding: TrainState,
                        batch_sharding: NamedSharding) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
     """The train step, jitted over the mesh with the state donated; traced under the layout's rules,
     so the models' activation constraints (dew.models.axes) apply."""
@@ -191,7 +232,7 @@ def compile_train_step(objective: Objective, optimizer: Any, t: Any, mesh: Any, 
         donate_argnums=0)
 
 
-def _resume(checkpoints: Checkpoints, state: TrainState, iterator: Any,
+def _resume(checkpoints: Checkpoints, state: TrainState, iterator: BatchIterator,
             name: str) -> tuple[TrainState, int | None, int, str | None, list]:
     """The state, the step restored (None for a new run), the records consumed, the W&B run's id and
     the damaged checkpoints walked past; the data iterator is put where the checkpoint left it."""
@@ -206,9 +247,9 @@ def _resume(checkpoints: Checkpoints, state: TrainState, iterator: Any,
 
 
 def _parts(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, checkpoints: Checkpoints,
-           tracker: Tracker, story: RunReport, iterator: Any, latest: int | None, *, train_step: Callable,
+           tracker: Tracker, story: RunReport, iterator: BatchIterator, latest: int | None, *, train_step: Callable,
            eval_step: Callable, place: Callable) -> Parts:
-    """The loop's parts, each given what it reads."""
+    """The loop's parts, each given what it reads, and its hooks in the order they run at a step."""
     t = run.trainer
     derive = functools.partial(derived_metrics, objective)
     evaluator = Evaluator(eval_step, lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
@@ -216,12 +257,18 @@ def _parts(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
     meter = Throughput(flops_per_example=_flops_per_example(run), peak_flops=peak_flops(
         jax.devices()[0].device_kind, run.model.dtype, jax.device_count()))
     saver = Saver(checkpoints, tracker, data_state=lambda: iterator.get_state() if dataset.resumable else None,
-                  stages=t.stages(), total_steps=setup.total_steps, last_saved=latest)
-    reporter = Reporter(tracker.metrics, derive=derive, measure=meter.measure, on_nonfinite=saver.check_finite)
-    sample = (functools.partial(log_samples, tracker, objective, seed=t.seed) if t.wandb is not None else None)
+                  stages=t.stages(), total_steps=setup.total_steps, last_saved=latest, every=setup.ckpt_every)
+    evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
+    own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
+    own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), evaluate, saver]
+    if t.wandb is not None:
+        own.append(Samples(tracker, objective, t.seed))
+    hooks = Hooks([*own, *from_config(t.hooks)], derive=derive, check_finite=saver.check_finite,
+                  restart=meter.restart, phase=story.phase)
+    evaluate.told = hooks.evaluated  # an evaluation tells every hook (the samples)
     return Parts(train_step=train_step, place=place, iterator=iterator, stages=t.stages(), story=story,
-                 tracker=tracker, meter=meter, reporter=reporter, evaluator=evaluator, saver=saver,
-                 profiler=Profiler(t.profile), stop=setup.stop, sample=sample)
+                 tracker=tracker, hooks=hooks, evaluate=evaluate, saver=saver, stop=setup.stop,
+                 started=Started(run, objective, tracker, latest or 0, setup.total_steps))
 
 
 @dataclasses.dataclass
@@ -232,11 +279,12 @@ class Position:
     records: int
 
 
-def _run(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> TrainState:
+def _run(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Position) -> TrainState:
     """The loop and the end, with the journal's ``stop`` event for a run that fails."""
     try:
-        state, last_eval = _loop(p, setup, t, state, at)
-        _finish(p, setup, state, at, last_eval, t)
+        with p.hooks.held():
+            state = _loop(p, setup, t, state, at)
+            _finish(p, setup, state, at, t)
     except Preempted:
         raise  # its stop event is written where the signal is honoured
     except NonFiniteError as err:
@@ -246,17 +294,16 @@ def _run(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> Tra
         p.tracker.event("stop", step=at.step, reason="error", message=f"{type(err).__name__}: {err}")
         raise
     finally:
-        p.profiler.close()
         p.tracker.close()
     return state
 
 
-def _loop(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> tuple[TrainState, dict[str, float]]:
-    """(5) The loop: the state after the last step, and the last evaluation."""
+def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Position) -> TrainState:
+    """(5) The loop: the state after the last step."""
     pace = Pace()
-    last_eval: dict[str, float] = {}
+    p.hooks.start(p.started)
     while at.step < setup.total_steps:
-        p.profiler.before(at.step)
+        p.hooks.before(at.step)
         batch_size = p.stages[stage_at(p.stages, at.step)][0]
         batch = p.place(p.iterator.next(batch_size))
         first = p.story.starting_step()
@@ -266,50 +313,24 @@ def _loop(p: Parts, setup: Setup, t: Any, state: TrainState, at: Position) -> tu
         # devices by one step at most and a stop, a save or a progress line is about steps they have run.
         pace.wait(step_metrics)
         at.step, at.records = at.step + 1, at.records + batch_size
-        step = at.step
+        last = at.step == setup.total_steps
         if first:  # the first metrics come after the first step, whatever log_every is
-            p.story.first_step(step, jax.device_get(step_metrics), show=step % t.log_every != 0)
-        p.profiler.after(step, state)
-        p.reporter.flush(state)  # the previous log step's metrics, fetched one step late
-        if step % t.log_every == 0 or step == setup.total_steps:
-            p.reporter.hold(step, at.records, step_metrics)
-        at_end = step == setup.total_steps
-        eval_now = setup.eval_every is not None and (step % setup.eval_every == 0) or at_end
-        ckpt_now = setup.ckpt_every is not None and (step % setup.ckpt_every == 0) or at_end
-        if eval_now or ckpt_now:
-            p.reporter.flush(state)
-            p.saver.check_finite(state)  # a checkpoint holds only a state that never went non-finite
-        if eval_now:
-            last_eval = _evaluate(p, state, step)
-        if ckpt_now:
-            with p.story.phase("checkpoint"):
-                p.saver.save(step, at.records, state, metrics=last_eval if eval_now and last_eval else None)
-        if eval_now or ckpt_now:
-            p.meter.restart(at.records)  # evaluation and the save's copy are not step time
-        if not at_end and p.stop.stop_at(step):  # the same step on every process (preemption.py)
-            p.reporter.flush(state)
-            raise p.saver.stopped(p.stop, step, at.records, state)
-    p.reporter.flush(state)
+            p.story.first_step(at.step, jax.device_get(step_metrics), show=at.step % t.log_every != 0)
+        # The hooks due at this step, in order: the profiler, the report (the previous log step's
+        # metrics, fetched one step late), the evaluation, the checkpoint, the run's own hooks.
+        p.hooks.after(At(at.step, at.records, state, step_metrics, last))
+        if not last and p.stop.stop_at(at.step):  # the same step on every process (preemption.py)
+            p.hooks.flush(state)
+            raise p.saver.stopped(p.stop, at.step, at.records, state)
+    p.hooks.flush(state)
     p.saver.check_finite(state)
-    return state, last_eval
+    return state
 
 
-def _evaluate(p: Parts, state: TrainState, step: int) -> dict[str, float]:
-    """Evaluate at ``step``, log samples to W&B, and report both."""
-    with p.story.phase("eval"):
-        values = p.evaluator(state.params)
-        if p.sample is not None:
-            p.sample(state, step)
-    p.story.evaluated(step, values)
-    p.tracker.metrics(step, values)
-    p.tracker.event("eval", step=step, **values)
-    return values
-
-
-def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, last_eval: Mapping[str, float], t: Any) -> None:
+def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, t: TrainerConfig) -> None:
     """(6) The end: wait for the saves, publish the last checkpoint, write the ``end`` event."""
     with p.story.phase("checkpoint"):
-        p.saver.last(at.step, at.records, state, last_eval)
+        p.saver.last(at.step, at.records, state, p.evaluate.last)
     p.tracker.publish_checkpoint(setup.name, p.saver.checkpoints.step_path(at.step), at.step)
     cache = compilation_cache_stats()
     if t.compilation_cache_dir:
@@ -321,8 +342,6 @@ def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, last_eval: 
 def _flops_per_example(run: RunConfig) -> float | None:
     """Training FLOPs of one example (``dew.models.flops``), None for an architecture it does not
     count."""
-    from dew.models.flops import flops_per_example
-
     try:
         return flops_per_example(run.model.architecture, run.model.fields())
     except (KeyError, ValueError, TypeError) as err:

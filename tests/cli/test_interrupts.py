@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import host_params
 

@@ -117,7 +117,7 @@ def env(work: Path) -> dict[str, str]:
 def test_an_experiment_preset_trains_as_shipped(name, presets_dir):
     import json
 
-    from dew.training.reporting.tracker import read_journal
+    from dew.contract.journal import read_journal
 
     work = presets_dir
     result = dew_train(*experiment_command(name), cwd=work, env=env(work), timeout=600)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dew.recipe import Recipe
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.conftest import dew, tree
 from tests.training.conftest import fast_env
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.conftest import dew
 from tests.training import wrappers
 from tests.training.conftest import FAST_COMPILE, TINY, compose, fast_env

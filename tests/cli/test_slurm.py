@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.cli.test_docs import _jobs
 from tests.conftest import REPO, dew, tree
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.cli.test_slurm import RUN, SLURM, setup_lines
 from tests.slurm_standin import slurm_cluster  # noqa: F401 - the fixture
 from tests.training.conftest import fast_env

@@ -21,7 +21,7 @@ import pytest
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.contract.lock import holder
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.conftest import dew, tree
 from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import descendants, events, host_params, logged, until

@@ -4,6 +4,7 @@ whatever the trainer writes today)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -136,3 +137,83 @@ def test_smoothing_is_a_debiased_moving_average():
     out = smooth(values, 0.5)
     assert out[0] == 4.0 and out[1] == pytest.approx((0.5 * 4 + 2) / 1.5)
     assert math.isnan(out[2]) and out[3] == pytest.approx((0.25 * 4 + 0.5 * 2 + 1) / 1.75)
+
+
+def test_a_line_cut_off_by_a_killed_process_is_skipped_where_a_kill_leaves_it():
+    """The last line, or the line before the next segment's start/resume event; anywhere else a
+    line that is not a record is damage, and reading refuses the journal naming the line."""
+    start = {"event": "start", "step": 0, "journal": 1, "total_steps": 4}
+    resume = {"event": "resume", "step": 1, "journal": 1, "total_steps": 4}
+    text = lines(start, {"step": 1, "train/loss": 3.0}, {"step": 2, "train/loss": 2.0})
+    view = journals.parse([*text, '{"step": 3, "tra', *lines(resume, {"step": 2, "train/loss": 2.5})])
+    assert view.cut_off == [4] and not view.partial_tail
+    assert view.series("train/loss") == ([1, 2], [3.0, 2.5])
+    assert [r.get("event", r["step"]) for r in view.history()] == ["start", 1, "resume", 2]
+    assert len(view.written) == 5  # every record as written, the cut-off line left out
+    for damaged in ('{"step": 3, "tra', "[1, 2]", '{"step": "three"}'):
+        with pytest.raises(journals.JournalError, match="line 4 is not .*followed by more of the same run"):
+            journals.parse([*text, damaged, *lines({"step": 3, "train/loss": 1.0})])
+
+
+def test_the_writer_ends_a_cut_off_line_and_its_reader_is_the_one_reader(tmp_path):
+    from dew.training.reporting.tracker import Journal
+
+    path = tmp_path / "journal.jsonl"
+    path.write_text(json.dumps({"event": "start", "step": 0}) + "\n" + '{"step": 1, "tr')
+    assert not journals.read(epath.Path(path)).terminated
+    writer = Journal(epath.Path(path))
+    writer.write({"event": "resume", "step": 0})
+    writer.close()
+    view = journals.read(epath.Path(path))
+    assert view.cut_off == [2] and view.terminated and [r["event"] for r in view.written] == ["start", "resume"]
+    assert [r["event"] for r in journals.read_journal(path)] == ["start", "resume"]  # the same, as history
+
+
+READS = {"loads", "load", "read_text", "read_bytes", "readlines", "readline", "splitlines"}
+
+
+def _mentions_journal(fn: ast.AST, owner: str) -> bool:
+    if "journal" in (getattr(fn, "name", "") + owner).lower():
+        return True
+    return any((isinstance(n, ast.Name) and "journal" in n.id.lower())
+               or (isinstance(n, ast.Attribute) and "journal" in n.attr.lower())
+               or (isinstance(n, ast.Constant) and isinstance(n.value, str) and "journal.jsonl" in n.value)
+               for n in ast.walk(fn))
+
+
+def _reads_a_file(fn: ast.AST) -> bool:
+    for n in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        name = getattr(n.func, "id", None) or getattr(n.func, "attr", None)
+        if name in READS:
+            return True
+        modes = [a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if name == "open" and not any(set(m) & set("aw") for m in modes):
+            return True
+    return False
+
+
+def second_readers(root: Path) -> list[str]:
+    """Functions under ``root`` (dew/) outside dew/contract/journal.py that read a file or decode
+    JSON and name the journal: a reader of their own."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() == "contract/journal.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for owner in [tree, *(c for c in ast.walk(tree) if isinstance(c, ast.ClassDef))]:
+            for fn in ast.walk(owner):
+                if (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and _mentions_journal(fn, getattr(owner, "name", "")) and _reads_a_file(fn)):
+                    found.append(f"{path.relative_to(root).as_posix()}:{fn.lineno} {fn.name}")
+    return sorted(set(found))
+
+
+def test_dew_reads_journals_in_one_place_only(tmp_path):
+    dew = Path(journals.__file__).resolve().parents[1]
+    assert second_readers(dew) == []
+    # The scan finds a reader of dew's old kind: lines of the journal decoded one by one.
+    (tmp_path / "contract").mkdir()
+    (tmp_path / "status.py").write_text(
+        "import json\n\ndef last_loss(run):\n"
+        "    return [json.loads(x) for x in (run / 'journal.jsonl').read_text().splitlines()][-1]\n")
+    assert second_readers(tmp_path) == ["status.py:3 last_loss"]

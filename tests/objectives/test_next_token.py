@@ -100,7 +100,7 @@ def test_a_run_logs_the_perplexity_of_its_mean_losses(tmp_path):
     from dew.data.prepare import prepare
     from dew.data.specs import TokenWindows
     from dew.recipe import Recipe
-    from dew.training.reporting.tracker import read_journal
+    from dew.contract.journal import read_journal
 
     (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
     prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))

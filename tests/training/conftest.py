@@ -71,7 +71,7 @@ def train_tiny(tmp: Path, *overrides: str, name: str = "run", objective: Callabl
 
 
 def journal(tmp: Path, name: str = "run") -> list[dict]:
-    from dew.training.reporting.tracker import read_journal
+    from dew.contract.journal import read_journal
 
     return read_journal(tmp / "tracking" / name / "journal.jsonl")
 

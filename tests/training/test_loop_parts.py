@@ -19,6 +19,7 @@ from dew.training import run_directory as rundir
 from dew.training.evaluate import Evaluator
 from dew.training.preemption import Preempted
 from dew.training.reporting.profiler import Profiler
+from dew.training.hooks import At, Hooks
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.checkpointing.saving import NonFiniteError, Saver, plain
 from dew.training.step import NONFINITE
@@ -55,15 +56,19 @@ def test_a_metric_without_counts_is_nan_and_a_clash_is_refused():
 
 def test_metrics_are_reported_once_when_flushed_and_a_nonfinite_step_stops():
     reported, checked = [], []
-    reporter = Reporter(lambda s, v: reported.append((s, dict(v))), derive=lambda v: {"d": 2 * v["loss"]},
-                        measure=lambda records: {"records": records}, on_nonfinite=checked.append)
-    reporter.flush(state="s0")  # nothing held: nothing fetched
-    reporter.hold(4, 128, {"loss": jnp.float32(0.5), NONFINITE: jnp.int32(-1)})
-    reporter.flush(state="s1")
-    reporter.flush(state="s2")
+    reporter = Reporter(lambda s, v: reported.append((s, dict(v))), measure=lambda records: {"records": records},
+                        every=4)
+    hooks = Hooks([reporter], derive=lambda v: {"d": 2 * v["loss"]}, check_finite=checked.append,
+                  restart=lambda records: None, phase=lambda kind: contextlib.nullcontext())
+    hooks.flush(state="s0")  # nothing held: nothing fetched
+    hooks.after(At(3, 96, "s0", {"loss": jnp.float32(0.7), NONFINITE: jnp.int32(-1)}, last=False))  # not due
+    hooks.after(At(4, 128, "s0", {"loss": jnp.float32(0.5), NONFINITE: jnp.int32(-1)}, last=False))
+    assert reported == []  # held on the devices until the next step
+    hooks.flush(state="s1")
+    hooks.flush(state="s2")
     assert reported == [(4, {"loss": 0.5, "d": 1.0, "records": 128})] and checked == []
-    reporter.hold(5, 160, {"loss": jnp.float32(jnp.nan), NONFINITE: jnp.int32(4)})
-    reporter.flush(state="s3")
+    hooks.after(At(5, 160, "s2", {"loss": jnp.float32(jnp.nan), NONFINITE: jnp.int32(4)}, last=True))
+    hooks.flush(state="s3")
     assert checked == ["s3"]
 
 

@@ -19,7 +19,7 @@ from dew.data.specs import TokenWindows
 from dew.objectives.metrics import NextTokenAccuracy, builtin_metrics
 from dew.recipe import Recipe
 from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from dew.training.trainer import best_criterion
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dew.launching.pool import free_ports
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.training.conftest import TINY, fast_env, losses
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.training.reporting.tracker import read_journal
+from dew.contract.journal import read_journal
 from tests.training.conftest import TINY, dew_train, load_params, losses, steps_on_disk
 
 pytestmark = pytest.mark.slow

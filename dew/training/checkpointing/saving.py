@@ -1,18 +1,24 @@
-"""What the loop saves, and when a save ends the run: the periodic checkpoint, the checkpoint a stop
-signal asks for, the last one, and the refusal to save a state that went non-finite."""
+"""What the loop saves, and when a save ends the run: the periodic checkpoint (a hook of the loop,
+``dew.training.hooks``), the checkpoint a stop signal asks for, the last one, and the refusal to
+save a state that went non-finite."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.hooks import At, Hook
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.ramp import stage_at
+
+if TYPE_CHECKING:
+    from dew.training.reporting.tracker import Tracker
+    from dew.training.step import TrainState
 
 log = logging.getLogger("dew")
 
@@ -21,11 +27,16 @@ class NonFiniteError(FloatingPointError):
     """The loss or the gradients stopped being finite."""
 
 
-class Saver:
-    """The run's checkpoints as the loop saves them, each with the metadata a resume needs."""
+class Saver(Hook):
+    """The run's checkpoints as the loop saves them, each with the metadata a resume needs: every
+    ``every`` steps (``trainer.checkpoint_every``) and at the last step, as a hook."""
 
-    def __init__(self, checkpoints: Checkpoints, tracker: Any, *, data_state: Callable[[], Any],
-                 stages: Sequence[tuple[int, int]], total_steps: int, last_saved: int | None) -> None:
+    phase = "checkpoint"
+
+    def __init__(self, checkpoints: Checkpoints, tracker: Tracker, *, data_state: Callable[[], Any],
+                 stages: Sequence[tuple[int, int]], total_steps: int, last_saved: int | None,
+                 every: int | None = None) -> None:
+        super().__init__(every)
         self.checkpoints = checkpoints
         self.tracker = tracker
         """Where each save is written as a ``checkpoint`` event."""
@@ -40,12 +51,16 @@ class Saver:
         return {"step": step, "records": records, "data": plain(self.data_state()), "wandb_id": self.tracker.wandb_id,
                 "ramp_stage": stage_at(self.stages, step), "total_steps": self.total_steps}
 
-    def save(self, step: int, records: int, state: Any, metrics: Mapping[str, float] | None) -> None:
+    def on_step(self, at: At) -> None:
+        """Save the step, with the evaluation run at it (the best checkpoint is chosen by it)."""
+        self.save(at.step, at.records, at.state, metrics=at.evaluation)
+
+    def save(self, step: int, records: int, state: TrainState, metrics: Mapping[str, float] | None) -> None:
         self.checkpoints.save(step, state, self.meta(step, records), metrics=dict(metrics) if metrics else None)
         self.tracker.event("checkpoint", step=step)
         self.last_saved = step
 
-    def check_finite(self, state: Any) -> None:
+    def check_finite(self, state: TrainState) -> None:
         """Raise ``NonFiniteError`` naming the last good checkpoint if the state went non-finite."""
         bad = int(jax.device_get(state.nonfinite_step))
         if bad >= 0:
@@ -55,7 +70,7 @@ class Saver:
             raise NonFiniteError(f"the loss or the gradients became non-finite at step {bad + 1}; the run "
                                  f"stops. The last good checkpoint, left intact: {where}")
 
-    def stopped(self, stop: StopSignals, step: int, records: int, state: Any) -> Preempted:
+    def stopped(self, stop: StopSignals, step: int, records: int, state: TrainState) -> Preempted:
         """Save at ``step`` (unless saved there), wait for the save, write the ``stop`` event: the
         exception that ends the run."""
         self.check_finite(state)
@@ -67,7 +82,7 @@ class Saver:
         log.warning("%s", stopped)
         return stopped
 
-    def last(self, step: int, records: int, state: Any, metrics: Mapping[str, float]) -> None:
+    def last(self, step: int, records: int, state: TrainState, metrics: Mapping[str, float]) -> None:
         """Wait for the saves, and save ``step`` unless a checkpoint is there."""
         self.checkpoints.wait()
         latest = self.checkpoints.latest_step()

@@ -6,10 +6,11 @@ one per event (start, resume, eval, checkpoint, checkpoint_fallback, stop, end).
 
 The file is only ever appended to, never truncated or rewritten: a resumed run (or a run started
 again from scratch) adds a new segment after the old one, which begins with its ``resume`` (or
-``start``) event. ``read_journal`` reads it as the run's history: a segment replaces what earlier
-segments logged after the step it starts from (what a killed process logged past its last
-checkpoint, which the resumed run logs again), so a resumed run's journal of losses equals an
-uninterrupted run's; ``read_journal(path, raw=True)`` gives every line as written.
+``start``) event. ``dew.contract.journal`` is its one reader: ``read_journal`` reads it as the run's
+history (a segment replaces what earlier segments logged after the step it starts from: what a
+killed process logged past its last checkpoint, which the resumed run logs again), so a resumed
+run's journal of losses equals an uninterrupted run's; ``read_journal(path, raw=True)`` gives every
+record as written.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from typing import Any
 from etils import epath
 
 from dew.contract.config import TrainerConfig
+from dew.contract.journal import read
 from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
+from dew.training.reporting.peak import measured_peak_flops
 from dew.training.run_directory import absolute, is_local
 
 log = logging.getLogger("dew")
@@ -75,11 +78,12 @@ class Journal:
     def __init__(self, path: epath.Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.history = read_journal(path) if path.exists() else []
+        view = read(path) if path.exists() else None
+        self.history = view.history() if view is not None else []
         """The run's history so far, as ``read_journal`` reads it."""
         # epath: a journal on any filesystem it reaches (gs://), not only a local one.
         self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        if self._file.tell() and not path.read_bytes().endswith(b"\n"):
+        if view is not None and not view.terminated:
             self._file.write("\n")  # a line cut short by a killed process stays a line of its own
 
     def ended_at(self, step: int) -> bool:
@@ -93,28 +97,6 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
-
-
-def read_journal(path: str | os.PathLike, *, raw: bool = False) -> list[dict[str, Any]]:
-    """The run's history: the records of a journal in order, each step as its latest segment logged
-    it. A ``resume`` event at step s drops what came before it at steps past s (and an earlier
-    ``end``); a ``start`` event drops everything before it. ``raw`` keeps every line as written.
-    A line a killed process left unfinished is skipped."""
-    records = []
-    for line in epath.Path(path).read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        if not raw and record.get("event") == "start":
-            records = []
-        elif not raw and record.get("event") == "resume":
-            s = record.get("step", 0)
-            records = [r for r in records if r.get("step", 0) <= s and r.get("event") != "end"]
-        records.append(record)
-    return records
 
 
 class Tracker:
@@ -156,7 +138,7 @@ class Tracker:
             self.journal.write({"event": kind, "step": step, "time": time.time(), **fields})
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
-        if not self.is_main:
+        if self.journal is None or self._progress is None:  # not the process that reports
             return
         self.journal.write({"step": step, "time": time.time(), **values})
         if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
@@ -217,9 +199,7 @@ def peak_flops(device_kind: str, dtype: str, devices: int) -> float | None:
     for prefix in sorted(PEAK_FLOPS, key=len, reverse=True):
         if device_kind.startswith(prefix):
             return PEAK_FLOPS[prefix]["float32" if dtype == "float32" else "16bit"] * devices
-    import jax
-
-    from dew.training.reporting.peak import measured_peak_flops
+    import jax  # heavy: JAX stays out of the tracker's light users (dew-train's config steps, dew-runs)
 
     device = jax.devices()[0]
     if device.device_kind != device_kind:

@@ -21,7 +21,8 @@ from etils.epath import testing as epath_testing
 from dew.config import TrainerConfig
 from dew.recipe import Recipe
 from dew.training.run_directory import RunDirError, prepare_run_dir, run_dir, write_hydra_record
-from dew.training.reporting.tracker import Tracker, read_journal, tracking_dir
+from dew.training.reporting.tracker import Tracker, tracking_dir
+from dew.contract.journal import read_journal
 
 URL = "gs://b/runs"
 

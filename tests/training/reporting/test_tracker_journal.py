@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dew.config import TrainerConfig
-from dew.training.reporting.tracker import Tracker, read_journal
+from dew.training.reporting.tracker import Tracker
+from dew.contract.journal import read_journal
 
 
 def _segment(trainer: TrainerConfig, *, resume: int | None, steps: range, end: bool = False,
