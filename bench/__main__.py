@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NOT_CPU = {"gpu": "the GPU check (its CPU smoke run is tests/bench/test_gpu_smoke.py)",
-           "maxtext_parity": "needs MaxText installed in its own environment"}
+NOT_CPU = {
+    "gpu": "the GPU check (its CPU smoke run is tests/bench/test_gpu_smoke.py)",
+    "maxtext_parity": "needs MaxText installed in its own environment",
+}
 """Benchmarks the CPU suite leaves out, and why."""
 OPT_IN = {"maxtext_parity"}
 """Of those, the ones ``--only`` runs when it names them."""
@@ -73,14 +75,18 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--only: no CPU benchmark {', '.join(unknown)}; known: {', '.join(names)}")
         names = [n for n in names if n in args.only.split(",")]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(
-        filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])),
+    }
     records, failed = [], []
     for name in names:
         print(f"== {name}", flush=True)
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(HERE / f"{name}.py")], env=env, capture_output=True,
-                              text=True, cwd=HERE.parent)
+        proc = subprocess.run(
+            [sys.executable, str(HERE / f"{name}.py")], env=env, capture_output=True, text=True, cwd=HERE.parent
+        )
         lines = proc.stdout.strip().splitlines()
         try:
             record = json.loads(lines[-1])
@@ -94,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         record["wall_s"] = round(time.perf_counter() - start, 1)
         records.append(record)
 
-    print(f"\nbench suite, {datetime.date.today()}, {platform.node()} ({platform.machine()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)")
+    print(
+        f"\nbench suite, {datetime.date.today()}, {platform.node()} ({platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end)"
+    )
     print("| benchmark | figure | value | spread (min, max) |\n|---|---|---|---|")
     for record in records:
         rows = ratios({k: v for k, v in record.items() if k != "bench"}) or [("wall_s", record["wall_s"], None)]

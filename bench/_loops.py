@@ -38,13 +38,16 @@ class Synthetic:
         self.kind = "tokens" if arch == "transformer" else "image"  # dew.data.specs.DataSpec.kind
         if arch == "transformer":
             self.fields = {"vocab_size": fields["vocab_size"], "seq_len": fields["seq_len"]}
-            self.batch = {"tokens": rng.integers(0, fields["vocab_size"], (batch_size, fields["seq_len"] + 1),
-                                                 dtype=np.int32)}
+            self.batch = {
+                "tokens": rng.integers(0, fields["vocab_size"], (batch_size, fields["seq_len"] + 1), dtype=np.int32)
+            }
         else:
             side, channels = fields["input_size"], fields["in_channels"]
             self.fields = {"input_size": side, "in_channels": channels, "num_classes": fields["num_classes"]}
-            self.batch = {"image": rng.standard_normal((batch_size, side, side, channels), np.float32),
-                          "label": rng.integers(0, fields["num_classes"], batch_size, dtype=np.int32)}
+            self.batch = {
+                "image": rng.standard_normal((batch_size, side, side, channels), np.float32),
+                "label": rng.integers(0, fields["num_classes"], batch_size, dtype=np.int32),
+            }
 
     def batch_spec(self):
         return {k: (v.shape, v.dtype) for k, v in self.batch.items()}

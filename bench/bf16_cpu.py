@@ -20,7 +20,6 @@ import time
 import jax
 import optax
 from flax import nnx
-
 from trainer_overhead import compose  # bench/ is the script's directory, first on sys.path
 
 
@@ -29,8 +28,12 @@ def make_step(dtype: str, batch_size: int):
     a batch."""
     from dew.build import build_run
 
-    recipe = compose("experiment=digits", f"model.dtype={dtype}", f"trainer.batch_size={batch_size}",
-                     "trainer.compilation_cache_dir=null")
+    recipe = compose(
+        "experiment=digits",
+        f"model.dtype={dtype}",
+        f"trainer.batch_size={batch_size}",
+        "trainer.compilation_cache_dir=null",
+    )
     recipe, objective, dataset = build_run(recipe)
     graphdef, params, rest = nnx.split(objective.build(nnx.Rngs(params=0)), nnx.Param, ...)
     tx = optax.adamw(1e-3)
@@ -67,13 +70,17 @@ def main() -> None:
         timed(*side, steps=2)  # compile
     times: dict[str, list[float]] = {d: [] for d in sides}
     for r in range(args.rounds):
-        for dtype in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+        for dtype in list(sides) if r % 2 == 0 else list(sides)[::-1]:
             times[dtype].append(timed(*sides[dtype], steps=args.steps))
     ratios = [b / f for b, f in zip(times["bfloat16"], times["float32"])]
-    result = {"bench": "bf16_cpu", "backend": jax.default_backend(), "batch": args.batch,
-              "float32_ms": 1e3 * statistics.median(times["float32"]),
-              "bfloat16_ms": 1e3 * statistics.median(times["bfloat16"]),
-              "slowdown": statistics.median(ratios)}
+    result = {
+        "bench": "bf16_cpu",
+        "backend": jax.default_backend(),
+        "batch": args.batch,
+        "float32_ms": 1e3 * statistics.median(times["float32"]),
+        "bfloat16_ms": 1e3 * statistics.median(times["bfloat16"]),
+        "slowdown": statistics.median(ratios),
+    }
     print(f"float32 {result['float32_ms']:.1f} ms/step, bfloat16 {result['bfloat16_ms']:.1f} ms/step")
     print(json.dumps(result))
 

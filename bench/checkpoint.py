@@ -38,8 +38,13 @@ def train_state(hidden: int, depth: int, vocab: int, dtype: str):
     from dew.contract.models import build
     from dew.training.optim.build import build_optimizer
 
-    model = build("transformer", dict(vocab_size=vocab, seq_len=1024, hidden_size=hidden, depth=depth,
-                                      num_heads=hidden // 64, param_dtype=dtype), nnx.Rngs(0))
+    model = build(
+        "transformer",
+        dict(
+            vocab_size=vocab, seq_len=1024, hidden_size=hidden, depth=depth, num_heads=hidden // 64, param_dtype=dtype
+        ),
+        nnx.Rngs(0),
+    )
     params = nnx.state(model, nnx.Param)
     opt = build_optimizer(OptimConfig(), params, total_steps=10).tx.init(params)
     count = sum(x.size for x in jax.tree.leaves(params))
@@ -90,19 +95,32 @@ def main() -> None:
     med = {k: statistics.median(r[k] for r in timed) for k in timed[0]}
     share = [r["blocking_s"] / r["total_s"] for r in timed]
     over_d2h = [r["blocking_s"] / r["d2h_s"] for r in timed]
-    print(f"{count / 1e6:.1f}M parameters, state {size / 2**20:.0f} MiB in {len(jax.tree.leaves(state))} "
-          f"arrays: save blocks {1000 * med['blocking_s']:.0f} ms of {1000 * med['total_s']:.0f} ms "
-          f"({100 * statistics.median(share):.1f}%, range {100 * min(share):.1f}-{100 * max(share):.1f}%); "
-          f"the D2H copy alone {1000 * med['d2h_s']:.0f} ms; first save blocks {1000 * first['blocking_s']:.0f} ms")
-    print(json.dumps({
-        "bench": "checkpoint", "parameters": count, "state_mib": round(size / 2**20, 1),
-        "arrays": len(jax.tree.leaves(state)), "saves": args.saves, "device": jax.devices()[0].device_kind,
-        "blocking_ms": round(1000 * med["blocking_s"], 1), "total_ms": round(1000 * med["total_s"], 1),
-        "d2h_ms": round(1000 * med["d2h_s"], 1), "first_blocking_ms": round(1000 * first["blocking_s"], 1),
-        "blocking_share": round(statistics.median(share), 4),
-        "blocking_share_range": [round(min(share), 4), round(max(share), 4)],
-        "blocking_over_d2h": round(statistics.median(over_d2h), 3),
-        "blocking_over_d2h_range": [round(min(over_d2h), 3), round(max(over_d2h), 3)]}))
+    print(
+        f"{count / 1e6:.1f}M parameters, state {size / 2**20:.0f} MiB in {len(jax.tree.leaves(state))} "
+        f"arrays: save blocks {1000 * med['blocking_s']:.0f} ms of {1000 * med['total_s']:.0f} ms "
+        f"({100 * statistics.median(share):.1f}%, range {100 * min(share):.1f}-{100 * max(share):.1f}%); "
+        f"the D2H copy alone {1000 * med['d2h_s']:.0f} ms; first save blocks {1000 * first['blocking_s']:.0f} ms"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "checkpoint",
+                "parameters": count,
+                "state_mib": round(size / 2**20, 1),
+                "arrays": len(jax.tree.leaves(state)),
+                "saves": args.saves,
+                "device": jax.devices()[0].device_kind,
+                "blocking_ms": round(1000 * med["blocking_s"], 1),
+                "total_ms": round(1000 * med["total_s"], 1),
+                "d2h_ms": round(1000 * med["d2h_s"], 1),
+                "first_blocking_ms": round(1000 * first["blocking_s"], 1),
+                "blocking_share": round(statistics.median(share), 4),
+                "blocking_share_range": [round(min(share), 4), round(max(share), 4)],
+                "blocking_over_d2h": round(statistics.median(over_d2h), 3),
+                "blocking_over_d2h_range": [round(min(over_d2h), 3), round(max(over_d2h), 3)],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

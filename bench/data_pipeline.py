@@ -54,7 +54,7 @@ def main() -> None:
         def raw(r: int) -> None:
             for b in range(args.batches):
                 s = ((r * args.batches + b) * B) % (windows - B)
-                idx = perm[s:s + B]
+                idx = perm[s : s + B]
                 np.asarray(tokens[idx[:, None] * L + offsets], np.int32)
 
         def pipeline(r: int) -> None:
@@ -65,19 +65,24 @@ def main() -> None:
         ratios, rates = [], {"raw": [], "pipeline": []}
         for r in range(1, args.rounds + 1):
             times = {}
-            for name, fn in (("raw", raw), ("pipeline", pipeline)) if r % 2 else \
-                    (("pipeline", pipeline), ("raw", raw)):
+            for name, fn in (("raw", raw), ("pipeline", pipeline)) if r % 2 else (("pipeline", pipeline), ("raw", raw)):
                 t = time.perf_counter()
                 fn(r)
                 times[name] = time.perf_counter() - t
             for name, seconds in times.items():
                 rates[name].append(args.batches * B * L / seconds)
             ratios.append(times["raw"] / times["pipeline"])
-        result = {"bench": "data_pipeline", "ratio": round(statistics.median(ratios), 3),
-                  "ratios": [round(x, 3) for x in ratios],
-                  "pipeline_tokens_per_s": round(statistics.median(rates["pipeline"])),
-                  "raw_tokens_per_s": round(statistics.median(rates["raw"])),
-                  "seq_len": L, "batch": B, "file_tokens": args.tokens, "rounds": args.rounds}
+        result = {
+            "bench": "data_pipeline",
+            "ratio": round(statistics.median(ratios), 3),
+            "ratios": [round(x, 3) for x in ratios],
+            "pipeline_tokens_per_s": round(statistics.median(rates["pipeline"])),
+            "raw_tokens_per_s": round(statistics.median(rates["raw"])),
+            "seq_len": L,
+            "batch": B,
+            "file_tokens": args.tokens,
+            "rounds": args.rounds,
+        }
         print(json.dumps(result))
 
 

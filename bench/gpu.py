@@ -45,19 +45,34 @@ else:  # run as a script: bench/ is first on sys.path
 
 # name -> (architecture, fields, batch, timed steps); the smoke shapes keep every code path.
 CASES: dict[str, tuple[str, dict[str, Any], int, int]] = {
-    "lm_124m": ("transformer", dict(vocab_size=50304, seq_len=1024, hidden_size=768, depth=12,
-                                    num_heads=12), 32, 30),
-    "dit_b2": ("simple_dit", dict(input_size=32, in_channels=4, num_classes=1000, hidden_size=768,
-                                  depth=12, num_heads=12, patch_size=2), 256, 30),
-    "dit_xl2": ("simple_dit", dict(input_size=32, in_channels=4, num_classes=1000, hidden_size=1152,
-                                   depth=28, num_heads=16, patch_size=2), 256, 15),
+    "lm_124m": ("transformer", dict(vocab_size=50304, seq_len=1024, hidden_size=768, depth=12, num_heads=12), 32, 30),
+    "dit_b2": (
+        "simple_dit",
+        dict(input_size=32, in_channels=4, num_classes=1000, hidden_size=768, depth=12, num_heads=12, patch_size=2),
+        256,
+        30,
+    ),
+    "dit_xl2": (
+        "simple_dit",
+        dict(input_size=32, in_channels=4, num_classes=1000, hidden_size=1152, depth=28, num_heads=16, patch_size=2),
+        256,
+        15,
+    ),
 }
 SMOKE: dict[str, tuple[str, dict[str, Any], int, int]] = {
     "lm_124m": ("transformer", dict(vocab_size=128, seq_len=32, hidden_size=32, depth=1, num_heads=2), 4, 2),
-    "dit_b2": ("simple_dit", dict(input_size=8, in_channels=4, num_classes=10, hidden_size=32, depth=1,
-                                  num_heads=2, patch_size=2), 4, 2),
-    "dit_xl2": ("simple_dit", dict(input_size=8, in_channels=4, num_classes=10, hidden_size=32, depth=2,
-                                   num_heads=2, patch_size=2), 4, 2),
+    "dit_b2": (
+        "simple_dit",
+        dict(input_size=8, in_channels=4, num_classes=10, hidden_size=32, depth=1, num_heads=2, patch_size=2),
+        4,
+        2,
+    ),
+    "dit_xl2": (
+        "simple_dit",
+        dict(input_size=8, in_channels=4, num_classes=10, hidden_size=32, depth=2, num_heads=2, patch_size=2),
+        4,
+        2,
+    ),
 }
 IMPLS = ("xla", "cudnn")
 
@@ -100,7 +115,7 @@ def matmul_ceiling(side: int, repeats: int) -> float:
         start = time.perf_counter()
         run(a, b).block_until_ready()
         best = min(best, time.perf_counter() - start)
-    return chain * 2 * side ** 3 / best
+    return chain * 2 * side**3 / best
 
 
 def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int, warmup: int, work: Path):
@@ -115,10 +130,19 @@ def recipe(arch: str, fields: dict[str, Any], batch: int, impl: str, steps: int,
     model_fields = {k: v for k, v in fields.items() if k not in data.fields}
     run = Recipe(
         model=ModelConfig(architecture=arch, config=model_fields, dtype="bfloat16", attention_impl=impl),
-        trainer=TrainerConfig(checkpoint_dir=str(work / "runs"), batch_size=batch, steps=warmup + steps,
-                              log_every=warmup, eval_every=None, checkpoint_every=None,
-                              compilation_cache_dir=None, multi_host=False),
-        flow_matching=FlowMatchingKnobs(ema_decay=0.0), next_token=NextTokenKnobs(ema_decay=0.0))
+        trainer=TrainerConfig(
+            checkpoint_dir=str(work / "runs"),
+            batch_size=batch,
+            steps=warmup + steps,
+            log_every=warmup,
+            eval_every=None,
+            checkpoint_every=None,
+            compilation_cache_dir=None,
+            multi_host=False,
+        ),
+        flow_matching=FlowMatchingKnobs(ema_decay=0.0),
+        next_token=NextTokenKnobs(ema_decay=0.0),
+    )
     run = resolve(run, data)
     return run, build_objective(run, data), data
 
@@ -130,8 +154,9 @@ def checkpoint_blocking(run, objective, saves: int, work: Path) -> dict[str, flo
     from dew.training.optim.build import build_optimizer
 
     params = nnx.state(objective.build(nnx.Rngs(params=0)), nnx.Param)
-    state = jax.block_until_ready({"params": params, "opt": build_optimizer(run.optim, params, total_steps=10)
-                                   .tx.init(params)})
+    state = jax.block_until_ready(
+        {"params": params, "opt": build_optimizer(run.optim, params, total_steps=10).tx.init(params)}
+    )
     ckpts = Checkpoints(work / "ckpt", keep=1)
     blocking, total = [], []
     for i in range(saves + 1):  # the first save sets orbax's handlers up: not counted
@@ -142,8 +167,11 @@ def checkpoint_blocking(run, objective, saves: int, work: Path) -> dict[str, flo
         total.append(time.perf_counter() - start)
     ckpts.close()
     size = sum(x.nbytes for x in jax.tree.leaves(state))
-    return {"state_gib": size / 2**30, "blocking_ms": 1000 * float(np.median(blocking[1:])),
-            "total_ms": 1000 * float(np.median(total[1:]))}
+    return {
+        "state_gib": size / 2**30,
+        "blocking_ms": 1000 * float(np.median(blocking[1:])),
+        "total_ms": 1000 * float(np.median(total[1:])),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,13 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--cases: unknown {', '.join(unknown)}; known: {', '.join(cases)}")
     warmup = args.warmup or (1 if args.smoke else 5)
-    device = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(),
-              "backend": jax.default_backend()}
+    device = {"device": jax.devices()[0].device_kind, "devices": jax.device_count(), "backend": jax.default_backend()}
 
     ceiling = matmul_ceiling(256 if args.smoke else 8192, 3 if args.smoke else 20)
     sheet = datasheet_peak("bfloat16")
-    emit({"measure": "matmul_ceiling", "dtype": "bfloat16", "tflops": ceiling / 1e12,
-          "datasheet_tflops": sheet and sheet / 1e12, **device}, args.out)
+    emit(
+        {
+            "measure": "matmul_ceiling",
+            "dtype": "bfloat16",
+            "tflops": ceiling / 1e12,
+            "datasheet_tflops": sheet and sheet / 1e12,
+            **device,
+        },
+        args.out,
+    )
 
     from dew.models.attention import cudnn_obstacles
     from dew.models.flops import flops_per_example
@@ -185,17 +220,30 @@ def main(argv: list[str] | None = None) -> int:
                 run, objective, data = recipe(arch, fields, batch, impl, steps, warmup, work)
                 flops = flops_per_example(arch, run.model.fields())
                 for side in ("bare", "dew"):
-                    seconds, _ = (bare_loop(objective, run.optim, data, steps, warmup) if side == "bare" else
-                                  trainer_loop(run, objective, data, steps, warmup, f"{name}-{impl}"))
+                    seconds, _ = (
+                        bare_loop(objective, run.optim, data, steps, warmup)
+                        if side == "bare"
+                        else trainer_loop(run, objective, data, steps, warmup, f"{name}-{impl}")
+                    )
                     rate = steps * batch / seconds
-                    emit({**base, "side": side, "step_ms": 1000 * seconds / steps, "examples_per_sec": rate,
-                          "mfu_vs_ceiling": rate * flops / ceiling,
-                          "mfu_vs_datasheet": sheet and rate * flops / sheet,
-                          "flops_per_example": flops}, args.out)
+                    emit(
+                        {
+                            **base,
+                            "side": side,
+                            "step_ms": 1000 * seconds / steps,
+                            "examples_per_sec": rate,
+                            "mfu_vs_ceiling": rate * flops / ceiling,
+                            "mfu_vs_datasheet": sheet and rate * flops / sheet,
+                            "flops_per_example": flops,
+                        },
+                        args.out,
+                    )
         arch, fields, batch, _ = cases["dit_xl2"]
         run, objective, _ = recipe(arch, fields, batch, "xla", 1, 1, work)
-        emit({"measure": "checkpoint", "model": "dit_xl2", **device,
-              **checkpoint_blocking(run, objective, 2, work)}, args.out)
+        emit(
+            {"measure": "checkpoint", "model": "dit_xl2", **device, **checkpoint_blocking(run, objective, 2, work)},
+            args.out,
+        )
     return 0
 
 

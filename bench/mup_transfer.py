@@ -28,6 +28,7 @@ of 2 across widths; at the narrowest width's best rate the loss never rises with
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import time
@@ -40,11 +41,11 @@ import optax
 from flax import nnx
 
 from dew.contract.config import OptimConfig
-from dew.data.tokenizer import ByteTokenizer
 from dew.contract.models import build, of
-from dew.training.optim.mup import mup_groups
-from dew.training.optim.build import build_optimizer
 from dew.contract.schedules import schedules
+from dew.data.tokenizer import ByteTokenizer
+from dew.training.optim.build import build_optimizer
+from dew.training.optim.mup import mup_groups
 
 PACKAGES = ("optax", "flax", "orbax", "hydra", "omegaconf")
 """Whose ``.py`` files are the corpus: dew's own dependencies, installed wherever dew is."""
@@ -80,22 +81,34 @@ def windows(tokens: np.ndarray, count: int, seq_len: int, rng: np.random.Generat
     ``rng``."""
     last = len(tokens) - seq_len - 1
     starts = rng.integers(0, last, count) if rng is not None else np.linspace(0, last, count).astype(int)
-    return np.stack([tokens[s:s + seq_len + 1] for s in starts])
+    return np.stack([tokens[s : s + seq_len + 1] for s in starts])
 
 
 # ------------------------------------------------------------------------------------------ model
 
 
 def fields(width: int, mup: bool, args: argparse.Namespace) -> dict:
-    return dict(vocab_size=ByteTokenizer().vocab_size, seq_len=args.seq_len, hidden_size=width,
-                depth=args.depth, num_heads=args.heads, mup=mup, mup_base_width=args.base_width,
-                dtype="float32", remat="none")
+    return dict(
+        vocab_size=ByteTokenizer().vocab_size,
+        seq_len=args.seq_len,
+        hidden_size=width,
+        depth=args.depth,
+        num_heads=args.heads,
+        mup=mup,
+        mup_base_width=args.base_width,
+        dtype="float32",
+        remat="none",
+    )
 
 
 def optim_config(model_fields: dict, params, args: argparse.Namespace) -> OptimConfig:
     """The run's optimizer at rate 1, with muP's groups when the model has muP on."""
-    config = OptimConfig(optimizer="adamw", learning_rate=1.0, weight_decay=args.weight_decay,
-                         schedule=schedules["cosine"](warmup_steps=args.steps // 10, floor_ratio=0.1))
+    config = OptimConfig(
+        optimizer="adamw",
+        learning_rate=1.0,
+        weight_decay=args.weight_decay,
+        schedule=schedules["cosine"](warmup_steps=args.steps // 10, floor_ratio=0.1),
+    )
     multiplier = of("transformer", model_fields).mup_width_multiplier()
     if multiplier is None:
         return config
@@ -109,8 +122,9 @@ def next_token_loss(graphdef, params, tokens):
     return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
 
 
-def sweep(width: int, mup: bool, rates: list[float], train: np.ndarray, held_out: np.ndarray,
-          args: argparse.Namespace) -> list[float]:
+def sweep(
+    width: int, mup: bool, rates: list[float], train: np.ndarray, held_out: np.ndarray, args: argparse.Namespace
+) -> list[float]:
     """Held-out loss after ``args.steps`` steps at each rate (nan where a run diverged)."""
     model_fields = fields(width, mup, args)
     graphdef, params = nnx.split(build("transformer", model_fields, nnx.Rngs(params=args.seed)))
@@ -128,7 +142,7 @@ def sweep(width: int, mup: bool, rates: list[float], train: np.ndarray, held_out
     evaluate = jax.jit(jax.vmap(lambda p, b: next_token_loss(graphdef, p, b), in_axes=(0, None)))
     lr = jnp.asarray(rates, jnp.float32)
     for batch in train:
-        stack, opt_state, loss = step(stack, opt_state, lr, batch)
+        stack, opt_state, _loss = step(stack, opt_state, lr, batch)
     losses = np.mean([np.asarray(evaluate(stack, batch)) for batch in held_out], axis=0)
     return [float(x) if math.isfinite(x) else float("nan") for x in losses]
 
@@ -150,12 +164,16 @@ def summary(rates: list[float], results: dict[int, list[float]]) -> dict:
     best = {w: optimum(rates, results[w]) for w in widths}
     base_rate = best[widths[0]][0]
     at_base = [results[w][rates.index(base_rate)] for w in widths]
-    rises = any(not (b <= a) for a, b in zip(at_base, at_base[1:], strict=False))
-    return {"best_rate": {str(w): best[w][0] for w in widths},
-            "best_loss": {str(w): round(best[w][1], 4) for w in widths},
-            "best_rate_spread": max(b[0] for b in best.values()) / min(b[0] for b in best.values()),
-            "base_rate": base_rate, "loss_at_base_rate": [round(x, 4) for x in at_base],
-            "loss_rises_with_width": rises, "losses": {str(w): [round(x, 4) for x in results[w]] for w in widths}}
+    rises = any(not (b <= a) for a, b in itertools.pairwise(at_base))
+    return {
+        "best_rate": {str(w): best[w][0] for w in widths},
+        "best_loss": {str(w): round(best[w][1], 4) for w in widths},
+        "best_rate_spread": max(b[0] for b in best.values()) / min(b[0] for b in best.values()),
+        "base_rate": base_rate,
+        "loss_at_base_rate": [round(x, 4) for x in at_base],
+        "loss_rises_with_width": rises,
+        "losses": {str(w): [round(x, 4) for x in results[w]] for w in widths},
+    }
 
 
 def draw(path: str, rates: list[float], results: dict[str, dict[int, list[float]]], title: str) -> None:
@@ -190,10 +208,15 @@ def draw(path: str, rates: list[float], results: dict[str, dict[int, list[float]
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="32,64,128,256", help="comma-separated")
-    parser.add_argument("--base-width", type=int, default=256,
-                        help="muP's base width (model.config.mup_base_width), where muP is the standard model")
-    parser.add_argument("--rates", default="-12,-11,-10,-9,-8,-7,-6,-5",
-                        help="the learning rates as powers of two, comma-separated")
+    parser.add_argument(
+        "--base-width",
+        type=int,
+        default=256,
+        help="muP's base width (model.config.mup_base_width), where muP is the standard model",
+    )
+    parser.add_argument(
+        "--rates", default="-12,-11,-10,-9,-8,-7,-6,-5", help="the learning rates as powers of two, comma-separated"
+    )
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=32)
@@ -212,26 +235,42 @@ def main(argv: list[str] | None = None) -> dict:
     rng = np.random.default_rng(args.seed)
     train = windows(train_tokens, args.steps * args.batch, args.seq_len, rng).reshape(args.steps, args.batch, -1)
     held_out = windows(eval_tokens, args.eval_batches * args.batch, args.seq_len, None).reshape(
-        args.eval_batches, args.batch, -1)
+        args.eval_batches, args.batch, -1
+    )
     results: dict[str, dict[int, list[float]]] = {"sp": {}, "mup": {}}
     for width in widths:
         for label in results:
             t0 = time.perf_counter()
             results[label][width] = sweep(width, label == "mup", rates, train, held_out, args)
-            print(f"mup_transfer: {label} width {width}: {time.perf_counter() - t0:.0f} s, held-out loss "
-                  + " ".join(f"{x:.3f}" for x in results[label][width]), flush=True)
-    record = {"bench": "mup_transfer", "widths": widths, "rates": rates,
-              "setup": {k: getattr(args, k) for k in ("base_width", "depth", "heads", "seq_len", "batch", "steps",
-                                                      "weight_decay", "seed")},
-              "train_tokens": int(len(train_tokens)), "eval_tokens": int(len(eval_tokens)),
-              "sp": summary(rates, results["sp"]), "mup": summary(rates, results["mup"])}
+            print(
+                f"mup_transfer: {label} width {width}: {time.perf_counter() - t0:.0f} s, held-out loss "
+                + " ".join(f"{x:.3f}" for x in results[label][width]),
+                flush=True,
+            )
+    record = {
+        "bench": "mup_transfer",
+        "widths": widths,
+        "rates": rates,
+        "setup": {
+            k: getattr(args, k)
+            for k in ("base_width", "depth", "heads", "seq_len", "batch", "steps", "weight_decay", "seed")
+        },
+        "train_tokens": len(train_tokens),
+        "eval_tokens": len(eval_tokens),
+        "sp": summary(rates, results["sp"]),
+        "mup": summary(rates, results["mup"]),
+    }
     record["mup_transfers"] = record["mup"]["best_rate_spread"] <= 2 and not record["mup"]["loss_rises_with_width"]
     record["seconds"] = round(time.perf_counter() - start, 1)
     if args.figure:
-        draw(args.figure, rates, {"standard parametrization": results["sp"], "muP": results["mup"]},
-             f"dew transformer, depth {args.depth}, {args.heads} heads, {args.steps} steps of "
-             f"{args.batch}x{args.seq_len} byte tokens of Python source; muP's base width {args.base_width}; "
-             "the star is each width's best rate")
+        draw(
+            args.figure,
+            rates,
+            {"standard parametrization": results["sp"], "muP": results["mup"]},
+            f"dew transformer, depth {args.depth}, {args.heads} heads, {args.steps} steps of "
+            f"{args.batch}x{args.seq_len} byte tokens of Python source; muP's base width {args.base_width}; "
+            "the star is each width's best rate",
+        )
         record["figure"] = args.figure
     print(json.dumps(record))
     return record

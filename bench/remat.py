@@ -29,8 +29,7 @@ POLICIES = ("none", "full", "dots", "minimal", "minimal_with_context")
 MODELS = {
     # A 4-layer 256-wide LM at T=256 and a DiT-S-like stack on 32x32x4 latents (256 patches).
     "transformer": (dict(vocab_size=4096, seq_len=256, hidden_size=256, depth=4, num_heads=4), 8),
-    "simple_dit": (dict(input_size=32, in_channels=4, hidden_size=256, depth=4, num_heads=4,
-                        num_classes=10), 8),
+    "simple_dit": (dict(input_size=32, in_channels=4, hidden_size=256, depth=4, num_heads=4, num_classes=10), 8),
 }
 
 
@@ -43,8 +42,11 @@ def make_step(arch: str, fields: dict, batch: int, remat: str):
         inputs = (jax.random.randint(key, (batch, fields["seq_len"]), 0, fields["vocab_size"]),)
     else:
         side = fields["input_size"]
-        inputs = (jax.random.normal(key, (batch, side, side, fields["in_channels"])),
-                  jnp.linspace(0, 1, batch), jnp.arange(batch) % fields["num_classes"])
+        inputs = (
+            jax.random.normal(key, (batch, side, side, fields["in_channels"])),
+            jnp.linspace(0, 1, batch),
+            jnp.arange(batch) % fields["num_classes"],
+        )
     tx = optax.adamw(1e-4)
 
     def step(params, opt_state, inputs):
@@ -86,7 +88,7 @@ def main() -> None:
         wall = {p: [] for p in POLICIES}
         cpu = {p: [] for p in POLICIES}
         for r in range(args.rounds):
-            order = POLICIES[r % len(POLICIES):] + POLICIES[:r % len(POLICIES)]
+            order = POLICIES[r % len(POLICIES) :] + POLICIES[: r % len(POLICIES)]
             for p in order:
                 w, c = time_steps(entries[p], args.steps)
                 wall[p].append(w)
@@ -95,20 +97,33 @@ def main() -> None:
         for p in POLICIES:
             wall_ratio = [b / a for a, b in zip(wall["none"], wall[p], strict=True)]
             cpu_ratio = [b / a for a, b in zip(cpu["none"], cpu[p], strict=True)]
-            rows[p] = {"temp_mib": round(entries[p][3] / 2**20, 2),
-                       "wall_ms": round(1000 * statistics.median(wall[p]), 1),
-                       "cpu_ms": round(1000 * statistics.median(cpu[p]), 1),
-                       "wall_vs_none": round(statistics.median(wall_ratio), 3),
-                       "wall_vs_none_range": [round(min(wall_ratio), 3), round(max(wall_ratio), 3)],
-                       "cpu_vs_none": round(statistics.median(cpu_ratio), 3),
-                       "cpu_vs_none_range": [round(min(cpu_ratio), 3), round(max(cpu_ratio), 3)]}
-            print(f"{arch:12s} {p:21s} temp {rows[p]['temp_mib']:8.1f} MiB  wall {rows[p]['wall_ms']:7.1f} ms "
-                  f"({rows[p]['wall_vs_none']:.3f}x none, {rows[p]['wall_vs_none_range']})  cpu "
-                  f"{rows[p]['cpu_ms']:7.1f} ms ({rows[p]['cpu_vs_none']:.3f}x, {rows[p]['cpu_vs_none_range']})",
-                  flush=True)
+            rows[p] = {
+                "temp_mib": round(entries[p][3] / 2**20, 2),
+                "wall_ms": round(1000 * statistics.median(wall[p]), 1),
+                "cpu_ms": round(1000 * statistics.median(cpu[p]), 1),
+                "wall_vs_none": round(statistics.median(wall_ratio), 3),
+                "wall_vs_none_range": [round(min(wall_ratio), 3), round(max(wall_ratio), 3)],
+                "cpu_vs_none": round(statistics.median(cpu_ratio), 3),
+                "cpu_vs_none_range": [round(min(cpu_ratio), 3), round(max(cpu_ratio), 3)],
+            }
+            print(
+                f"{arch:12s} {p:21s} temp {rows[p]['temp_mib']:8.1f} MiB  wall {rows[p]['wall_ms']:7.1f} ms "
+                f"({rows[p]['wall_vs_none']:.3f}x none, {rows[p]['wall_vs_none_range']})  cpu "
+                f"{rows[p]['cpu_ms']:7.1f} ms ({rows[p]['cpu_vs_none']:.3f}x, {rows[p]['cpu_vs_none_range']})",
+                flush=True,
+            )
         results[arch] = {"fields": fields, "batch": batch, "policies": rows}
-    print(json.dumps({"bench": "remat", "rounds": args.rounds, "steps": args.steps,
-                      "device": jax.devices()[0].device_kind, "models": results}))
+    print(
+        json.dumps(
+            {
+                "bench": "remat",
+                "rounds": args.rounds,
+                "steps": args.steps,
+                "device": jax.devices()[0].device_kind,
+                "models": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

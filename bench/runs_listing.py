@@ -43,11 +43,19 @@ def make_sweep(root: Path, runs: int, lines: int) -> Path:
         t, out = 1.7e9, [{"event": "start", "step": 0, "time": 1.7e9, "journal": 1, "total_steps": metrics}]
         for step in range(1, metrics + 1):
             t += 0.1
-            out.append({"step": step, "time": t, "train/grad_norm": 1.0 / step, "train/loss": 2.0 / step ** 0.5,
-                        "train/lr": 1e-3, "perf/examples_per_sec": 1000.0 + i})
+            out.append(
+                {
+                    "step": step,
+                    "time": t,
+                    "train/grad_norm": 1.0 / step,
+                    "train/loss": 2.0 / step**0.5,
+                    "train/lr": 1e-3,
+                    "perf/examples_per_sec": 1000.0 + i,
+                }
+            )
             if step % (metrics // evals) == 0 and len([r for r in out if r.get("event") == "eval"]) < evals:
-                out.append({"step": step, "eval/loss": 2.1 / step ** 0.5})
-                out.append({"event": "eval", "step": step, "time": t, "eval/loss": 2.1 / step ** 0.5})
+                out.append({"step": step, "eval/loss": 2.1 / step**0.5})
+                out.append({"event": "eval", "step": step, "time": t, "eval/loss": 2.1 / step**0.5})
                 out.append({"event": "checkpoint", "step": step, "time": t})
         out.append({"event": "end", "step": metrics, "time": t})
         assert len(out) == lines, len(out)
@@ -79,15 +87,31 @@ def main() -> None:
         table = run([str(sweep)])
         assert len(table.splitlines()) == args.runs + 1, table[:500]
         list_s = timed(lambda: run([str(sweep)]), args.repeat)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                                             os.environ.get("PYTHONPATH", "")])}
-        cli_s = timed(lambda: subprocess.run([sys.executable, "-m", "dew.cli.runs", str(sweep)], check=True,
-                                             capture_output=True, env=env), args.repeat)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
+        cli_s = timed(
+            lambda: subprocess.run(
+                [sys.executable, "-m", "dew.cli.runs", str(sweep)], check=True, capture_output=True, env=env
+            ),
+            args.repeat,
+        )
         plot_s = timed(lambda: run(["plot", str(sweep), "-o", os.path.join(tmp, "sweep.png")]), args.repeat)
-    result = {"bench": "runs_listing", "runs": args.runs, "lines": args.lines, "list_s": list_s, "cli_s": cli_s,
-              "plot_s": plot_s}
-    print(f"{args.runs} runs x {args.lines} journal lines: table {list_s:.2f} s in process, "
-          f"{cli_s:.2f} s as a command, plot {plot_s:.2f} s")
+    result = {
+        "bench": "runs_listing",
+        "runs": args.runs,
+        "lines": args.lines,
+        "list_s": list_s,
+        "cli_s": cli_s,
+        "plot_s": plot_s,
+    }
+    print(
+        f"{args.runs} runs x {args.lines} journal lines: table {list_s:.2f} s in process, "
+        f"{cli_s:.2f} s as a command, plot {plot_s:.2f} s"
+    )
     print(json.dumps(result))
 
 

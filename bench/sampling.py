@@ -50,15 +50,30 @@ def next_token(args: argparse.Namespace) -> list[dict]:
     from dew.models import build
     from dew.objectives.decoding import generate
 
-    fields = dict(vocab_size=257, seq_len=PROMPT + max(args.lengths), hidden_size=args.hidden, depth=args.depth,
-                  num_heads=args.heads, dtype="float32")
+    fields = dict(
+        vocab_size=257,
+        seq_len=PROMPT + max(args.lengths),
+        hidden_size=args.hidden,
+        depth=args.depth,
+        num_heads=args.heads,
+        dtype="float32",
+    )
     graphdef, state = nnx.split(build("transformer", fields, nnx.Rngs(0)))
     prompt = jax.random.randint(jax.random.key(1), (args.count, PROMPT), 0, 256)
     temperature = jnp.float32(1.0)
 
     def run(new: int, cached: bool):
-        return lambda: generate(graphdef, state, prompt, jax.random.key(2), temperature, new=new,
-                                window=fields["seq_len"], top_k=0, cached=cached)
+        return lambda: generate(
+            graphdef,
+            state,
+            prompt,
+            jax.random.key(2),
+            temperature,
+            new=new,
+            window=fields["seq_len"],
+            top_k=0,
+            cached=cached,
+        )
 
     rows = []
     for new in args.lengths:
@@ -68,18 +83,25 @@ def next_token(args: argparse.Namespace) -> list[dict]:
         reps = {cached: max(1, round(0.5 / timed(fn))) for cached, fn in sides.items()}
         times = {True: [], False: []}
         for r in range(args.rounds):
-            for cached in ((True, False) if r % 2 == 0 else (False, True)):
+            for cached in (True, False) if r % 2 == 0 else (False, True):
                 times[cached].append(per_call(sides[cached], reps[cached]))
         tokens = args.count * new
         ratios = [u / c for c, u in zip(times[True], times[False])]
-        row = {"new_tokens": new, "count": args.count,
-               "cached_tokens_per_sec": round(tokens / statistics.median(times[True]), 1),
-               "uncached_tokens_per_sec": round(tokens / statistics.median(times[False]), 1),
-               "ratio": round(statistics.median(ratios), 2), "ratios": [round(x, 2) for x in ratios],
-               "first_call_s": {"cached": round(compile_s[True], 2), "uncached": round(compile_s[False], 2)}}
-        print(f"{new:5d} new tokens x {args.count}: cached {row['cached_tokens_per_sec']:9.1f} tok/s, "
-              f"uncached {row['uncached_tokens_per_sec']:9.1f} tok/s, ratio {row['ratio']} "
-              f"(rounds {row['ratios']})", flush=True)
+        row = {
+            "new_tokens": new,
+            "count": args.count,
+            "cached_tokens_per_sec": round(tokens / statistics.median(times[True]), 1),
+            "uncached_tokens_per_sec": round(tokens / statistics.median(times[False]), 1),
+            "ratio": round(statistics.median(ratios), 2),
+            "ratios": [round(x, 2) for x in ratios],
+            "first_call_s": {"cached": round(compile_s[True], 2), "uncached": round(compile_s[False], 2)},
+        }
+        print(
+            f"{new:5d} new tokens x {args.count}: cached {row['cached_tokens_per_sec']:9.1f} tok/s, "
+            f"uncached {row['uncached_tokens_per_sec']:9.1f} tok/s, ratio {row['ratio']} "
+            f"(rounds {row['ratios']})",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
@@ -105,11 +127,20 @@ def masked_diffusion(args: argparse.Namespace) -> dict:
         samples.append(timed(sample, state, jax.random.key(0)))
     forward_ms = 1000 * statistics.median(forwards)
     step_ms = 1000 * statistics.median(samples) / args.mdlm_steps
-    row = {"count": count, "seq_len": L, "steps": args.mdlm_steps, "forward_ms": round(forward_ms, 2),
-           "step_ms": round(step_ms, 2), "step_over_forward": round(step_ms / forward_ms, 2),
-           "tokens_per_sec": round(count * L / (statistics.median(samples)), 1)}
-    print(f"masked diffusion, {count} x {L} tokens, {args.mdlm_steps} steps: {step_ms:.2f} ms per step, "
-          f"one forward {forward_ms:.2f} ms ({row['step_over_forward']}x), {row['tokens_per_sec']} tok/s", flush=True)
+    row = {
+        "count": count,
+        "seq_len": L,
+        "steps": args.mdlm_steps,
+        "forward_ms": round(forward_ms, 2),
+        "step_ms": round(step_ms, 2),
+        "step_over_forward": round(step_ms / forward_ms, 2),
+        "tokens_per_sec": round(count * L / (statistics.median(samples)), 1),
+    }
+    print(
+        f"masked diffusion, {count} x {L} tokens, {args.mdlm_steps} steps: {step_ms:.2f} ms per step, "
+        f"one forward {forward_ms:.2f} ms ({row['step_over_forward']}x), {row['tokens_per_sec']} tok/s",
+        flush=True,
+    )
     return row
 
 
@@ -124,10 +155,20 @@ def main() -> None:
     p.add_argument("--mdlm-count", type=int, default=4, help="sequences per masked-diffusion request")
     p.add_argument("--mdlm-steps", type=int, default=64, help="masked-diffusion sampler steps")
     args = p.parse_args()
-    result = {"bench": "sampling", "device": jax.devices()[0].device_kind,
-              "model": {"hidden": args.hidden, "depth": args.depth, "heads": args.heads, "vocab": 257,
-                        "prompt": PROMPT, "seq_len": PROMPT + max(args.lengths)},
-              "next_token": next_token(args), "masked_diffusion": masked_diffusion(args)}
+    result = {
+        "bench": "sampling",
+        "device": jax.devices()[0].device_kind,
+        "model": {
+            "hidden": args.hidden,
+            "depth": args.depth,
+            "heads": args.heads,
+            "vocab": 257,
+            "prompt": PROMPT,
+            "seq_len": PROMPT + max(args.lengths),
+        },
+        "next_token": next_token(args),
+        "masked_diffusion": masked_diffusion(args),
+    }
     print(json.dumps(result))
 
 

@@ -42,11 +42,23 @@ FIRST_STEP = "ran step 1 in"
 
 
 def command(args: argparse.Namespace, work: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "dew.cli.train", "experiment=digits", f"model.config.hidden_size={args.hidden}",
-            f"model.config.depth={args.depth}", f"trainer.batch_size={args.batch}", "trainer.eval_every=null",
-            "trainer.checkpoint_every=null", f"trainer.checkpoint_dir={work / 'ck'}",
-            f"trainer.compilation_cache_dir={work / 'xla'}", "flow_matching.samples_per_class=1",
-            "flow_matching.sample_steps=1", "optim.schedule.warmup_steps=1", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "dew.cli.train",
+        "experiment=digits",
+        f"model.config.hidden_size={args.hidden}",
+        f"model.config.depth={args.depth}",
+        f"trainer.batch_size={args.batch}",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=null",
+        f"trainer.checkpoint_dir={work / 'ck'}",
+        f"trainer.compilation_cache_dir={work / 'xla'}",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=1",
+        "optim.schedule.warmup_steps=1",
+        *overrides,
+    ]
 
 
 def journal(work: Path, name: str) -> list[dict]:
@@ -56,8 +68,13 @@ def journal(work: Path, name: str) -> list[dict]:
 
 def step_time(args: argparse.Namespace, work: Path) -> float:
     """Median seconds between consecutive steps of a short run that logs every step."""
-    subprocess.run(command(args, work, "trainer.name=pace", f"trainer.steps={args.pace_steps}", "trainer.log_every=1"),
-                   cwd=work, check=True, capture_output=True, timeout=1800)
+    subprocess.run(
+        command(args, work, "trainer.name=pace", f"trainer.steps={args.pace_steps}", "trainer.log_every=1"),
+        cwd=work,
+        check=True,
+        capture_output=True,
+        timeout=1800,
+    )
     times = {r["step"]: r["time"] for r in journal(work, "pace") if "train/loss" in r}
     gaps = [times[s] - times[s - 1] for s in sorted(times) if s - 1 in times and s > 2]
     return statistics.median(gaps)
@@ -65,8 +82,13 @@ def step_time(args: argparse.Namespace, work: Path) -> float:
 
 def stop(args: argparse.Namespace, work: Path) -> dict:
     """Start a long run, SIGINT it ``args.delay`` s after step 1 ran; seconds to exit, and where it stopped."""
-    proc = subprocess.Popen(command(args, work, "trainer.name=stop", "trainer.steps=100000"), cwd=work,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        command(args, work, "trainer.name=stop", "trainer.steps=100000"),
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     first = threading.Event()
 
@@ -92,8 +114,12 @@ def stop(args: argparse.Namespace, work: Path) -> dict:
     reader.join(10)
     stops = [r for r in journal(work, "stop") if r.get("event") == "stop"]
     stopped_at = stops[-1]["step"] if stops else None
-    return {"exit_s": exited, "returncode": code, "stopped_at": stopped_at,
-            **(parts(work, stopped_at, sent_wall, exited) if stopped_at is not None else {})}
+    return {
+        "exit_s": exited,
+        "returncode": code,
+        "stopped_at": stopped_at,
+        **(parts(work, stopped_at, sent_wall, exited) if stopped_at is not None else {}),
+    }
 
 
 def parts(work: Path, step: int, sent: float, exited: float) -> dict:
@@ -118,16 +144,34 @@ def main() -> None:
         step_s = step_time(args, work)
         print(f"step time {step_s:.2f} s", flush=True)
         result = stop(args, work)
-    print(f"SIGINT {args.delay:g} s after step 1: exited {result['exit_s']:.1f} s later (exit status "
-          f"{result['returncode']}), stopped at step {result['stopped_at']}", flush=True)
+    print(
+        f"SIGINT {args.delay:g} s after step 1: exited {result['exit_s']:.1f} s later (exit status "
+        f"{result['returncode']}), stopped at step {result['stopped_at']}",
+        flush=True,
+    )
     if "save_s" in result:
-        print(f"signal to save {result['landing_s']:.2f} s, save {result['save_s']:.2f} s, commit to exit "
-              f"{result['after_s']:.2f} s", flush=True)
-    print(json.dumps({"bench": "stop_latency", "exit_over_step": round(result["exit_s"] / step_s, 2),
-                      "exit_s": round(result["exit_s"], 2), "step_s": round(step_s, 3),
-                      **{k: round(result[k], 2) for k in ("landing_s", "save_s", "after_s") if k in result},
-                      "stopped_at": result["stopped_at"], "returncode": result["returncode"],
-                      "delay_s": args.delay, "hidden": args.hidden, "depth": args.depth, "batch": args.batch}))
+        print(
+            f"signal to save {result['landing_s']:.2f} s, save {result['save_s']:.2f} s, commit to exit "
+            f"{result['after_s']:.2f} s",
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "stop_latency",
+                "exit_over_step": round(result["exit_s"] / step_s, 2),
+                "exit_s": round(result["exit_s"], 2),
+                "step_s": round(step_s, 3),
+                **{k: round(result[k], 2) for k in ("landing_s", "save_s", "after_s") if k in result},
+                "stopped_at": result["stopped_at"],
+                "returncode": result["returncode"],
+                "delay_s": args.delay,
+                "hidden": args.hidden,
+                "depth": args.depth,
+                "batch": args.batch,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

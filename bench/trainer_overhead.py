@@ -68,8 +68,12 @@ def trainer_side(recipe, steps: int, warmup: int, work: Path, name: str) -> tupl
 
     from dew.build import build_run
 
-    run = dataclasses.replace(recipe, trainer=dataclasses.replace(
-        recipe.trainer, steps=warmup + steps, log_every=warmup, checkpoint_dir=str(work / "ck")))
+    run = dataclasses.replace(
+        recipe,
+        trainer=dataclasses.replace(
+            recipe.trainer, steps=warmup + steps, log_every=warmup, checkpoint_dir=str(work / "ck")
+        ),
+    )
     run, objective, dataset = build_run(run)
     return trainer_loop(run, objective, dataset, steps, warmup, name)
 
@@ -110,10 +114,18 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        recipe = compose("experiment=digits", f"trainer.batch_size={args.batch}", f"model.config.depth={args.depth}",
-                         f"model.config.hidden_size={args.hidden}", "trainer.eval_every=null",
-                         "trainer.checkpoint_every=null", "trainer.log_every=100", "flow_matching.ema_decay=0",
-                         f"trainer.compilation_cache_dir={work / 'xla'}", "optim.schedule.warmup_steps=1")
+        recipe = compose(
+            "experiment=digits",
+            f"trainer.batch_size={args.batch}",
+            f"model.config.depth={args.depth}",
+            f"model.config.hidden_size={args.hidden}",
+            "trainer.eval_every=null",
+            "trainer.checkpoint_every=null",
+            "trainer.log_every=100",
+            "flow_matching.ema_decay=0",
+            f"trainer.compilation_cache_dir={work / 'xla'}",
+            "optim.schedule.warmup_steps=1",
+        )
         hand, ours, hand_cpu, ours_cpu = [], [], [], []
         for r in range(args.rounds):
             sides = ["hand", "trainer"] if r % 2 == 0 else ["trainer", "hand"]
@@ -126,25 +138,41 @@ def main() -> None:
                     wall, cpu = trainer_side(recipe, args.steps, args.warmup, work, f"r{r}")
                     ours.append(args.steps * args.batch / wall)
                     ours_cpu.append(cpu)
-            print(f"round {r}: hand {hand[-1]:.0f} ex/s, trainer {ours[-1]:.0f} ex/s, "
-                  f"ratio {ours[-1] / hand[-1]:.3f}; CPU seconds hand/trainer "
-                  f"{hand_cpu[-1] / ours_cpu[-1]:.3f}", flush=True)
+            print(
+                f"round {r}: hand {hand[-1]:.0f} ex/s, trainer {ours[-1]:.0f} ex/s, "
+                f"ratio {ours[-1] / hand[-1]:.3f}; CPU seconds hand/trainer "
+                f"{hand_cpu[-1] / ours_cpu[-1]:.3f}",
+                flush=True,
+            )
         ratios = [o / h for o, h in zip(ours, hand, strict=True)]
         # The same ratio in process CPU time: what each loop cost, whatever share of the cores it got.
         cpu_ratios = [h / o for h, o in zip(hand_cpu, ours_cpu, strict=True)]
         blocking, total, size = checkpoint_blocking(work, recipe, args.saves)
     step_ms = 1000 * args.batch / statistics.median(hand)
-    print(f"checkpoint of {size / 2**20:.1f} MiB: save blocks {1000 * statistics.median(blocking):.1f} ms, "
-          f"lands in {1000 * statistics.median(total):.1f} ms (median of {args.saves})")
-    print(json.dumps({"bench": "trainer_overhead", "ratio": round(statistics.median(ratios), 4),
-                      "ratios": [round(x, 4) for x in ratios],
-                      "cpu_ratio": round(statistics.median(cpu_ratios), 4),
-                      "cpu_ratios": [round(x, 4) for x in cpu_ratios], "hand_examples_per_sec": round(statistics.median(hand)),
-                      "trainer_examples_per_sec": round(statistics.median(ours)), "step_ms": round(step_ms, 1),
-                      "batch": args.batch, "steps": args.steps, "device": jax.devices()[0].device_kind,
-                      "checkpoint_mib": round(size / 2**20, 2),
-                      "checkpoint_blocking_ms": round(1000 * statistics.median(blocking), 1),
-                      "checkpoint_total_ms": round(1000 * statistics.median(total), 1)}))
+    print(
+        f"checkpoint of {size / 2**20:.1f} MiB: save blocks {1000 * statistics.median(blocking):.1f} ms, "
+        f"lands in {1000 * statistics.median(total):.1f} ms (median of {args.saves})"
+    )
+    print(
+        json.dumps(
+            {
+                "bench": "trainer_overhead",
+                "ratio": round(statistics.median(ratios), 4),
+                "ratios": [round(x, 4) for x in ratios],
+                "cpu_ratio": round(statistics.median(cpu_ratios), 4),
+                "cpu_ratios": [round(x, 4) for x in cpu_ratios],
+                "hand_examples_per_sec": round(statistics.median(hand)),
+                "trainer_examples_per_sec": round(statistics.median(ours)),
+                "step_ms": round(step_ms, 1),
+                "batch": args.batch,
+                "steps": args.steps,
+                "device": jax.devices()[0].device_kind,
+                "checkpoint_mib": round(size / 2**20, 2),
+                "checkpoint_blocking_ms": round(1000 * statistics.median(blocking), 1),
+                "checkpoint_total_ms": round(1000 * statistics.median(total), 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ from dew.contract.config import RunConfig
 from dew.contract.data import Dataset
 from dew.contract.models import architecture
 from dew.contract.objectives import ObjectiveSpec, check_objective, natural_objective, objectives, pairs
-from dew.recipe import with_data_fields
 from dew.contract.typed import ConfigError
+from dew.recipe import with_data_fields
 
 
 def data_kind(run: RunConfig, dataset: Dataset) -> str:
@@ -32,9 +32,11 @@ def objective_spec(run: RunConfig, kind: str) -> type[ObjectiveSpec]:
     try:
         name = run.objective or natural_objective(role, kind)
     except ValueError:
-        raise ValueError(f"no objective trains model.architecture={run.model.architecture!r} (a {role}) on "
-                         f"data={getattr(run.data, 'name', '?')!r} ({kind} data); objectives train "
-                         f"{pairs()}") from None
+        raise ValueError(
+            f"no objective trains model.architecture={run.model.architecture!r} (a {role}) on "
+            f"data={getattr(run.data, 'name', '?')!r} ({kind} data); objectives train "
+            f"{pairs()}"
+        ) from None
     check_objective(name, role, kind, run.model.architecture)
     return objectives[name]
 
@@ -62,6 +64,8 @@ def build_run(run: RunConfig) -> tuple[RunConfig, Any, Dataset]:
     dataset = run.data.load(batch_size=run.trainer.batch_size, seed=run.trainer.seed)
     run = resolve(run, dataset)
     objective = build_objective(run, dataset)
-    from dew.training.optim.mup import with_mup_groups  # heavy: optax stays out of the launcher's checks until a run is built
+    from dew.training.optim.mup import (
+        with_mup_groups,
+    )  # heavy: optax stays out of the launcher's checks until a run is built
 
     return with_mup_groups(run, objective), objective, dataset

@@ -12,8 +12,15 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-WRITTEN_FOR = {"jax": "0.12.0", "jaxlib": "0.12.0.1", "qwix": "0.1.8", "orbax-checkpoint": "0.12.8",
-               "hydra-core": "1.3.8", "submitit": "1.5.4", "optuna": "2.10.1"}
+WRITTEN_FOR = {
+    "jax": "0.12.0",
+    "jaxlib": "0.12.0.1",
+    "qwix": "0.1.8",
+    "orbax-checkpoint": "0.12.8",
+    "hydra-core": "1.3.8",
+    "submitit": "1.5.4",
+    "optuna": "2.10.1",
+}
 """The versions whose internals the functions below were written against."""
 
 
@@ -85,8 +92,7 @@ def qwix_find_param(find_param: Callable[..., str | None]) -> Iterator[None]:
         flax_util.find_param = original
 
 
-QT_PROVIDER_PRIVATE = ("_create_dot_general_qt_config", "_create_conv_general_qt_config",
-                       "_update_and_get_quant_stat")
+QT_PROVIDER_PRIVATE = ("_create_dot_general_qt_config", "_create_conv_general_qt_config", "_update_and_get_quant_stat")
 """``qwix.QtProvider``'s private methods its matmuls call; a provider that borrows those matmuls
 under another base class (dew's quantized LoRA) must borrow these too."""
 
@@ -107,7 +113,7 @@ def qwix_convert_rules(provider: type[Any], convert: Callable[[Any], Any]) -> No
     def _init_rule(self: Any, rule: Any) -> Any:
         return convert(super(provider, self)._init_rule(rule))
 
-    setattr(provider, "_init_rule", _init_rule)  # a private hook qwix's stubs do not name
+    provider._init_rule = _init_rule  # a private hook qwix's stubs do not name
 
 
 # ------------------------------------------------------------------------------- hydra, submitit
@@ -305,8 +311,13 @@ def orbax_uncompressed_standard_handler() -> Any:
 
 # ---------------------------------------------------------------------------- hydra-optuna-sweeper
 
-OPTUNA_SWEEPER_PRIVATE = ("_get_directions", "_process_searchspace_config", "_parse_sweeper_params_config",
-                          "_to_grid_sampler_choices", "_configure_trials")
+OPTUNA_SWEEPER_PRIVATE = (
+    "_get_directions",
+    "_process_searchspace_config",
+    "_parse_sweeper_params_config",
+    "_to_grid_sampler_choices",
+    "_configure_trials",
+)
 """The private methods of hydra-optuna-sweeper's ``OptunaSweeperImpl`` that dew's resumable sweeper
 (``dew.cli.study_sweeper``, a subclass) calls on itself: checked against hydra-optuna-sweeper 1.3.0
 (tests/test_compat.py)."""

@@ -31,8 +31,7 @@ class _Recipe(RunConfig):
         return super().from_dict(values)
 
 
-Recipe: Any = dataclasses.make_dataclass(
-    "Recipe", knob_fields(), bases=(_Recipe,), frozen=True, module=__name__)
+Recipe: Any = dataclasses.make_dataclass("Recipe", knob_fields(), bases=(_Recipe,), frozen=True, module=__name__)
 Recipe.__doc__ = _Recipe.__doc__
 Recipe.__qualname__ = "Recipe"
 

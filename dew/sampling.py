@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from flax import nnx
 
 
-def write_sample_grid(objective: Any, model: nnx.Module, run_dir: str | os.PathLike[str], *, seed: int, name: str = f"{SAMPLE_PREFIX}.png") -> str:
+def write_sample_grid(
+    objective: Any, model: nnx.Module, run_dir: str | os.PathLike[str], *, seed: int, name: str = f"{SAMPLE_PREFIX}.png"
+) -> str:
     """A PNG grid of class-conditional samples, one row per class, in ``run_dir``; ``objective`` is an
     image objective (its own ``sample_grid``)."""
     images, labels = objective.sample_grid(model, jax.random.PRNGKey(seed + 3))
@@ -25,7 +27,9 @@ def write_sample_grid(objective: Any, model: nnx.Module, run_dir: str | os.PathL
     return write_grid(os.fspath(run_dir) + "/" + name, images, rows=rows, scale=4)
 
 
-def write_text_samples(objective: Any, model: nnx.Module, run_dir: str | os.PathLike[str], *, seed: int, name: str = f"{SAMPLE_PREFIX}.txt") -> str:
+def write_text_samples(
+    objective: Any, model: nnx.Module, run_dir: str | os.PathLike[str], *, seed: int, name: str = f"{SAMPLE_PREFIX}.txt"
+) -> str:
     """The objective's ``samples`` knob of sequences, decoded, one block each, in ``run_dir``;
     ``objective`` is a text objective (its own ``sample_text``)."""
     _, texts = objective.sample_text(model, jax.random.PRNGKey(seed + 3))
@@ -49,7 +53,7 @@ def write_grid(path: str, images: np.ndarray, rows: int, scale: int = 1) -> str:
     grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, c), 255, np.uint8)
     for i, img in enumerate(images):
         r, col = divmod(i, cols)
-        grid[pad + r * (h + pad): pad + r * (h + pad) + h, pad + col * (w + pad): pad + col * (w + pad) + w] = img
+        grid[pad + r * (h + pad) : pad + r * (h + pad) + h, pad + col * (w + pad) : pad + col * (w + pad) + w] = img
     picture = Image.fromarray(grid[..., 0] if c == 1 else grid)
     if scale > 1:
         picture = picture.resize((picture.width * scale, picture.height * scale), Image.Resampling.NEAREST)

@@ -36,11 +36,18 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def dew(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
-        script: str = "dew.cli.train") -> subprocess.CompletedProcess:
+def dew(
+    *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, script: str = "dew.cli.train"
+) -> subprocess.CompletedProcess:
     """Run a dew command (``python -m dew.cli.train ...``) as a user would, in ``cwd``."""
-    return subprocess.run([sys.executable, "-m", script, *args], cwd=cwd, env=env or cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", script, *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def tree(root: Path) -> list[str]:

@@ -12,10 +12,17 @@ from dew import compat
 
 
 def test_jax_backends_started_turns_true_when_a_backend_opens():
-    code = ("from dew import compat; import jax; a = compat.jax_backends_started(); jax.devices(); "
-            "print(a, compat.jax_backends_started())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"JAX_PLATFORMS": "cpu", "PATH": ""}).stdout.split()
+    code = (
+        "from dew import compat; import jax; a = compat.jax_backends_started(); jax.devices(); "
+        "print(a, compat.jax_backends_started())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"JAX_PLATFORMS": "cpu", "PATH": ""},
+    ).stdout.split()
     assert out == ["False", "True"]
 
 
@@ -113,7 +120,6 @@ def test_orbax_standard_handler_delegates_to_a_pytree_handler_it_builds_with_its
     ``PyTreeCheckpointHandler`` built from the standard handler's defaults: that attribute must still
     be where every save and restore goes, and each default a PyTree handler's parameter."""
     import orbax.checkpoint as ocp
-
     from orbax.checkpoint._src.handlers import standard_checkpoint_handler as standard
 
     assert isinstance(ocp.StandardCheckpointHandler()._impl, ocp.PyTreeCheckpointHandler)
@@ -166,8 +172,9 @@ def test_xla_cpu_client_child_refuses_an_unknown_flag():
 
     assert callable(jaxlib._jax.get_tfrt_cpu_client)  # the fast path, not the fallback
     env = {**os.environ, "XLA_FLAGS": "--xla_no_such_flag=1", "TF_CPP_MIN_LOG_LEVEL": "0", "JAX_PLATFORMS": "cpu"}
-    child = subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True,
-                           text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True, text=True, timeout=120
+    )
     assert child.returncode != 0 and "Unknown flag" in child.stderr and "xla_no_such_flag" in child.stderr
     env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
     assert subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, timeout=120).returncode == 0
@@ -176,8 +183,15 @@ def test_xla_cpu_client_child_refuses_an_unknown_flag():
 def test_submitit_sbatch_script_is_the_executors_and_names_map():
     names = compat.submitit_slurm_parameter_names()
     assert (names["timeout_min"], names["tasks_per_node"], names["name"]) == ("time", "ntasks_per_node", "job_name")
-    script = compat.submitit_sbatch_script("/f/%j", "python -m x", nodes=2, ntasks_per_node=4, wckey=None,
-                                           job_name="run", additional_parameters={"requeue": True})
+    script = compat.submitit_sbatch_script(
+        "/f/%j",
+        "python -m x",
+        nodes=2,
+        ntasks_per_node=4,
+        wckey=None,
+        job_name="run",
+        additional_parameters={"requeue": True},
+    )
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=4" in script and "#SBATCH --requeue" in script
     assert "--wckey" not in script and script.rstrip().endswith("python -m x")
 
@@ -236,4 +250,6 @@ def test_optuna_trial_is_the_running_trial_of_that_number(tmp_path):
     compat.optuna_trial(study, second.number).set_user_attr("why", "because")
     study.tell(second.number, state=optuna.trial.TrialState.FAIL)
     assert [(t.number, t.state.name, t.user_attrs) for t in study.trials] == [
-        (0, "COMPLETE", {}), (1, "FAIL", {"why": "because"})]
+        (0, "COMPLETE", {}),
+        (1, "FAIL", {"why": "because"}),
+    ]

@@ -14,17 +14,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dew.config import (ConfigError, Layout, LoRA, MeshSpec, ModelConfig, OptimConfig, ParamGroup, Ramp,
-                        RunConfig, TrainerConfig, Wandb)
+from dew.config import (
+    ConfigError,
+    Layout,
+    LoRA,
+    MeshSpec,
+    ModelConfig,
+    OptimConfig,
+    ParamGroup,
+    Ramp,
+    RunConfig,
+    TrainerConfig,
+    Wandb,
+)
 from dew.contract.data import DataSpec, datasets
 from dew.contract.models import architectures
-from dew.recipe import Recipe
 from dew.contract.schedules import ScheduleSpec, schedules
 from dew.contract.typed import JsonString, hints
+from dew.recipe import Recipe
 
 
 def test_importing_config_does_not_import_jax():
-    code = "import sys, dew.config, dew.recipe, dew.cli.schema; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'orbax', 'grain')))"
+    code = "import sys, dew.config, dew.recipe, dew.cli.schema; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'orbax', 'grain')))"  # noqa: E501
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -42,7 +53,7 @@ def _valid(cls: type, values: dict[str, Any]) -> Any:
 def strategy(tp: Any) -> st.SearchStrategy:
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
-        inner, *meta = typing.get_args(tp)
+        inner, *_meta = typing.get_args(tp)
         return strategy(inner)
     if origin is Literal:
         return st.sampled_from(typing.get_args(tp))
@@ -79,10 +90,19 @@ def model_config_strategy() -> st.SearchStrategy:
         keys = [f.name for f in dataclasses.fields(fields_cls)]
         config = st.dictionaries(st.sampled_from(keys), st.nothing(), max_size=0)  # placeholder
         config = st.lists(st.sampled_from(keys), max_size=3, unique=True).flatmap(
-            lambda ks: st.fixed_dictionaries({k: strategy(types_[k]) for k in ks}))
-        return st.builds(lambda c, rest: _valid(ModelConfig, {"architecture": name, "config": c, **rest}),
-                         config, st.fixed_dictionaries({k: strategy(hints(ModelConfig)[k]) for k in
-                                                        ("dtype", "param_dtype", "matmul_precision", "attention_impl")}))
+            lambda ks: st.fixed_dictionaries({k: strategy(types_[k]) for k in ks})
+        )
+        return st.builds(
+            lambda c, rest: _valid(ModelConfig, {"architecture": name, "config": c, **rest}),
+            config,
+            st.fixed_dictionaries(
+                {
+                    k: strategy(hints(ModelConfig)[k])
+                    for k in ("dtype", "param_dtype", "matmul_precision", "attention_impl")
+                }
+            ),
+        )
+
     return st.one_of([for_arch(n) for n in architectures]).filter(lambda m: m is not None)
 
 
@@ -110,8 +130,11 @@ def test_round_trip_any_recipe(cfg: Recipe):
 @pytest.mark.parametrize("schedule", [None, *sorted(schedules)])
 @pytest.mark.parametrize("architecture", sorted(architectures))
 def test_round_trip_every_registered_member(tmp_path, dataset, schedule, architecture):
-    cfg = RunConfig(model=ModelConfig(architecture=architecture), data=datasets[dataset](),
-                    optim=OptimConfig(schedule=schedules[schedule]() if schedule else None))
+    cfg = RunConfig(
+        model=ModelConfig(architecture=architecture),
+        data=datasets[dataset](),
+        optim=OptimConfig(schedule=schedules[schedule]() if schedule else None),
+    )
     record = cfg.to_dict()
     assert record["data"]["name"] == dataset
     if schedule:
@@ -174,38 +197,59 @@ def _record(**changes: Any) -> dict[str, Any]:
     return record
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"optim__schedule": {"name": "cosine", "warmup_steps": "ten", "floor_ratio": 0.0}},
-     r"optim\.schedule\.warmup_steps: expected int, found str 'ten'"),
-    ({"trainer__nope": 1}, r"trainer\.nope: unknown field of TrainerConfig"),
-    ({"trainer__keep": KeyError}, r"trainer\.keep: missing field of TrainerConfig"),
-    ({"optim__optimizer": "sgd"}, r"optim\.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'"),
-    ({"trainer__eval_every": "week"}, r"trainer\.eval_every: expected int or one of 'epoch' or null, found str 'week'"),
-    ({"trainer__batch_size": True}, r"trainer\.batch_size: expected int, found bool True"),
-    ({"trainer__batch_size": 1.5}, r"trainer\.batch_size: expected int, found float 1.5"),
-    ({"data": {"name": "mnist"}}, r"data\.name: expected one of digits, oxford_flowers102, text_stream, token_windows|data\.name: expected one of"),
-    ({"model__config": {"depht": 2}}, r"model\.config: architecture 'simple_dit' takes no field 'depht'; it takes input_size"),
-    ({"model__config": {"depth": "deep"}}, r"model\.config\.depth: expected int, found str 'deep'"),
-    ({"trainer__wandb": {"project": "p", "entity": None}}, r"trainer\.wandb\.offline: missing field"),
-    ({"trainer__batch_ramp": {"start": 10, "increment": 8, "records": 100}}, r"trainer: trainer\.batch_ramp"),
-    # Every float is finite (NaN never equals itself: a record holding one could never be resumed).
-    ({"optim__learning_rate": float("nan")}, r"optim\.learning_rate: expected a finite float, found float nan"),
-    ({"optim__clip_grads": float("inf")}, r"optim\.clip_grads: expected a finite float, found float inf"),
-    ({"optim__weight_decay": float("nan")}, r"optim\.weight_decay: expected a finite float, found float nan"),
-    ({"optim__schedule": {"name": "cosine", "warmup_steps": 1, "floor_ratio": float("nan")}},
-     r"optim\.schedule\.floor_ratio: expected a finite float"),
-    ({"optim__param_groups": [{"pattern": "b", "lr_multiplier": float("inf"), "weight_decay": None}]},
-     r"optim\.param_groups\[0\]\.lr_multiplier: expected a finite float"),
-    ({"lora": {"rank": 2, "alpha": float("-inf"), "targets": [".*"]}}, r"lora\.alpha: expected a finite float"),
-    ({"model__config": {"mlp_ratio": float("nan")}}, r"model\.config\.mlp_ratio: expected a finite float"),
-    ({"optim__learning_rate": 10**400}, r"optim\.learning_rate: expected a finite float, found int"),
-    # Integers that cannot work past a bound say the bound.
-    ({"trainer__steps": 2**31}, r"trainer\.steps=2147483648 exceeds 2147483647"),
-    ({"trainer__batch_size": 10**20}, r"trainer\.batch_size=100000000000000000000 exceeds 2147483647"),
-    ({"trainer__steps": None, "trainer__epochs": 2**40}, r"trainer\.epochs=1099511627776 exceeds 2147483647"),
-    ({"trainer__checkpoint_every": 2**33}, r"trainer\.checkpoint_every=8589934592 exceeds 2147483647"),
-    ({"trainer__seed": 2**63}, r"trainer\.seed=9223372036854775808 must lie in"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"optim__schedule": {"name": "cosine", "warmup_steps": "ten", "floor_ratio": 0.0}},
+            r"optim\.schedule\.warmup_steps: expected int, found str 'ten'",
+        ),
+        ({"trainer__nope": 1}, r"trainer\.nope: unknown field of TrainerConfig"),
+        ({"trainer__keep": KeyError}, r"trainer\.keep: missing field of TrainerConfig"),
+        (
+            {"optim__optimizer": "sgd"},
+            r"optim\.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'",
+        ),
+        (
+            {"trainer__eval_every": "week"},
+            r"trainer\.eval_every: expected int or one of 'epoch' or null, found str 'week'",
+        ),
+        ({"trainer__batch_size": True}, r"trainer\.batch_size: expected int, found bool True"),
+        ({"trainer__batch_size": 1.5}, r"trainer\.batch_size: expected int, found float 1.5"),
+        (
+            {"data": {"name": "mnist"}},
+            r"data\.name: expected one of digits, oxford_flowers102, text_stream, token_windows|data\.name: expected one of",  # noqa: E501
+        ),
+        (
+            {"model__config": {"depht": 2}},
+            r"model\.config: architecture 'simple_dit' takes no field 'depht'; it takes input_size",
+        ),
+        ({"model__config": {"depth": "deep"}}, r"model\.config\.depth: expected int, found str 'deep'"),
+        ({"trainer__wandb": {"project": "p", "entity": None}}, r"trainer\.wandb\.offline: missing field"),
+        ({"trainer__batch_ramp": {"start": 10, "increment": 8, "records": 100}}, r"trainer: trainer\.batch_ramp"),
+        # Every float is finite (NaN never equals itself: a record holding one could never be resumed).
+        ({"optim__learning_rate": float("nan")}, r"optim\.learning_rate: expected a finite float, found float nan"),
+        ({"optim__clip_grads": float("inf")}, r"optim\.clip_grads: expected a finite float, found float inf"),
+        ({"optim__weight_decay": float("nan")}, r"optim\.weight_decay: expected a finite float, found float nan"),
+        (
+            {"optim__schedule": {"name": "cosine", "warmup_steps": 1, "floor_ratio": float("nan")}},
+            r"optim\.schedule\.floor_ratio: expected a finite float",
+        ),
+        (
+            {"optim__param_groups": [{"pattern": "b", "lr_multiplier": float("inf"), "weight_decay": None}]},
+            r"optim\.param_groups\[0\]\.lr_multiplier: expected a finite float",
+        ),
+        ({"lora": {"rank": 2, "alpha": float("-inf"), "targets": [".*"]}}, r"lora\.alpha: expected a finite float"),
+        ({"model__config": {"mlp_ratio": float("nan")}}, r"model\.config\.mlp_ratio: expected a finite float"),
+        ({"optim__learning_rate": 10**400}, r"optim\.learning_rate: expected a finite float, found int"),
+        # Integers that cannot work past a bound say the bound.
+        ({"trainer__steps": 2**31}, r"trainer\.steps=2147483648 exceeds 2147483647"),
+        ({"trainer__batch_size": 10**20}, r"trainer\.batch_size=100000000000000000000 exceeds 2147483647"),
+        ({"trainer__steps": None, "trainer__epochs": 2**40}, r"trainer\.epochs=1099511627776 exceeds 2147483647"),
+        ({"trainer__checkpoint_every": 2**33}, r"trainer\.checkpoint_every=8589934592 exceeds 2147483647"),
+        ({"trainer__seed": 2**63}, r"trainer\.seed=9223372036854775808 must lie in"),
+    ],
+)
 def test_from_dict_names_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig.from_dict(_record(**changes))
@@ -237,15 +281,18 @@ def test_model_fields_and_precision_settings():
     m = ModelConfig(config={"depth": 2, "dtype": "float32"}, dtype="float32", param_dtype="bfloat16")
     assert m.fields() == {"depth": 2, "dtype": "float32", "param_dtype": "bfloat16", "attention_impl": "auto"}
     assert m.precision_settings() == frozenset({"param_dtype", "attention_impl"})
-    assert ModelConfig.from_dict(m.__class__(**{**dataclasses.asdict(m)}).__dict__) == m
+    assert ModelConfig.from_dict(m.__class__(**dataclasses.asdict(m)).__dict__) == m
 
 
 def test_a_precision_set_twice_must_agree():
     """model.dtype and model.config.dtype are one setting: disagreeing is an error naming both."""
     with pytest.raises(ConfigError, match=r"model.config.dtype='float32' disagrees with model.dtype='bfloat16'"):
         ModelConfig(config={"dtype": "float32"}, dtype="bfloat16")
-    with pytest.raises(ConfigError, match=r"model.config.param_dtype='float32' disagrees with "
-                                          r"model.param_dtype='bfloat16'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.config.param_dtype='float32' disagrees with "
+        r"model.param_dtype='bfloat16'",
+    ):
         ModelConfig("transformer", {"param_dtype": "float32"}, dtype="float32", param_dtype="bfloat16")
     assert ModelConfig(config={"dtype": "float32"}, dtype="float32").fields()["dtype"] == "float32"
     # Unset on the ModelConfig side (param_dtype None): the config's own value stands alone.
@@ -292,13 +339,17 @@ def test_one_reader_gives_the_record_as_written_and_typed(tmp_path):
     with pytest.raises(RunRecordError, match=r"written by dew\.recipe\.Recipe") as wrong_class:
         record.typed(RunConfig)
     assert wrong_class.value.path == str(tmp_path / "run.json")
-    for text, reason in [('{"model": {"arch', r"not a JSON run record \(.*\): cut off mid-write, or edited"),
-                         ('[1, 2]', r"not a dew run record \(no trainer section\)"),
-                         ('{"model": {}}', r"not a dew run record \(no trainer section\)")]:
+    for text, reason in [
+        ('{"model": {"arch', r"not a JSON run record \(.*\): cut off mid-write, or edited"),
+        ("[1, 2]", r"not a dew run record \(no trainer section\)"),
+        ('{"model": {}}', r"not a dew run record \(no trainer section\)"),
+    ]:
         (tmp_path / "run.json").write_text(text)
         with pytest.raises(RunRecordError) as bad:
             RunRecord.read(tmp_path)
-        assert re.fullmatch(reason, bad.value.reason) and str(bad.value) == f"{tmp_path / 'run.json'}: {bad.value.reason}"
+        assert (
+            re.fullmatch(reason, bad.value.reason) and str(bad.value) == f"{tmp_path / 'run.json'}: {bad.value.reason}"
+        )
 
 
 def test_trainer_lengths():

@@ -36,7 +36,7 @@ def guide_files() -> dict[str, str]:
 
 def guide_commands() -> list[list[str]]:
     commands = []
-    for lang, block in FENCE.findall(GUIDE.read_text()):
+    for _lang, block in FENCE.findall(GUIDE.read_text()):
         for line in block.splitlines():
             if line.startswith("dew-train"):
                 commands.append(shlex.split(line.split(" #")[0]))
@@ -56,16 +56,25 @@ def install(root: Path) -> Path:
     info = root / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
-    points = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
-                     for group, entries in project["entry-points"].items())
+    points = "".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
+        for group, entries in project["entry-points"].items()
+    )
     (info / "entry_points.txt").write_text(points)
     return root
 
 
 def test_the_guide_covers_every_kind():
     files = guide_files()
-    assert {"pyproject.toml", "dew_blobs/__init__.py", "dew_blobs/layers.py", "dew_blobs/loss.py",
-            "dew_blobs/conf/model/mlp.yaml", "dew_blobs/conf/data/blobs.yaml", "signum.py"} <= set(files)
+    assert {
+        "pyproject.toml",
+        "dew_blobs/__init__.py",
+        "dew_blobs/layers.py",
+        "dew_blobs/loss.py",
+        "dew_blobs/conf/model/mlp.yaml",
+        "dew_blobs/conf/data/blobs.yaml",
+        "signum.py",
+    } <= set(files)
     text = files["dew_blobs/__init__.py"]
     for registry in ("datasets.register", "architectures.register", "objectives.register", "hooks.register"):
         assert registry in text
@@ -75,8 +84,10 @@ def test_the_guide_covers_every_kind():
 @pytest.mark.slow
 def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path):
     package = install(tmp_path / "site")
-    env = cli_env(PYTHONPATH=os.pathsep.join([str(package), str(REPO), os.environ.get("PYTHONPATH", "")]),
-                  XLA_FLAGS="--xla_backend_optimization_level=0")
+    env = cli_env(
+        PYTHONPATH=os.pathsep.join([str(package), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        XLA_FLAGS="--xla_backend_optimization_level=0",
+    )
     work = tmp_path / "work"
     work.mkdir()
 
@@ -86,8 +97,12 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
 
     (command,) = guide_commands()
     args = [("trainer.steps=2" if a.startswith("trainer.steps=") else a) for a in command[1:]]
-    args += ["trainer.checkpoint_dir=ck", "trainer.log_every=1", "trainer.eval_every=2",
-             "trainer.compilation_cache_dir=null"]
+    args += [
+        "trainer.checkpoint_dir=ck",
+        "trainer.log_every=1",
+        "trainer.eval_every=2",
+        "trainer.compilation_cache_dir=null",
+    ]
     result = dew(*args, cwd=work, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
@@ -98,7 +113,8 @@ def test_a_plugin_from_outside_the_repository_trains_from_the_cli(tmp_path: Path
     assert sampled.returncode == 2 and "Traceback" not in sampled.stderr, sampled.stderr[-3000:]
     assert sampled.stderr.strip().splitlines() == [
         "dew-sample: error: the run's objective 'classification' cannot sample: it defines neither sample_grid "
-        "(images) nor sample_text (text)"]
+        "(images) nor sample_text (text)"
+    ]
     record = json.loads((run / "run.json").read_text())
     assert record["model"]["architecture"] == "mlp"
     assert record["model"]["config"] == {"hidden": 64, "depth": 2, "features": 8, "classes": 4}
@@ -174,9 +190,12 @@ def test_a_broken_plugin_is_named(tmp_path: Path):
 
 
 OWN_MODULE = {
-    "simple_dit": "dew/models/simple_dit.py", "transformer": "dew/models/transformer.py",
-    "flow_matching": "dew/objectives/flow_matching.py", "masked_diffusion": "dew/objectives/masked_diffusion.py",
-    "next_token": "dew/objectives/next_token.py", "muon": "dew/training/optim/muon.py",
+    "simple_dit": "dew/models/simple_dit.py",
+    "transformer": "dew/models/transformer.py",
+    "flow_matching": "dew/objectives/flow_matching.py",
+    "masked_diffusion": "dew/objectives/masked_diffusion.py",
+    "next_token": "dew/objectives/next_token.py",
+    "muon": "dew/training/optim/muon.py",
     "muonclip": "dew/training/optim/muonclip.py",
 }
 
@@ -202,10 +221,16 @@ def test_parts_pair_by_role_and_kind():
     assert objective_spec(Recipe(model=lm, data=datasets["token_windows"](path="x")), "tokens").name == "next_token"
     assert objective_spec(Recipe(data=datasets["digits"]()), "image").name == "flow_matching"
     assert objective_spec(Recipe(data=datasets["token_windows"](path="x")), "tokens").name == "masked_diffusion"
-    with pytest.raises(ValueError, match=r"no objective trains model.architecture='transformer' \(a causal_lm\) "
-                                         r"on data='digits' \(image data\); objectives train flow_matching: a "
-                                         r"denoiser on image data"):
+    with pytest.raises(
+        ValueError,
+        match=r"no objective trains model.architecture='transformer' \(a causal_lm\) "
+        r"on data='digits' \(image data\); objectives train flow_matching: a "
+        r"denoiser on image data",
+    ):
         objective_spec(Recipe(model=lm, data=datasets["digits"]()), "image")
-    with pytest.raises(ValueError, match=r"objective='flow_matching' cannot train model.architecture='transformer' "
-                                         r"\(a causal_lm\) on tokens data; it trains a denoiser on image data"):
+    with pytest.raises(
+        ValueError,
+        match=r"objective='flow_matching' cannot train model.architecture='transformer' "
+        r"\(a causal_lm\) on tokens data; it trains a denoiser on image data",
+    ):
         objective_spec(Recipe(model=lm, objective="flow_matching"), "tokens")

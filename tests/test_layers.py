@@ -3,7 +3,8 @@
 The imports are read with ``ast`` from every module of ``dew/``: module-level imports and imports
 inside functions alike (a function-level import is still a dependency: it runs the first time the
 function does). Imports under ``if TYPE_CHECKING:`` are not arrows: they never run, so they cost
-nothing at run time and tie nothing at import time; they name the types a signature uses. An import of ``dew.a.b`` is an arrow to ``dew.a.b`` alone,
+nothing at run time and tie nothing at import time; they name the types a signature uses. An import of ``dew.a.b`` is
+an arrow to ``dew.a.b`` alone,
 not to the package ``dew.a`` whose ``__init__`` Python runs first: a package file only hands names on.
 ``importlib.import_module("dew.a.b")`` with the name written out is an import too; the names a
 registry imports by itself (its built-in members, from strings) are not arrows: a registry does not
@@ -44,8 +45,8 @@ JAX_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "orbax", "qwix", "grain", "ch
 
 JAX_IN_THE_CONTRACT = {
     ("dew.contract.config", "flax"): "ModelConfig.build() returns the Flax module the contract's build() "
-                                 "makes, from a seed (nnx.Rngs(seed)); importing the module, and every "
-                                 "other method, uses no JAX",
+    "makes, from a seed (nnx.Rngs(seed)); importing the module, and every "
+    "other method, uses no JAX",
 }
 """Imports of a JAX library inside the contract package's functions, each with why; the list can only
 shrink."""
@@ -68,7 +69,7 @@ def imported(node: ast.Import | ast.ImportFrom, here: str, is_package: bool) -> 
     base = node.module or ""
     if node.level:  # a relative import: from the package that holds this module
         package = here.split(".") if is_package else here.split(".")[:-1]
-        package = package[:len(package) - node.level + 1]
+        package = package[: len(package) - node.level + 1]
         base = ".".join(package + ([base] if base else []))
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
@@ -185,7 +186,8 @@ def test_no_import_circles_but_the_allowed() -> None:
     found = set(circles(edges))
     new = [c for c in found if c not in ALLOWED_CIRCLES]
     assert not new, "import circles between dew modules (break them; see docs/architecture.md):\n" + "\n".join(
-        f"{sorted(c)}: {ties(c, edges)}" for c in new)
+        f"{sorted(c)}: {ties(c, edges)}" for c in new
+    )
     gone = [sorted(c) for c in ALLOWED_CIRCLES if c not in found]
     assert not gone, f"these allowed circles no longer exist: strike them from ALLOWED_CIRCLES: {gone}"
 
@@ -195,8 +197,9 @@ def test_the_arrow_up_exists(source: tuple[str, str]) -> None:
     """An accepted arrow that the code no longer has is struck from the list."""
     known = modules()
     tree = ast.parse(known[source[0]].read_text())
-    names = {t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
-             for t in imported(n, source[0], False)}
+    names = {
+        t for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) for t in imported(n, source[0], False)
+    }
     assert source[1] in names
 
 
@@ -229,7 +232,9 @@ def test_the_contract_package_is_a_leaf() -> None:
     """``dew.contract`` imports nothing from dew outside it (but ``RunConfig.train``'s arrow up) and no
     JAX library (but ``JAX_IN_THE_CONTRACT``), at any level of any of its modules."""
     contract = [m for m in modules() if m == CONTRACT or m.startswith(CONTRACT + ".")]
-    assert {"dew.contract.config", "dew.contract.typed", "dew.contract.registry", "dew.contract.rundir"} <= set(contract)
+    assert {"dew.contract.config", "dew.contract.typed", "dew.contract.registry", "dew.contract.rundir"} <= set(
+        contract
+    )
     known = modules()
     outside, jax_, used = [], [], set()
     for module in contract:
@@ -254,17 +259,19 @@ def test_the_contract_and_every_registry_read_without_jax() -> None:
     """In a fresh interpreter: importing every module of the contract and reading every registry
     (which imports dew's built-in parts) loads no JAX library."""
     contract = sorted(m for m in modules() if m.startswith(CONTRACT + "."))
-    code = "\n".join([
-        "import importlib, sys",
-        *[f"importlib.import_module({m!r})" for m in contract],
-        "import dew.config",
-        "from dew.contract import data, models, objectives, schedules",
-        "names = [sorted(r) for r in (data.datasets, models.architectures, objectives.objectives, schedules.schedules)]",
-        "assert all(names), names",
-        "from dew.config import RunConfig",
-        "RunConfig.from_dict(RunConfig().to_dict())",
-        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {JAX_LIBRARIES!r}))",
-    ])
+    code = "\n".join(
+        [
+            "import importlib, sys",
+            *[f"importlib.import_module({m!r})" for m in contract],
+            "import dew.config",
+            "from dew.contract import data, models, objectives, schedules",
+            "names = [sorted(r) for r in (data.datasets, models.architectures, objectives.objectives, schedules.schedules)]",  # noqa: E501
+            "assert all(names), names",
+            "from dew.config import RunConfig",
+            "RunConfig.from_dict(RunConfig().to_dict())",
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {JAX_LIBRARIES!r}))",
+        ]
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

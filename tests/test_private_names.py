@@ -20,6 +20,7 @@ def library(module: str) -> bool:
     """Whether ``module`` is one of the libraries', not dew's."""
     return module.split(".")[0] in LIBRARIES or any(module == p or module.startswith(p + ".") for p in PLUGINS)
 
+
 ALLOWED = {"dew/compat.py"}
 IN_STRINGS = re.compile(rf"\b(?:import|from)\s+(?:{'|'.join(sorted(LIBRARIES))})(?:\.\w+)*\._\w+")
 """A private module named in code that runs elsewhere (``python -c "import jaxlib._jax"``)."""
@@ -55,11 +56,17 @@ def _imports(tree: ast.AST) -> Iterator[tuple[int, str, str | None]]:
 def _super_calls(tree: ast.AST, names: set[str]) -> Iterator[tuple[int, str]]:
     """``super()._x`` in a class that derives from a library's class: a private method of that library."""
     for cls in ast.walk(tree):
-        if isinstance(cls, ast.ClassDef) and any(isinstance(_root(b), ast.Name) and _root(b).id in names
-                                                 for b in cls.bases):
+        if isinstance(cls, ast.ClassDef) and any(
+            isinstance(_root(b), ast.Name) and _root(b).id in names for b in cls.bases
+        ):
             for node in ast.walk(cls):
-                if (isinstance(node, ast.Attribute) and private(node.attr) and isinstance(node.value, ast.Call)
-                        and isinstance(node.value.func, ast.Name) and node.value.func.id == "super"):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and private(node.attr)
+                    and isinstance(node.value, ast.Call)
+                    and isinstance(node.value.func, ast.Name)
+                    and node.value.func.id == "super"
+                ):
                     yield node.lineno, f"super().{node.attr} in {cls.name}({', '.join(map(ast.unparse, cls.bases))})"
 
 
@@ -76,10 +83,17 @@ def findings(path: Path, root: Path = ROOT) -> list[str]:
             base = _root(node)
             if isinstance(base, ast.Name) and base.id in names:
                 found.append((node.lineno, ast.unparse(node)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr")
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-              and isinstance(node.args[1].value, str) and private(node.args[1].value)
-              and isinstance(_root(node.args[0]), ast.Name) and _root(node.args[0]).id in names):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and private(node.args[1].value)
+            and isinstance(_root(node.args[0]), ast.Name)
+            and _root(node.args[0]).id in names
+        ):
             found.append((node.lineno, ast.unparse(node)))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             found += [(node.lineno, f"{m.group(0)!r} in a string") for m in IN_STRINGS.finditer(node.value)]
@@ -89,19 +103,25 @@ def findings(path: Path, root: Path = ROOT) -> list[str]:
 
 
 def sources() -> list[Path]:
-    return sorted(p for d in ("dew", "hydra_plugins") for p in (ROOT / d).rglob("*.py")
-                  if p.relative_to(ROOT).as_posix() not in ALLOWED)
+    return sorted(
+        p
+        for d in ("dew", "hydra_plugins")
+        for p in (ROOT / d).rglob("*.py")
+        if p.relative_to(ROOT).as_posix() not in ALLOWED
+    )
 
 
 def test_library_internals_only_in_compat():
     found = [f for path in sources() for f in findings(path)]
-    assert not found, ("library internals outside dew/compat.py (move each into a named function there, "
-                       "with the version checked, and a test in tests/test_compat.py):\n  " + "\n  ".join(found))
+    assert not found, (
+        "library internals outside dew/compat.py (move each into a named function there, "
+        "with the version checked, and a test in tests/test_compat.py):\n  " + "\n  ".join(found)
+    )
 
 
 def test_the_check_finds_each_kind(tmp_path: Path):
     """Each way of reaching a private name is found; public names and dew's own private ones are not."""
-    code = '''
+    code = """
 import jax._src.xla_bridge
 import jaxlib._jax as xla
 from hydra._internal.utils import get_args_parser
@@ -126,11 +146,18 @@ class Rule(qwix.PtqProvider):
 
 def fine(x):
     ox.adam(1e-3)._replace(); compat._private; x._anything; jax.__version__; super()._own()
-'''
+"""
     (tmp_path / "m.py").write_text(code)
     found = [f.split(": ", 1)[1] for f in findings(tmp_path / "m.py", tmp_path)]
-    assert found == ["import jax._src.xla_bridge", "import jaxlib._jax", "import hydra._internal.utils.get_args_parser",
-                     "import orbax.checkpoint._src",
-                     "import hydra_plugins.hydra_optuna_sweeper._impl.OptunaSweeperImpl", "JobEnvironment._usr_sig", "getattr(ox, '_private')",
-                     "qwix.QtProvider._init_rule", "'import jaxlib._jax' in a string",
-                     "super()._init_rule in Rule(qwix.PtqProvider)"], found
+    assert found == [
+        "import jax._src.xla_bridge",
+        "import jaxlib._jax",
+        "import hydra._internal.utils.get_args_parser",
+        "import orbax.checkpoint._src",
+        "import hydra_plugins.hydra_optuna_sweeper._impl.OptunaSweeperImpl",
+        "JobEnvironment._usr_sig",
+        "getattr(ox, '_private')",
+        "qwix.QtProvider._init_rule",
+        "'import jaxlib._jax' in a string",
+        "super()._init_rule in Rule(qwix.PtqProvider)",
+    ], found

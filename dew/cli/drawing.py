@@ -22,26 +22,39 @@ from dew.objectives.base import Objective
 from dew.sampling import to_uint8, write_grid
 
 
-def sample_images(r: Restored, *, count: int | None, seed: int, guidance_scale: float | None,
-                  steps: int | None, sampler: str | None) -> tuple[Any, Any]:
+def sample_images(
+    r: Restored, *, count: int | None, seed: int, guidance_scale: float | None, steps: int | None, sampler: str | None
+) -> tuple[Any, Any]:
     """Images (float32 NHWC in [-1, 1]) and labels, ``count`` per class, one class after another."""
     o: Any = r.objective  # an image objective: its sampler and knobs are its own
     per_class = count or o.knobs.samples_per_class
     labels = np.repeat(np.arange(max(o.num_classes, 1)), per_class).astype(np.int32)
-    images = o.sample(r.model, labels, jax.random.PRNGKey(seed), steps=steps,
-                      guidance_scale=guidance_scale, sampler=sampler)
+    images = o.sample(
+        r.model, labels, jax.random.PRNGKey(seed), steps=steps, guidance_scale=guidance_scale, sampler=sampler
+    )
     return np.asarray(images, np.float32), labels
 
 
-def sample_text(r: Restored, *, count: int | None, seed: int, steps: int | None, temperature: float | None,
-                top_k: int | None, prompt: str | None, max_new_tokens: int | None = None) -> tuple[Any, list[str]]:
+def sample_text(
+    r: Restored,
+    *,
+    count: int | None,
+    seed: int,
+    steps: int | None,
+    temperature: float | None,
+    top_k: int | None,
+    prompt: str | None,
+    max_new_tokens: int | None = None,
+) -> tuple[Any, list[str]]:
     """Token ids and their text."""
     o: Any = r.objective  # a text objective: its sampler and knobs are its own
     options: dict[str, Any] = {"temperature": temperature, "top_k": top_k}
     if max_new_tokens is not None:
         if not hasattr(o, "start_ids"):
-            raise SampleError(f"--max-new-tokens: masked diffusion samples whole sequences of seq_len="
-                              f"{o.seq_len} tokens; it takes no length")
+            raise SampleError(
+                f"--max-new-tokens: masked diffusion samples whole sequences of seq_len="
+                f"{o.seq_len} tokens; it takes no length"
+            )
         options["max_new_tokens"] = max_new_tokens
     if hasattr(o.knobs, "sample_steps"):
         options["steps"] = steps
@@ -63,8 +76,10 @@ def check_samples(objective: Objective) -> None:
     """Refuse a run whose objective draws no samples (a plugin's classifier, say), naming it."""
     if not can_sample(objective):
         name = summary_name(objective) or type(objective).__name__
-        raise SampleError(f"the run's objective {name!r} cannot sample: it defines neither sample_grid (images) "
-                          "nor sample_text (text)")
+        raise SampleError(
+            f"the run's objective {name!r} cannot sample: it defines neither sample_grid (images) "
+            "nor sample_text (text)"
+        )
 
 
 def run(args: argparse.Namespace) -> str:
@@ -75,15 +90,23 @@ def run(args: argparse.Namespace) -> str:
     stem = os.path.join(args.run_dir, f"{SAMPLE_PREFIX}-step{r.step}-seed{args.seed}")
     source = f"step {r.step}, {'EMA' if r.ema else 'trained parameters'}, seed {args.seed}"
     if r.damaged:
-        source += f"; damaged step{'s' if len(r.damaged) > 1 else ''} {', '.join(str(s) for s, _ in r.damaged)} passed over"
+        source += (
+            f"; damaged step{'s' if len(r.damaged) > 1 else ''} {', '.join(str(s) for s, _ in r.damaged)} passed over"
+        )
     if hasattr(r.objective, "sample_grid"):
         for name in ("temperature", "top_k", "prompt", "max_new_tokens"):
             if getattr(args, name) is not None:
                 raise SampleError(f"--{name.replace('_', '-')}: the run samples images; it is a text option")
-        images, labels = sample_images(r, count=args.count, seed=args.seed, guidance_scale=args.guidance_scale,
-                                       steps=args.steps, sampler=args.sampler)
+        images, labels = sample_images(
+            r,
+            count=args.count,
+            seed=args.seed,
+            guidance_scale=args.guidance_scale,
+            steps=args.steps,
+            sampler=args.sampler,
+        )
         out = args.out or stem + ".png"
-        write_grid(out, to_uint8(images), rows=max(getattr(r.objective, "num_classes"), 1), scale=4)
+        write_grid(out, to_uint8(images), rows=max(r.objective.num_classes, 1), scale=4)
         if args.npz:
             np.savez(args.npz, images=images, labels=labels)
             print(f"dew-sample: images and labels in {args.npz}", flush=True)
@@ -92,9 +115,16 @@ def run(args: argparse.Namespace) -> str:
     for name in ("guidance_scale", "sampler", "npz"):
         if getattr(args, name) is not None:
             raise SampleError(f"--{name.replace('_', '-')}: the run samples text; it is an image option")
-    ids, texts = sample_text(r, count=args.count, seed=args.seed, steps=args.steps,
-                             temperature=args.temperature, top_k=args.top_k, prompt=args.prompt,
-                             max_new_tokens=args.max_new_tokens)
+    _ids, texts = sample_text(
+        r,
+        count=args.count,
+        seed=args.seed,
+        steps=args.steps,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        prompt=args.prompt,
+        max_new_tokens=args.max_new_tokens,
+    )
     out = args.out or stem + ".txt"
     body = "".join(f"--- sample {i} ---\n{text}\n" for i, text in enumerate(texts))
     with open(out, "w", encoding="utf-8") as f:
@@ -102,4 +132,3 @@ def run(args: argparse.Namespace) -> str:
     print(body, end="")
     print(f"dew-sample: {len(texts)} sequences ({source}) in {out}", flush=True)
     return out
-

@@ -26,18 +26,29 @@ EXIT_BAD_INPUT = 2
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dew-export", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        prog="dew-export",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     p.add_argument("run_dir", help="the run directory (<trainer.checkpoint_dir>/<name>)")
     p.add_argument("--to", required=True, help="the directory to write; it must not exist")
-    p.add_argument("--merge-lora", action="store_true",
-                   help="merge a LoRA run's factors into its base and write a plain dew run (default: "
-                   "write the Hugging Face Llama layout)")
+    p.add_argument(
+        "--merge-lora",
+        action="store_true",
+        help="merge a LoRA run's factors into its base and write a plain dew run (default: "
+        "write the Hugging Face Llama layout)",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="export this saved step (default: the best)")
     which.add_argument("--latest", action="store_true", help="export the latest saved step")
-    p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=None,
-                   help="export the EMA of the parameters (default: when the run kept one)")
+    p.add_argument(
+        "--ema",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="export the EMA of the parameters (default: when the run kept one)",
+    )
     return p.parse_args(argv)
 
 
@@ -57,8 +68,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (restore.SampleError, MergeError, ConfigError, FileNotFoundError) as err:
         print(f"dew-export: error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    print(f"dew-export: {args.run_dir} {'merged into' if args.merge_lora else 'in the Hugging Face layout in'} {out}",
-          flush=True)
+    print(
+        f"dew-export: {args.run_dir} {'merged into' if args.merge_lora else 'in the Hugging Face layout in'} {out}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,10 @@ def check(recipe: Recipe, *, merge_lora: bool) -> None:
             raise merge.MergeError("--merge-lora: the run has no lora: its checkpoint already holds the full model")
         return
     if recipe.model.architecture != hf_llama.ARCHITECTURE:
-        raise merge.MergeError(f"the Hugging Face Llama layout holds a {hf_llama.ARCHITECTURE!r}; the run is a "
-                               f"{recipe.model.architecture!r}")
+        raise merge.MergeError(
+            f"the Hugging Face Llama layout holds a {hf_llama.ARCHITECTURE!r}; the run is a "
+            f"{recipe.model.architecture!r}"
+        )
     try:
         hf_llama.refuse_unmappable(hf_llama.fields_of(recipe), "dew-export")
     except ValueError as err:

@@ -33,7 +33,8 @@ def json_fields(cls: type, prefix: str = "") -> set[str]:
     for name, tp in hints(cls).items():
         path = f"{prefix}{name}"
         if typing.get_origin(tp) is Annotated and any(
-                m is JsonString or isinstance(m, JsonString) for m in typing.get_args(tp)[1:]):
+            m is JsonString or isinstance(m, JsonString) for m in typing.get_args(tp)[1:]
+        ):
             out.add(path)
             continue
         args = [a for a in (typing.get_args(tp) or (tp,)) if a is not type(None)]

@@ -53,8 +53,10 @@ def unknown_key(key: str, root: type) -> str | None:
         fields = [f.name for f in dataclasses.fields(cls) if f.init]
         if part not in fields:
             where = ".".join(parts[:depth])
-            return (f"{'.'.join(parts[:depth + 1])}: unknown field of {where or 'the run'} ({cls.__name__}); "
-                    f"its fields are {', '.join(fields)}")
+            return (
+                f"{'.'.join(parts[: depth + 1])}: unknown field of {where or 'the run'} ({cls.__name__}); "
+                f"its fields are {', '.join(fields)}"
+            )
         tp = hints(cls)[part]
     return None
 
@@ -71,9 +73,11 @@ def check_overrides(overrides: Sequence[str], root: type) -> str | None:
         except HydraException as err:
             key, _, value = text.partition("=")
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            return (f"{key.lstrip('+~')}: cannot parse the value {value!r} ({first}). Quote a value with "
-                    "spaces, braces or brackets for the shell, e.g. model.config='{depth: 4}'; see "
-                    "https://hydra.cc/docs/advanced/override_grammar/basic/")
+            return (
+                f"{key.lstrip('+~')}: cannot parse the value {value!r} ({first}). Quote a value with "
+                "spaces, braces or brackets for the shell, e.g. model.config='{depth: 4}'; see "
+                "https://hydra.cc/docs/advanced/override_grammar/basic/"
+            )
         if override.is_add() or override.is_force_add() or override.is_delete() or override.package:
             continue  # +key and ++key are checked by the strict conversion, ~key by Hydra
         if problem := unknown_key(override.key_or_group, root):
@@ -98,7 +102,7 @@ def nullable_record(key: str, root: type) -> tuple[str, type] | None:
         if typing.get_origin(base) in (Union, types.UnionType) and type(None) in typing.get_args(base):
             inner = _record_type(base)
             if inner is not None:
-                return ".".join(parts[:depth + 1]), inner
+                return ".".join(parts[: depth + 1]), inner
         cls = tp
     return None
 
@@ -127,9 +131,11 @@ def unset_record(key: str, cfg: DictConfig, root: type, conf: str | None = None,
     path, record = found
     if OmegaConf.select(cfg, path, default="<absent>") is not None:
         return None
-    example = f"{key[len(path) + 1:].replace('.', ': {')}: {value}" + "}" * key[len(path) + 1:].count(".")
-    return (f"{key}: {path} is unset in this run (null), so it has no field to set; "
-            f"{how_to_set(path, record, conf, example)}")
+    example = f"{key[len(path) + 1 :].replace('.', ': {')}: {value}" + "}" * key[len(path) + 1 :].count(".")
+    return (
+        f"{key}: {path} is unset in this run (null), so it has no field to set; "
+        f"{how_to_set(path, record, conf, example)}"
+    )
 
 
 def check_unset_records(overrides: Sequence[str], root: type, conf: str) -> str | None:
@@ -146,18 +152,21 @@ def check_unset_records(overrides: Sequence[str], root: type, conf: str) -> str 
     except HydraException:
         return None
     plain = [o for o in parsed if not (o.is_add() or o.is_force_add() or o.is_delete() or o.package)]
-    suspects = [o for o in plain if (found := nullable_record(o.key_or_group, root))
-                and not _chosen(found[0], parsed, conf)]
+    suspects = [
+        o for o in plain if (found := nullable_record(o.key_or_group, root)) and not _chosen(found[0], parsed, conf)
+    ]
     if not suspects:
         return None
     rest = [text for o in parsed if o not in suspects and (text := _one_value(o)) is not None]
     try:
         with initialize_config_dir(config_dir=conf, version_base="1.3"):
             cfg = compose(config_name="config", overrides=rest)
-    except Exception:  # noqa: BLE001 - Hydra reports it itself, in its own words
+    except Exception:
         return None
-    return next((p for o in suspects
-                 if (p := unset_record(o.key_or_group, cfg, root, conf, o.get_value_element_as_str()))), None)
+    return next(
+        (p for o in suspects if (p := unset_record(o.key_or_group, cfg, root, conf, o.get_value_element_as_str()))),
+        None,
+    )
 
 
 def _chosen(path: str, parsed: Sequence[Override], conf: str) -> bool:
@@ -193,7 +202,7 @@ def _one_value(override: Override) -> str | None:
         return override.input_line
     try:
         first = next(iter(override.sweep_string_iterator()))
-    except Exception:  # noqa: BLE001 - an interval or a glob: left out of the composition
+    except Exception:
         return None
     return f"{override.get_key_element()}={first}"
 
@@ -224,8 +233,10 @@ def first_job_to_print(argv: Sequence[str]) -> tuple[list[str], str | None]:
     first: dict[str, str] = {}
     for o in (o for o in parsed if o.is_sweep_override()):
         if (value := _one_value(o)) is None:
-            raise ValueError(f"{o.input_line}: the sweeper samples this value, so no job's config is known "
-                             "before the sweep runs; give it one value to print a config with --cfg")
+            raise ValueError(
+                f"{o.input_line}: the sweeper samples this value, so no job's config is known "
+                "before the sweep runs; give it one value to print a config with --cfg"
+            )
         assert o.input_line is not None  # parse_overrides keeps each override's text
         first[o.input_line] = value
     out = with_overrides([first.get(a, a) for a in rest], ["hydra.mode=MULTIRUN"])

@@ -66,15 +66,18 @@ def load_recipe(run_dir: str) -> Recipe:
     except NoRunRecord as err:
         raise SampleError(str(err)) from None
     except (ConfigError, ValueError, TypeError) as err:
-        raise SampleError(f"cannot read the run record: {err}. Was the run written by a different "
-                          f"dew version? This is dew {dew.__version__}.") from None
+        raise SampleError(
+            f"cannot read the run record: {err}. Was the run written by a different "
+            f"dew version? This is dew {dew.__version__}."
+        ) from None
 
 
 def choose_step(checkpoints: Checkpoints, run_dir: str, *, step: int | None, latest: bool) -> int:
     steps = checkpoints.all_steps()
     if not steps:
-        raise SampleError(f"{run_dir!r} holds no finished checkpoint: the run has not saved one yet, "
-                          "or stopped before its first save")
+        raise SampleError(
+            f"{run_dir!r} holds no finished checkpoint: the run has not saved one yet, or stopped before its first save"
+        )
     if step is not None:
         if step not in steps:
             raise SampleError(f"--step {step}: {run_dir!r} holds steps {', '.join(map(str, sorted(steps)))}")
@@ -96,13 +99,15 @@ def rebuild(recipe: Recipe, record: str) -> tuple[Objective, Dataset]:
         raise SampleError(f"cannot rebuild the run from {record}: {err}") from None
     if resolved.to_dict() != recipe.to_dict():
         diff = differences(recipe.to_dict(), resolved.to_dict())
-        raise SampleError("the data no longer gives the model the run was trained with (recorded -> "
-                          "now):\n  " + "\n  ".join(diff))
+        raise SampleError(
+            "the data no longer gives the model the run was trained with (recorded -> now):\n  " + "\n  ".join(diff)
+        )
     return objective, dataset
 
 
-def read_step(checkpoints: Checkpoints, step: int, abstract_params: nnx.State,
-              ema: bool | None) -> tuple[bool, nnx.State | None]:
+def read_step(
+    checkpoints: Checkpoints, step: int, abstract_params: nnx.State, ema: bool | None
+) -> tuple[bool, nnx.State | None]:
     """(EMA used, parameters) of ``step``: the EMA when asked for (``ema``), else when the step kept
     one. The parameters are None when ``ema`` asks for an EMA the run did not keep."""
     kept = "ema" in checkpoints.saved(step)
@@ -113,26 +118,37 @@ def read_step(checkpoints: Checkpoints, step: int, abstract_params: nnx.State,
     return key == "ema", state[key]
 
 
-def read_params(checkpoints: Checkpoints, run_dir: str, chosen: int, abstract_params: nnx.State, *, ema: bool | None,
-                asked: bool) -> tuple[int, bool, nnx.State | None, list[tuple[int, str]]]:
+def read_params(
+    checkpoints: Checkpoints, run_dir: str, chosen: int, abstract_params: nnx.State, *, ema: bool | None, asked: bool
+) -> tuple[int, bool, nnx.State | None, list[tuple[int, str]]]:
     """``(step, EMA used, parameters, damaged steps passed over)`` (``read_step``) of step ``chosen``
     or, when it is damaged and was not ``asked`` for by number, of the newest intact step before it
     (``Checkpoints.first_intact``)."""
+
     def say(bad: int, problem: str) -> None:
-        print(f"dew-sample: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
-              file=sys.stderr, flush=True)
+        print(
+            f"dew-sample: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
+            file=sys.stderr,
+            flush=True,
+        )
 
     earlier = [] if asked else sorted((s for s in checkpoints.all_steps() if s < chosen), reverse=True)
     try:
         step, (used, params), damaged = checkpoints.first_intact(
-            [chosen, *earlier], lambda s: read_step(checkpoints, s, abstract_params, ema),
-            on_damaged=None if asked else say)
+            [chosen, *earlier],
+            lambda s: read_step(checkpoints, s, abstract_params, ema),
+            on_damaged=None if asked else say,
+        )
     except CheckpointDamagedError as err:
         if asked:
-            raise SampleError(f"--step {chosen}: checkpoint step {chosen} in {checkpoints.step_path(chosen)} is "
-                              f"damaged: {err.damaged[0][1]}") from None
-        raise SampleError(f"no checkpoint in {run_dir!r} can be read: "
-                          + "; ".join(f"step {s}: {problem}" for s, problem in err.damaged)) from None
+            raise SampleError(
+                f"--step {chosen}: checkpoint step {chosen} in {checkpoints.step_path(chosen)} is "
+                f"damaged: {err.damaged[0][1]}"
+            ) from None
+        raise SampleError(
+            f"no checkpoint in {run_dir!r} can be read: "
+            + "; ".join(f"step {s}: {problem}" for s, problem in err.damaged)
+        ) from None
     return step, used, params, damaged
 
 
@@ -147,13 +163,16 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
         # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
         abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
         graphdef, abstract_params, rest = _split(abstract, recipe)
-        chosen, ema_used, params, damaged = read_params(checkpoints, run_dir, chosen, abstract_params, ema=ema,
-                                                        asked=step is not None)
+        chosen, ema_used, params, damaged = read_params(
+            checkpoints, run_dir, chosen, abstract_params, ema=ema, asked=step is not None
+        )
     finally:
         checkpoints.close()
     if params is None:
-        raise SampleError(f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
-                          f"{objective.ema_decay}); sample without --ema")
+        raise SampleError(
+            f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is "
+            f"{objective.ema_decay}); sample without --ema"
+        )
     rest = concrete(recipe, objective, rest)
     _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
@@ -181,4 +200,3 @@ def _split(model: nnx.Module, recipe: Recipe) -> tuple[nnx.GraphDef[nnx.Module],
     """(graph, trained parameters, the rest) of ``model``, as the trainer splits it."""
     graphdef, params, rest = nnx.split(model, adapt.trainable(recipe.lora), ...)  # type: ignore[misc]  # nnx.split's stub returns a variadic tuple
     return graphdef, params, rest
-

@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+
 from dew.cli.console import console_script
 from dew.runs import table
 from dew.runs.compare import diff_text
@@ -40,7 +41,9 @@ def load_runs(directories: Sequence[str], tracking: str | None = None) -> list[R
     for directory in directories:
         root = os.path.normpath(directory)
         for path in find_runs(root):
-            rel = os.path.relpath(os.fspath(path), root) if "://" not in root else os.fspath(path)[len(root):].strip("/")
+            rel = (
+                os.path.relpath(os.fspath(path), root) if "://" not in root else os.fspath(path)[len(root) :].strip("/")
+            )
             name = os.path.basename(root.rstrip("/")) if rel in (".", "") else rel
             runs.append(read_run(path, name, tracking=tracking))
     return runs
@@ -48,20 +51,41 @@ def load_runs(directories: Sequence[str], tracking: str | None = None) -> list[R
 
 def _parser(command: str) -> argparse.ArgumentParser:
     prog = "dew-runs" if command == "list" else f"dew-runs {command}"
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0] if command == "list" else None,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="commands: dew-runs [list] DIR..., dew-runs diff A B, dew-runs plot DIR..., "
-                                       "dew-runs show RUN" if command == "list" else None)
-    p.add_argument("--tracking", help="the tracking directory the journals are in, when not tracking/ beside "
-                                      "the checkpoint directory (default: $DEW_TRACKING_DIR, else found)")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0] if command == "list" else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands: dew-runs [list] DIR..., dew-runs diff A B, dew-runs plot DIR..., dew-runs show RUN"
+        if command == "list"
+        else None,
+    )
+    p.add_argument(
+        "--tracking",
+        help="the tracking directory the journals are in, when not tracking/ beside "
+        "the checkpoint directory (default: $DEW_TRACKING_DIR, else found)",
+    )
     if command == "list":
-        p.add_argument("dirs", nargs="*", default=["checkpoints"], metavar="DIR",
-                       help="run, sweep or checkpoint directories (default: checkpoints)")
-        p.add_argument("--sort", metavar="KEY", help="order by a metric (eval/loss is the best, others the last "
-                                                     "value), a config field or a column (step, wall, status)")
+        p.add_argument(
+            "dirs",
+            nargs="*",
+            default=["checkpoints"],
+            metavar="DIR",
+            help="run, sweep or checkpoint directories (default: checkpoints)",
+        )
+        p.add_argument(
+            "--sort",
+            metavar="KEY",
+            help="order by a metric (eval/loss is the best, others the last "
+            "value), a config field or a column (step, wall, status)",
+        )
         p.add_argument("--reverse", action="store_true", help="largest first")
-        p.add_argument("--where", action="append", default=[], metavar="EXPR",
-                       help="keep runs where KEY OP VALUE holds (OP: < <= > >= = !=); repeatable, all must hold")
+        p.add_argument(
+            "--where",
+            action="append",
+            default=[],
+            metavar="EXPR",
+            help="keep runs where KEY OP VALUE holds (OP: < <= > >= = !=); repeatable, all must hold",
+        )
         p.add_argument("--json", action="store_true", help="a JSON list of the rows, for scripts")
     elif command == "diff":
         p.add_argument("a", metavar="A", help="a run directory")
@@ -73,8 +97,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("-o", "--output", default="runs.png", help="the file to write; .svg for SVG (default: runs.png)")
         p.add_argument("--logx", action="store_true", help="log-scale steps")
         p.add_argument("--logy", action="store_true", help="log-scale metric values")
-        p.add_argument("--smooth", type=float, default=0.0, metavar="W",
-                       help="exponential moving average weight in [0, 1) (0.9 smooths strongly; default 0: raw)")
+        p.add_argument(
+            "--smooth",
+            type=float,
+            default=0.0,
+            metavar="W",
+            help="exponential moving average weight in [0, 1) (0.9 smooths strongly; default 0: raw)",
+        )
         p.add_argument("--where", action="append", default=[], metavar="EXPR", help="as for the list")
     else:
         p.add_argument("run", metavar="RUN", help="a run directory")
@@ -120,8 +149,10 @@ def run(argv: Sequence[str]) -> str:
         raise RunsError(f"-o {args.output!r}: the file must end in .png or .svg")
     if len(args.dirs) == 1 and not args.where and (study := _study(args.dirs[0], args.tracking)) is not None:
         width, height = draw_study(study, args.output)
-        return (f"wrote {args.output} ({width}x{height}): study {study.name}, {len(study.trials)} trials, "
-                "the objective against each searched parameter and the best so far")
+        return (
+            f"wrote {args.output} ({width}x{height}): study {study.name}, {len(study.trials)} trials, "
+            "the objective against each searched parameter and the best so far"
+        )
     runs = load_runs(args.dirs, args.tracking)
     table.fill_fields(runs)
     runs = _select(runs, args.where)
@@ -134,7 +165,8 @@ def run(argv: Sequence[str]) -> str:
         raise RunsError(f"--metric {args.metric}: no run logged it; the journals hold {', '.join(have) or 'nothing'}")
     width, height = draw(data, args.output, logx=args.logx, logy=args.logy)
     return f"wrote {args.output} ({width}x{height}): {len(runs)} runs, {', '.join(metrics)}" + (
-        f"; final values against {', '.join(data.fields)}" if data.fields else "")
+        f"; final values against {', '.join(data.fields)}" if data.fields else ""
+    )
 
 
 def _study(directory: str, tracking: str | None) -> Study | None:

@@ -37,27 +37,41 @@ EXIT_BAD_INPUT = 2
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dew-sample", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dew-sample", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("run_dir", help="the run directory (<trainer.checkpoint_dir>/<name>)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="sample from this saved step (default: the best)")
     which.add_argument("--latest", action="store_true", help="sample from the latest saved step")
-    p.add_argument("--count", type=int, help="images per class, or text sequences (default: the "
-                   "objective's samples_per_class / samples knob)")
+    p.add_argument(
+        "--count",
+        type=int,
+        help="images per class, or text sequences (default: the objective's samples_per_class / samples knob)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of every draw (default 0)")
-    p.add_argument("--ema", action=argparse.BooleanOptionalAction, default=None,
-                   help="sample with the EMA of the parameters (default: when the run kept one)")
+    p.add_argument(
+        "--ema",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sample with the EMA of the parameters (default: when the run kept one)",
+    )
     p.add_argument("--steps", type=int, help="sampler steps (flow matching, masked diffusion)")
     p.add_argument("--guidance-scale", type=float, help="classifier-free guidance weight (images)")
     p.add_argument("--sampler", choices=("euler", "heun"), help="ODE solver (images)")
     p.add_argument("--temperature", type=float, help="logit temperature (text)")
     p.add_argument("--top-k", type=int, help="draw among the k most likely tokens; 0 keeps all (text)")
     p.add_argument("--prompt", help="text the sequences continue (next-token runs)")
-    p.add_argument("--max-new-tokens", type=int, help="tokens drawn after the prompt (next-token runs; default: up "
-                   "to the model's seq_len; beyond it the context is a window that moves on by half its length)")
-    p.add_argument("--out", help="the PNG grid or the text file (default: samples-step<N>-seed<S>.png "
-                   "or .txt in the run directory)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="tokens drawn after the prompt (next-token runs; default: up "
+        "to the model's seq_len; beyond it the context is a window that moves on by half its length)",
+    )
+    p.add_argument(
+        "--out",
+        help="the PNG grid or the text file (default: samples-step<N>-seed<S>.png or .txt in the run directory)",
+    )
     p.add_argument("--npz", help="also write the images and their labels to this .npz (images)")
     args = p.parse_args(argv)
     for name in ("count", "steps", "max_new_tokens"):

@@ -33,13 +33,15 @@ def schema_of(cls: type) -> type:
 def member_schema(cls: type) -> type:
     """The twin of a registered member (``Digits``), a subclass of its base node with its name."""
     base = next(b for b in cls.__mro__[1:] if registry_of(b) is not None)
-    twin = _twin(cls, bases=(schema_of(base),), name_default=getattr(cls, "name"))  # every registered member has its name
+    twin = _twin(cls, bases=(schema_of(base),), name_default=cls.name)  # every registered member has its name
     return twin
 
 
 def _twin(cls: type, bases: tuple[type, ...], name_default: str | None = None) -> type:
     types_ = hints(cls)
-    fields: list[tuple[str, Any, Any]] = []  # (name, type, dataclasses.field(...)): the stubs type a field as its default
+    fields: list[
+        tuple[str, Any, Any]
+    ] = []  # (name, type, dataclasses.field(...)): the stubs type a field as its default
     if name_default is not None:
         fields.append((NAME_KEY, str, dataclasses.field(default=name_default)))
     for f in dataclasses.fields(cls):
@@ -87,7 +89,8 @@ def _optional_record(tp: object) -> bool:
 
 def _is_json(tp: object) -> bool:
     return typing.get_origin(tp) is Annotated and any(
-        isinstance(m, JsonString) or m is JsonString for m in typing.get_args(tp)[1:])
+        isinstance(m, JsonString) or m is JsonString for m in typing.get_args(tp)[1:]
+    )
 
 
 def _default(f: dataclasses.Field[Any]) -> dataclasses.Field[Any]:

@@ -34,10 +34,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-import shutil
 from typing import Any, NoReturn
 
 import optuna
@@ -90,8 +90,11 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         space, fixed = self._search_space(arguments)
         directions = self._get_directions()
         if len(directions) != 1:
-            stop(f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
-                 "give one direction, minimize or maximize", BAD_INPUT)
+            stop(
+                f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
+                "give one direction, minimize or maximize",
+                BAD_INPUT,
+            )
         self._check_space(space, fixed)
         self._record_searched_keys(space)
         if rehearsal(self.config):
@@ -101,11 +104,20 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             self._sweep(space, fixed, directions[0])
 
     def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
-        study = optuna.create_study(study_name=self.study_name or Path(self.sweep_dir).name,
-                                    storage=self.storage or study_url(self.sweep_dir), sampler=self.sampler,
-                                    direction=direction, load_if_exists=True)
-        log.info("study %s in %s: %d trials so far, %d asked for", study.study_name, self.sweep_dir,
-                 len(study.trials), self.n_trials)
+        study = optuna.create_study(
+            study_name=self.study_name or Path(self.sweep_dir).name,
+            storage=self.storage or study_url(self.sweep_dir),
+            sampler=self.sampler,
+            direction=direction,
+            load_if_exists=True,
+        )
+        log.info(
+            "study %s in %s: %d trials so far, %d asked for",
+            study.study_name,
+            self.sweep_dir,
+            len(study.trials),
+            self.n_trials,
+        )
         if study.trials:  # a seeded sampler would draw the first trials' parameters again
             self.sampler.reseed_rng()
         for trials in _consecutive([t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]):
@@ -150,12 +162,24 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 stop(f"hydra.sweeper.params: {problem}", BAD_INPUT)
         lows = {k: d.low for k, d in space.items() if hasattr(d, "low")}  # a choice's values are each a trial's
         if problem := self._composition_problem(_overrides(lows, fixed)):
-            floats = [k for k, d in space.items() if f"{k}=" in problem and isinstance(
-                d, (optuna.distributions.UniformDistribution, optuna.distributions.LogUniformDistribution))]
-            stop(f"hydra.sweeper.params: {problem}" + (
-                f"; {floats[0]} is searched as floats (interval(a, b) samples floats, even between integer "
-                "bounds): an int field needs int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"
-                if floats else ""), BAD_INPUT)
+            floats = [
+                k
+                for k, d in space.items()
+                if f"{k}=" in problem
+                and isinstance(
+                    d, (optuna.distributions.UniformDistribution, optuna.distributions.LogUniformDistribution)
+                )
+            ]
+            stop(
+                f"hydra.sweeper.params: {problem}"
+                + (
+                    f"; {floats[0]} is searched as floats (interval(a, b) samples floats, even between integer "
+                    "bounds): an int field needs int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"
+                    if floats
+                    else ""
+                ),
+                BAD_INPUT,
+            )
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
@@ -178,15 +202,17 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         for group in _consecutive(ready):
             failures += self._launch(study, group, [by_number[t.number] for t in group])
         if failures and len(failures) / len(trials) > self.max_failure_rate:
-            stop(f"{len(failures)} of {len(trials)} trials failed, more than hydra.sweeper.max_failure_rate="
-                 f"{self.max_failure_rate}; the study stops (the first: {failures[0]})")
+            stop(
+                f"{len(failures)} of {len(trials)} trials failed, more than hydra.sweeper.max_failure_rate="
+                f"{self.max_failure_rate}; the study stops (the first: {failures[0]})"
+            )
 
     def _composition_problem(self, overrides: Sequence[str]) -> str | None:
         """Why Hydra cannot compose the job of these overrides (as the launcher will compose it), or
         None: ``optim.schedule.warmup_steps=214.5`` into an int field, say."""
         try:
             self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-        except Exception as err:  # noqa: BLE001 - whatever Hydra raises, the trial cannot run
+        except Exception as err:
             return _one_line(err)
         return None
 
@@ -196,7 +222,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         ``running`` (an interrupt or a refusal, which end the command, do leave them so, to resume)."""
         try:
             returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
-        except Exception as err:  # noqa: BLE001 - any failure to launch a trial is that trial's
+        except Exception as err:
             return [_fail(study, t.number, f"its launch failed: {_one_line(err)}") for t in trials]
         failures = []
         for trial, ret in zip(trials, returns):
@@ -204,7 +230,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 value = float(ret.return_value)  # raises the trial's own error when it failed
                 if not math.isfinite(value):
                     raise ValueError(f"its value is {value}")
-            except Exception as err:  # noqa: BLE001 - any failure of a trial is that trial's
+            except Exception as err:
                 failures.append(_fail(study, trial.number, _one_line(err)))
                 continue
             _tell(study, trial.number, value)
@@ -218,8 +244,10 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             stop(f"no trial of study {study.study_name} completed; dew-runs {self.sweep_dir} says why")
         best = study.best_trial
         log.info("best trial %d: %s = %s", best.number, best.params, best.value)
-        OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
-                       Path(self.sweep_dir) / "optimization_results.yaml")
+        OmegaConf.save(
+            OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
+            Path(self.sweep_dir) / "optimization_results.yaml",
+        )
 
 
 def rehearsal(config: DictConfig) -> bool:

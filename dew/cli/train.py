@@ -27,7 +27,7 @@ from dew.launching.interrupts import install_for_sweep
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "dew-train":
     install_for_sweep(sys.argv[1:])  # a sweep's launching process takes Ctrl-C from its first moment on
 
-import hydra  # noqa: E402 - after the handler: importing Hydra and dew takes a moment a Ctrl-C can land in
+import hydra  # after the handler: importing Hydra and dew takes a moment a Ctrl-C can land in
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -147,7 +147,7 @@ def _hydra_group_listing() -> str:
         groups[group] = {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml")}
     chosen = {f"hydra/{k}": v for entry in HydraConf().defaults if isinstance(entry, dict) for k, v in entry.items()}
     for entry in OmegaConf.load(Path(conf_dir()) / "config.yaml").defaults:
-        for key, value in (entry.items() if isinstance(entry, DictConfig) else ()):
+        for key, value in entry.items() if isinstance(entry, DictConfig) else ():
             if isinstance(key, str) and key.startswith("override hydra/"):
                 chosen[key.removeprefix("override ")] = value
 
@@ -205,8 +205,12 @@ def stop_status(err: BaseException) -> int | None:
     from dew.training.checkpointing.checkpoints import CheckpointDamagedError  # heavy: orbax and JAX
     from dew.training.trainer import NonFiniteError
 
-    statuses = {RunLockedError: EXIT_BUSY, RunDirError: EXIT_REFUSED, NonFiniteError: EXIT_NONFINITE,
-                CheckpointDamagedError: EXIT_NO_INTACT_CHECKPOINT}
+    statuses = {
+        RunLockedError: EXIT_BUSY,
+        RunDirError: EXIT_REFUSED,
+        NonFiniteError: EXIT_NONFINITE,
+        CheckpointDamagedError: EXIT_NO_INTACT_CHECKPOINT,
+    }
     return next((code for cls, code in statuses.items() if isinstance(err, cls)), None)
 
 
@@ -274,8 +278,9 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         if checking():
             return check_single_run(recipe)
         (recipe, objective, dataset, name), setup = set_up(
-            recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree)
-    except Exception as err:  # noqa: BLE001 - a refused run ends with a sentence
+            recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree
+        )
+    except Exception as err:
         refused = refusal(err)
         if refused is None:
             raise
@@ -292,14 +297,21 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         with held:
             if is_main:
                 write_hydra_record(setup.path, cfg)
-            state = train(recipe, objective, dataset, name=name, metrics=builtin_metrics(objective),
-                          summary=objective.summary(), setup=setup)
+            state = train(
+                recipe,
+                objective,
+                dataset,
+                name=name,
+                metrics=builtin_metrics(objective),
+                summary=objective.summary(),
+                setup=setup,
+            )
             write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
     except Preempted as stopped:
         print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
 
         exit_after_stop(stopped.signum)
-    except Exception as err:  # noqa: BLE001 - a run that stops on its own terms ends with a sentence
+    except Exception as err:
         status = stop_status(err)
         if status is None:
             raise  # anything else is a bug: its traceback is the report
@@ -328,8 +340,11 @@ def check_single_run(recipe: Recipe) -> None:
 
         devices = jax.device_count()
     check_run(recipe, path, devices)
-    print(f"dew-train: check: the run passes every check a launch makes; nothing was written (its directory "
-          f"would be {path})", flush=True)
+    print(
+        f"dew-train: check: the run passes every check a launch makes; nothing was written (its directory "
+        f"would be {path})",
+        flush=True,
+    )
 
 
 def reported_value(recipe: Recipe, objective: Objective, name: str) -> float:
@@ -368,8 +383,9 @@ def _gathered(model: nnx.Module) -> nnx.Module:
     from jax.experimental import multihost_utils
 
     graphdef, state = nnx.split(model)
-    state = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True)
-                         if isinstance(x, jax.Array) else x, state)
+    state = jax.tree.map(
+        lambda x: multihost_utils.process_allgather(x, tiled=True) if isinstance(x, jax.Array) else x, state
+    )
     return nnx.merge(graphdef, state)
 
 
@@ -400,16 +416,18 @@ def main() -> None:
     for_printing(sys.argv)  # --hydra-help; -m with --cfg or --info
     register_configs()
 
-
     try:
         args = get_args_parser().parse_known_args()[0]
     except SystemExit:
         args = None  # Hydra reports its own usage errors
     overrides = args.overrides if args else []
 
-    if problem := (search_unavailable(overrides) or check_overrides(overrides, Recipe)
-                   or (args and launcher_without_multirun(args))
-                   or check_unset_records(overrides, Recipe, conf_dir())):
+    if problem := (
+        search_unavailable(overrides)
+        or check_overrides(overrides, Recipe)
+        or (args and launcher_without_multirun(args))
+        or check_unset_records(overrides, Recipe, conf_dir())
+    ):
         fail(problem)
     try:
         hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
@@ -422,8 +440,11 @@ def main() -> None:
         sys.exit(signals.status)  # a sweep's Ctrl-C that came after its jobs ended
     if checking() and args and args.multirun and not (args.cfg or args.info or args.help or args.hydra_help):
         count = checked()
-        print(f"dew-train: check: {count} job{'s' if count != 1 else ''} pass every check a launch makes "
-              f"(for a search: its first trials); nothing was started or written", flush=True)
+        print(
+            f"dew-train: check: {count} job{'s' if count != 1 else ''} pass every check a launch makes "
+            f"(for a search: its first trials); nothing was started or written",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

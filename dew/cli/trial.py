@@ -58,9 +58,11 @@ def check_direction(metric: str, higher_is_better: bool) -> None:
     name = str(getattr(direction, "name", direction)).rsplit(".", 1)[-1]
     wanted = "maximize" if higher_is_better else "minimize"
     if name in ("minimize", "maximize") and name != wanted:
-        raise TrialFailed(f"hydra.sweeper.direction={name}, but this run's selection value, the best {metric}, "
-                          f"is {'higher' if higher_is_better else 'lower'} for better runs: set "
-                          f"hydra.sweeper.direction={wanted}")
+        raise TrialFailed(
+            f"hydra.sweeper.direction={name}, but this run's selection value, the best {metric}, "
+            f"is {'higher' if higher_is_better else 'lower'} for better runs: set "
+            f"hydra.sweeper.direction={wanted}"
+        )
 
 
 def search_unavailable(overrides: list[str]) -> str | None:
@@ -70,8 +72,9 @@ def search_unavailable(overrides: list[str]) -> str | None:
     if not any(o.startswith(("hparams_search=", "hydra/sweeper=optuna")) for o in overrides):
         return None
     try:
-        import hydra_plugins.hydra_optuna_sweeper  # noqa: F401
         import optuna  # noqa: F401
+
+        import hydra_plugins.hydra_optuna_sweeper  # noqa: F401
     except ImportError as err:
         return f"the Optuna sweeper is not installed ({err}): pip install 'dew[search]' (docs/search.md)"
     return None

@@ -20,7 +20,6 @@ LOGICAL_AXES: dict[str, str] = {
     "layers": "the stacked blocks of a scanned stack (dew.models.stack)",
     "modulation": "DiT's adaLN outputs: shift, scale and gate of each sub-layer (6 x embed)",
     "classes": "class labels of a label embedding (num_classes + 1 rows)",
-    "features": "per-example input or output features outside the model width: pixels of a "
-                "patch, timestep frequencies",
+    "features": "per-example input or output features outside the model width: pixels of a patch, timestep frequencies",
 }
 """Logical axis name -> what it names."""

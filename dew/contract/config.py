@@ -39,9 +39,25 @@ if TYPE_CHECKING:
     from dew.training.step import TrainState
 
 __all__ = [
-    "ConfigError", "DataSpec", "HookSpec", "JsonDict", "LoRA", "Layout", "MeshSpec", "ModelConfig", "OptimConfig",
-    "ParamGroup", "ProfileWindow", "Quantization", "Ramp", "RunConfig", "ScheduleSpec", "TrainerConfig",
-    "Wandb", "default_compilation_cache_dir", "json_list_argument",
+    "ConfigError",
+    "DataSpec",
+    "HookSpec",
+    "JsonDict",
+    "Layout",
+    "LoRA",
+    "MeshSpec",
+    "ModelConfig",
+    "OptimConfig",
+    "ParamGroup",
+    "ProfileWindow",
+    "Quantization",
+    "Ramp",
+    "RunConfig",
+    "ScheduleSpec",
+    "TrainerConfig",
+    "Wandb",
+    "default_compilation_cache_dir",
+    "json_list_argument",
 ]
 
 JsonDict = Annotated[dict[str, Any], JsonString]
@@ -92,12 +108,17 @@ class ModelConfig:
             if name in self.config and self.config[name] != value:
                 raise ConfigError(
                     f"model.config.{name}={self.config[name]!r} disagrees with model.{name}={value!r}: "
-                    f"set the precision once, as model.{name} (or give both the same value)")
+                    f"set the precision once, as model.{name} (or give both the same value)"
+                )
 
     def _precision(self) -> dict[str, object]:
         declared = architecture(self.architecture).precision()
-        values = {"dtype": self.dtype, "param_dtype": self.param_dtype,
-                  "matmul_precision": self.matmul_precision, "attention_impl": self.attention_impl}
+        values = {
+            "dtype": self.dtype,
+            "param_dtype": self.param_dtype,
+            "matmul_precision": self.matmul_precision,
+            "attention_impl": self.attention_impl,
+        }
         return {k: v for k, v in values.items() if k in declared and v is not None}
 
     def fields(self) -> Mapping[str, object]:
@@ -184,8 +205,9 @@ class OptimConfig:
         if self.clip_grads < 0:
             raise ValueError(f"optim.clip_grads={self.clip_grads} must be >= 0 (0 disables)")
         if self.state_dtype == "bfloat16" and self.optimizer not in ("adam", "adamw"):
-            raise ValueError(f"optim.state_dtype='bfloat16' is for adam and adamw only, "
-                             f"not optim.optimizer={self.optimizer!r}")
+            raise ValueError(
+                f"optim.state_dtype='bfloat16' is for adam and adamw only, not optim.optimizer={self.optimizer!r}"
+            )
 
 
 # ------------------------------------------------------------------------------------------- trainer
@@ -238,8 +260,9 @@ class MeshSpec:
                 raise ValueError(f"trainer.mesh={sizes}: {known} does not divide {device_count} devices")
             sizes = {k: (device_count // known if v == -1 else v) for k, v in sizes.items()}
         if math.prod(sizes.values()) != device_count:
-            raise ValueError(f"trainer.mesh={sizes} needs {math.prod(sizes.values())} devices, "
-                             f"{device_count} are visible")
+            raise ValueError(
+                f"trainer.mesh={sizes} needs {math.prod(sizes.values())} devices, {device_count} are visible"
+            )
         return sizes
 
 
@@ -248,9 +271,20 @@ def default_rules() -> dict[str, tuple[str, ...]]:
     ``tensor`` (heads, MLP hidden, vocabulary), and their products. The order matters for
     activations: ``batch`` comes first, so the residual stream ``(batch, length, embed)`` splits its
     batch over data and fsdp and keeps ``embed`` whole."""
-    return {"batch": ("data", "fsdp"), "embed": ("fsdp",), "mlp": ("tensor",), "heads": ("tensor",),
-            "kv_heads": ("tensor",), "vocab": ("tensor",), "modulation": ("tensor",), "kv": (),
-            "length": (), "layers": (), "classes": (), "features": ()}
+    return {
+        "batch": ("data", "fsdp"),
+        "embed": ("fsdp",),
+        "mlp": ("tensor",),
+        "heads": ("tensor",),
+        "kv_heads": ("tensor",),
+        "vocab": ("tensor",),
+        "modulation": ("tensor",),
+        "kv": (),
+        "length": (),
+        "layers": (),
+        "classes": (),
+        "features": (),
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,12 +306,14 @@ class Layout:
         mesh_axes = tuple(f.name for f in dataclasses.fields(MeshSpec))
         for name, axes in self.rules.items():
             if name not in LOGICAL_AXES:
-                raise ValueError(f"trainer.layout.rules: unknown logical axis {name!r}; the models "
-                                 f"name {', '.join(LOGICAL_AXES)}")
+                raise ValueError(
+                    f"trainer.layout.rules: unknown logical axis {name!r}; the models name {', '.join(LOGICAL_AXES)}"
+                )
             for axis in axes:
                 if axis not in mesh_axes:
-                    raise ValueError(f"trainer.layout.rules.{name}: unknown mesh axis {axis!r}; "
-                                     f"axes are {', '.join(mesh_axes)}")
+                    raise ValueError(
+                        f"trainer.layout.rules.{name}: unknown mesh axis {axis!r}; axes are {', '.join(mesh_axes)}"
+                    )
             if len(set(axes)) != len(axes):
                 raise ValueError(f"trainer.layout.rules.{name}={list(axes)} names a mesh axis twice")
         if self.min_shard_size < 0:
@@ -478,11 +514,14 @@ class TrainerConfig:
             except re.error as err:
                 raise ValueError(f"trainer.init_skip pattern {pattern!r} is not a regular expression: {err}") from None
         if self.init_skip and self.init_from is None:
-            raise ValueError(f"trainer.init_skip={list(self.init_skip)} needs trainer.init_from: "
-                             "there is nothing to skip when every parameter starts from the seed")
+            raise ValueError(
+                f"trainer.init_skip={list(self.init_skip)} needs trainer.init_from: "
+                "there is nothing to skip when every parameter starts from the seed"
+            )
         if self.steps is not None and self.epochs is not None:
-            raise ValueError(f"trainer.steps={self.steps} and trainer.epochs={self.epochs}: "
-                             "set exactly one (null the other)")
+            raise ValueError(
+                f"trainer.steps={self.steps} and trainer.epochs={self.epochs}: set exactly one (null the other)"
+            )
         for name in ("steps", "epochs"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -493,25 +532,32 @@ class TrainerConfig:
         for name in ("steps", "epochs", "batch_size", "log_every", "accumulation", "eval_every", "checkpoint_every"):
             value = getattr(self, name)
             if isinstance(value, int) and value > STEP_LIMIT:
-                raise ValueError(f"trainer.{name}={value} exceeds {STEP_LIMIT}, the most a run can take "
-                                 "(steps, batches and cadences are 32-bit integers on the device)")
+                raise ValueError(
+                    f"trainer.{name}={value} exceeds {STEP_LIMIT}, the most a run can take "
+                    "(steps, batches and cadences are 32-bit integers on the device)"
+                )
         if not -SEED_LIMIT <= self.seed <= SEED_LIMIT:
-            raise ValueError(f"trainer.seed={self.seed} must lie in [-{SEED_LIMIT}, {SEED_LIMIT}] "
-                             "(JAX keys take 64-bit seeds, and the run draws from seed + 2)")
+            raise ValueError(
+                f"trainer.seed={self.seed} must lie in [-{SEED_LIMIT}, {SEED_LIMIT}] "
+                "(JAX keys take 64-bit seeds, and the run draws from seed + 2)"
+            )
         for name in ("eval_every", "checkpoint_every"):
             value = getattr(self, name)
             if isinstance(value, int) and value <= 0:
-                raise ValueError(f"trainer.{name}={value} must be a positive number of steps, "
-                                 "'epoch' or null")
+                raise ValueError(f"trainer.{name}={value} must be a positive number of steps, 'epoch' or null")
         if self.batch_size % self.accumulation:
-            raise ValueError(f"trainer.batch_size={self.batch_size} does not divide into "
-                             f"trainer.accumulation={self.accumulation} micro-batches")
+            raise ValueError(
+                f"trainer.batch_size={self.batch_size} does not divide into "
+                f"trainer.accumulation={self.accumulation} micro-batches"
+            )
         if self.batch_ramp is not None:
             ramp = self.batch_ramp
             if ramp.start >= self.batch_size or (self.batch_size - ramp.start) % ramp.increment:
-                raise ValueError(f"trainer.batch_ramp: start={ramp.start} must lie below "
-                                 f"trainer.batch_size={self.batch_size} and reach it in whole "
-                                 f"increments of {ramp.increment}")
+                raise ValueError(
+                    f"trainer.batch_ramp: start={ramp.start} must lie below "
+                    f"trainer.batch_size={self.batch_size} and reach it in whole "
+                    f"increments of {ramp.increment}"
+                )
         if self.name is not None:
             _check_run_name(self.name)
 
@@ -524,8 +570,10 @@ class TrainerConfig:
     # stream rules are about.
     def _steps_per_epoch(self, dataset: Dataset, field: str) -> int:
         if dataset.num_records is None:
-            raise ValueError(f"trainer.{field}='epoch' (or trainer.epochs) needs a record count, and "
-                             "this dataset is a stream that reports none: give a number of steps")
+            raise ValueError(
+                f"trainer.{field}='epoch' (or trainer.epochs) needs a record count, and "
+                "this dataset is a stream that reports none: give a number of steps"
+            )
         return records_to_steps(self, dataset.num_records)
 
     def _epoch_cadence(self, dataset: Dataset, field: str) -> int:
@@ -543,8 +591,10 @@ class TrainerConfig:
         if self.epochs is None:
             raise ValueError("the run has no length: set trainer.steps or trainer.epochs")
         if dataset.num_records is None:
-            raise ValueError("trainer.epochs needs a record count, and this dataset is a stream "
-                             "that reports none: set trainer.steps instead")
+            raise ValueError(
+                "trainer.epochs needs a record count, and this dataset is a stream "
+                "that reports none: set trainer.steps instead"
+            )
         return records_to_steps(self, self.epochs * dataset.num_records)
 
     def eval_interval(self, dataset: Dataset) -> int | None:
@@ -556,9 +606,11 @@ class TrainerConfig:
     def checkpoint_interval(self, dataset: Dataset) -> int | None:
         """Return the steps between checkpoints over data, or None for never."""
         if self.checkpoint_every is not None and not getattr(dataset, "resumable", True):
-            raise ValueError(f"trainer.checkpoint_every={self.checkpoint_every!r}: this dataset's "
-                             "iterator cannot report a read position, so a checkpoint could not "
-                             "resume it; train it with trainer.checkpoint_every=null")
+            raise ValueError(
+                f"trainer.checkpoint_every={self.checkpoint_every!r}: this dataset's "
+                "iterator cannot report a read position, so a checkpoint could not "
+                "resume it; train it with trainer.checkpoint_every=null"
+            )
         if self.checkpoint_every == "epoch":
             return self._epoch_cadence(dataset, "checkpoint_every")
         return self.checkpoint_every
@@ -590,8 +642,10 @@ def records_to_steps(trainer: TrainerConfig, records: int) -> int:
 def _check_run_name(name: str) -> None:
     parts = name.replace("\\", "/").split("/")
     if not name or os.path.isabs(name) or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"trainer.name={name!r} must be a relative path inside trainer.checkpoint_dir "
-                         "(no '..', no leading '/', no empty parts)")
+        raise ValueError(
+            f"trainer.name={name!r} must be a relative path inside trainer.checkpoint_dir "
+            "(no '..', no leading '/', no empty parts)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- run
@@ -619,13 +673,17 @@ def _written_by(cls: type, values: object, directory: str) -> str:
         if {f.name for f in dataclasses.fields(sub) if f.init} == set(values):
             module = PUBLIC_MODULE if sub.__module__ == __name__ else sub.__module__
             where = f"{module}.{sub.__qualname__}"
-            return (f"\nThis record was written by {where} (not {cls.__qualname__}); load it as that class: "
-                    f"{where}.load({directory!r})")
+            return (
+                f"\nThis record was written by {where} (not {cls.__qualname__}); load it as that class: "
+                f"{where}.load({directory!r})"
+            )
     return ""
 
 
-NO_RECORD = (f"no {RUN_RECORD}: not a dew run directory (no run record: dew-train writes one before the first "
-             "step), or the record was deleted")
+NO_RECORD = (
+    f"no {RUN_RECORD}: not a dew run directory (no run record: dew-train writes one before the first "
+    "step), or the record was deleted"
+)
 """What a directory without a run record is: the reason ``NoRunRecord`` gives."""
 
 
@@ -674,8 +732,9 @@ class RunRecord:
         try:
             values = json.loads(file.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise RunRecordError(os.fspath(file), f"not a JSON run record ({err}): cut off mid-write, or edited"
-                                 ) from None
+            raise RunRecordError(
+                os.fspath(file), f"not a JSON run record ({err}): cut off mid-write, or edited"
+            ) from None
         if not isinstance(values, dict) or not isinstance(values.get("trainer"), dict):
             raise RunRecordError(os.fspath(file), "not a dew run record (no trainer section)")
         return cls(directory, values)
@@ -694,7 +753,6 @@ def _record_file(directory: str) -> epath.Path:
     from etils import epath
 
     return epath.Path(directory) / RUN_RECORD
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -769,8 +827,15 @@ class RunConfig:
         """Read the config a run in ``directory`` was built from, as this class (``RunRecord``)."""
         return RunRecord.read(directory).typed(cls)
 
-    def train(self, objective: Objective, dataset: Dataset, *, name: str, metrics: Sequence[Metric] = (),
-              summary: Mapping[str, object] | None = None) -> TrainState:
+    def train(
+        self,
+        objective: Objective,
+        dataset: Dataset,
+        *,
+        name: str,
+        metrics: Sequence[Metric] = (),
+        summary: Mapping[str, object] | None = None,
+    ) -> TrainState:
         """Train ``objective`` on ``dataset`` as this run says; every recipe calls this once it has
         built both.
 
@@ -780,6 +845,8 @@ class RunConfig:
         and counts, logged as ``eval/<name>`` to the journal and W&B, and one marked ``best`` chooses
         the best checkpoint instead of ``eval/loss``.
         """
-        from dew.training.trainer import train  # the one arrow up (tests/test_layers.py); heavy: JAX stays out of the contract
+        from dew.training.trainer import (
+            train,
+        )  # the one arrow up (tests/test_layers.py); heavy: JAX stays out of the contract
 
         return train(self, objective, dataset, name=name, metrics=metrics, summary=summary)

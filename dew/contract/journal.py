@@ -160,8 +160,10 @@ def _decode(lines: list[str], where: str) -> tuple[list[tuple[int, dict[str, Any
                 cut.append(number)  # the last line of a killed process
                 continue
             what = "not JSON" if isinstance(record, _Bad) else "not a journal record (an object with an integer step)"
-            raise JournalError(f"{where}: line {number} is {what}; only a killed process's last line may be cut "
-                               "off, and this one is followed by more of the same run")
+            raise JournalError(
+                f"{where}: line {number} is {what}; only a killed process's last line may be cut "
+                "off, and this one is followed by more of the same run"
+            )
         out.append((number, record))
     return out, cut
 
@@ -184,15 +186,24 @@ def parse(lines: list[str], where: str = "journal", *, terminated: bool = True) 
         if kind in ("start", "resume"):
             version = record.get("journal")
             if version is not None and (not isinstance(version, int) or version > JOURNAL_VERSION):
-                raise JournalError(f"{where}: line {number} declares journal version {version!r}; this dew "
-                                   f"reads versions up to {JOURNAL_VERSION}: upgrade dew to read this run")
+                raise JournalError(
+                    f"{where}: line {number} declares journal version {version!r}; this dew "
+                    f"reads versions up to {JOURNAL_VERSION}: upgrade dew to read this run"
+                )
         if kind == "resume":
             step = record["step"]
             records = [r for r in records if r.get("event") in LIFECYCLE or r.get("step", 0) <= step]
         records.append(record)
     events = [r for r in records if "event" in r]
-    return JournalView(records=records, events=events, version=version, partial_tail=len(lines) in cut,
-                       written=[r for _, r in decoded], cut_off=cut, terminated=terminated)
+    return JournalView(
+        records=records,
+        events=events,
+        version=version,
+        partial_tail=len(lines) in cut,
+        written=[r for _, r in decoded],
+        cut_off=cut,
+        terminated=terminated,
+    )
 
 
 def read(path: epath.Path) -> JournalView:

@@ -170,8 +170,10 @@ def not_live(record: dict[str, Any], *, writer: bool) -> str | None:
 
 
 def _busy(local: str, holder: dict[str, Any]) -> RunLockedError:
-    return RunLockedError(f"{local} is in use by {describe(holder)}; a run directory takes one writer at a "
-                          "time. Wait for it to finish or stop it, or name another run with trainer.name=...")
+    return RunLockedError(
+        f"{local} is in use by {describe(holder)}; a run directory takes one writer at a "
+        "time. Wait for it to finish or stop it, or name another run with trainer.name=..."
+    )
 
 
 class _Lease:
@@ -181,9 +183,15 @@ class _Lease:
         self.local = local
         self.path = os.path.join(local, LOCK_FILE)
         self.bound = stale_after()
-        self.record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
-                       "slurm_job_id": os.environ.get("SLURM_JOB_ID"), "lease": uuid.uuid4().hex,
-                       "stale_after": self.bound, "heartbeat": time.time()}
+        self.record = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": time.time(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "lease": uuid.uuid4().hex,
+            "stale_after": self.bound,
+            "heartbeat": time.time(),
+        }
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -293,8 +301,7 @@ class _Lease:
             if self._mine():
                 os.replace(self._staged(released=time.time()), self.path)
         except OSError as err:
-            log.warning("%s: could not release the run lock (it goes stale in %g s): %s",
-                        self.local, self.bound, err)
+            log.warning("%s: could not release the run lock (it goes stale in %g s): %s", self.local, self.bound, err)
 
 
 class RunLock:
@@ -309,8 +316,10 @@ class RunLock:
         """Take the lock, or raise ``RunLockedError`` naming the process that holds it."""
         local = _local(self.directory)
         if local is None:
-            log.warning("%s is not on a local filesystem: the run directory is not locked against a "
-                        "second writer", self.directory)
+            log.warning(
+                "%s is not on a local filesystem: the run directory is not locked against a second writer",
+                self.directory,
+            )
             return self
         os.makedirs(local, exist_ok=True)
         self._take(local, requeued=False)
@@ -328,15 +337,23 @@ class RunLock:
             os.close(fd)
             if err.errno in HELD and not requeued and _own_earlier_run(holder):
                 # NFS can keep a dead node's flock: the requeued job moves that file aside and locks anew
-                log.warning("%s: taking over the run lock of %s: it was held by an earlier run of this SLURM "
-                            "job, now requeued, whose flock outlived it", local, describe(holder))
+                log.warning(
+                    "%s: taking over the run lock of %s: it was held by an earlier run of this SLURM "
+                    "job, now requeued, whose flock outlived it",
+                    local,
+                    describe(holder),
+                )
                 _set_aside(path, f"{path}.{uuid.uuid4().hex}.aside")
                 self._take(local, requeued=True)
                 return
             if err.errno in HELD:
                 raise _busy(local, holder) from None
-            log.info("%s: the filesystem cannot flock (%s): the run lock is a lease renewed every %g s",
-                     local, errno.errorcode.get(err.errno or -1, err.errno), stale_after() / RENEWALS_PER_BOUND)
+            log.info(
+                "%s: the filesystem cannot flock (%s): the run lock is a lease renewed every %g s",
+                local,
+                errno.errorcode.get(err.errno or -1, err.errno),
+                stale_after() / RENEWALS_PER_BOUND,
+            )
             self._lease = _Lease(local)
             self._lease.acquire()
             return

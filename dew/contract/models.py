@@ -43,6 +43,7 @@ class PrecisionFields:
     attention_impl: AttentionImpl = "auto"
     """Attention kernel; see ``ModelConfig.attention_impl``."""
 
+
 QK_LAYER = "attn"
 """The name of the one QK-clip layer description of dew's architectures: both stack their blocks on
 a leading depth axis, so one description covers every layer, and the model's ``(depth, heads)`` max
@@ -128,8 +129,10 @@ class Architecture:
     def qk_clip_layers(self) -> dict[str, QKClipLayer]:
         """Where the attention's query and key projections are, for MuonClip; raise ``ValueError``
         where QK-clip cannot work."""
-        raise ValueError(f"QK-clip (optim.optimizer=muonclip): architecture {self.name!r} describes no "
-                         "attention layers to clip; choose another optimizer")
+        raise ValueError(
+            f"QK-clip (optim.optimizer=muonclip): architecture {self.name!r} describes no "
+            "attention layers to clip; choose another optimizer"
+        )
 
     def call_shapes(self, batch: int, length: int | None = None) -> tuple[Shape, ...]:
         """The positional arguments of one call on ``batch`` examples, as shapes and dtypes; a
@@ -150,7 +153,8 @@ class Architecture:
 
 
 architectures: Registry[type[Architecture]] = Registry(
-    "architecture", builtins=("dew.models.simple_dit", "dew.models.transformer"))
+    "architecture", builtins=("dew.models.simple_dit", "dew.models.transformer")
+)
 """Architecture name -> its class."""
 
 
@@ -169,11 +173,15 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
     unknown = sorted(set(values) - set(declared))
     if "mup" in unknown:
         with_mup = [n for n, a in architectures.items() if "mup" in a.declared()]
-        raise ConfigError(f"model.config.mup: architecture {name!r} has no muP parametrization; muP is "
-                          f"available on {', '.join(with_mup) or 'no registered architecture'}")
+        raise ConfigError(
+            f"model.config.mup: architecture {name!r} has no muP parametrization; muP is "
+            f"available on {', '.join(with_mup) or 'no registered architecture'}"
+        )
     if unknown:
-        raise ConfigError(f"model.config: architecture {name!r} takes no field "
-                          f"{', '.join(map(repr, unknown))}; it takes {', '.join(declared)}")
+        raise ConfigError(
+            f"model.config: architecture {name!r} takes no field "
+            f"{', '.join(map(repr, unknown))}; it takes {', '.join(declared)}"
+        )
     types_ = hints(arch.Fields)
     kwargs = {}
     for key, value in values.items():
@@ -192,8 +200,7 @@ def of(name: str, values: Mapping[str, object]) -> Architecture:
     return architecture(name)(resolve_fields(name, values))
 
 
-def with_data_fields(name: str, values: Mapping[str, object],
-                     from_data: Mapping[str, object]) -> dict[str, object]:
+def with_data_fields(name: str, values: Mapping[str, object], from_data: Mapping[str, object]) -> dict[str, object]:
     """Return ``values`` with the fields that follow from the data filled in from ``from_data``.
 
     ``from_data`` is what the dataset (and the objective) say (``input_size``, ``vocab_size``,
@@ -206,9 +213,11 @@ def with_data_fields(name: str, values: Mapping[str, object],
         if key not in from_data:
             continue
         if key in merged and merged[key] != from_data[key]:
-            raise ConfigError(f"model.config.{key}={merged[key]!r} conflicts with the data's "
-                              f"{key}={from_data[key]!r} (architecture {name!r}); drop the field "
-                              "and it follows the data")
+            raise ConfigError(
+                f"model.config.{key}={merged[key]!r} conflicts with the data's "
+                f"{key}={from_data[key]!r} (architecture {name!r}); drop the field "
+                "and it follows the data"
+            )
         merged[key] = from_data[key]
     return merged
 
@@ -234,5 +243,4 @@ def check_positive(record: object, *names: str) -> None:
 def check_divides(record: object, divisor: str, name: str) -> None:
     """Raise unless field ``divisor`` divides field ``name``."""
     if getattr(record, name) % getattr(record, divisor):
-        raise ValueError(f"{name}={getattr(record, name)} is not a multiple of "
-                         f"{divisor}={getattr(record, divisor)}")
+        raise ValueError(f"{name}={getattr(record, name)} is not a multiple of {divisor}={getattr(record, divisor)}")

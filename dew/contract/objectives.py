@@ -68,8 +68,9 @@ class ObjectiveSpec:
 
 
 objectives: Registry[type[ObjectiveSpec]] = Registry(
-    "objective", builtins=("dew.objectives.flow_matching", "dew.objectives.masked_diffusion",
-                           "dew.objectives.next_token"))
+    "objective",
+    builtins=("dew.objectives.flow_matching", "dew.objectives.masked_diffusion", "dew.objectives.next_token"),
+)
 """Objective name -> its class."""
 
 
@@ -78,8 +79,7 @@ def natural_objective(role: str, data_kind: str) -> str:
     for name, spec in objectives.items():
         if spec.natural and spec.role == role and spec.data_kind == data_kind:
             return name
-    raise ValueError(f"no objective trains a {role} architecture on {data_kind} data; objectives train "
-                     f"{pairs()}")
+    raise ValueError(f"no objective trains a {role} architecture on {data_kind} data; objectives train {pairs()}")
 
 
 def objective_of(knobs: object) -> str:
@@ -95,8 +95,10 @@ def check_objective(name: str, role: str, data_kind: str, architecture: str) -> 
     """Raise if objective ``name`` is unknown or cannot train this architecture on this data."""
     spec = objectives[name]
     if (spec.role, spec.data_kind) != (role, data_kind):
-        raise ValueError(f"objective={name!r} cannot train model.architecture={architecture!r} "
-                         f"(a {role}) on {data_kind} data; it trains a {spec.role} on {spec.data_kind} data")
+        raise ValueError(
+            f"objective={name!r} cannot train model.architecture={architecture!r} "
+            f"(a {role}) on {data_kind} data; it trains a {spec.role} on {spec.data_kind} data"
+        )
 
 
 def pairs() -> str:
@@ -108,8 +110,7 @@ def knob_fields() -> list[tuple[str, type, Any]]:
     return [(name, spec.Knobs, dataclasses.field(default_factory=spec.Knobs)) for name, spec in objectives.items()]
 
 
-def check_sampling(name: str, ema_decay: float, steps: int, temperature: float, top_k: int,
-                   samples: int) -> None:
+def check_sampling(name: str, ema_decay: float, steps: int, temperature: float, top_k: int, samples: int) -> None:
     """The checks the sampling knobs of a token objective share."""
     if not 0.0 <= ema_decay < 1.0:
         raise ValueError(f"{name}.ema_decay={ema_decay} must lie in [0, 1)")

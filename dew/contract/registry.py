@@ -62,8 +62,9 @@ class Registry(Mapping[str, T], Generic[T]):
         def add(cls: T) -> T:
             held = self._entries.get(name)
             if held is not None and held is not cls and _qualname(held) != _qualname(cls):
-                raise ValueError(f"{self.kind} {name!r} is registered twice: by {_qualname(held)} and "
-                                 f"by {_qualname(cls)}")
+                raise ValueError(
+                    f"{self.kind} {name!r} is registered twice: by {_qualname(held)} and by {_qualname(cls)}"
+                )
             cls.name = name  # type: ignore[attr-defined]
             self._entries[name] = cls
             return cls
@@ -125,8 +126,9 @@ def load_plugins() -> list[str]:
             importlib.import_module(point.value.split(":")[0])
         except Exception as err:
             where = f" (from {point.dist.name})" if point.dist is not None else ""
-            raise ImportError(f"dew plugin {point.name!r} = {point.value!r}{where} failed to import: "
-                              f"{type(err).__name__}: {err}") from err
+            raise ImportError(
+                f"dew plugin {point.name!r} = {point.value!r}{where} failed to import: {type(err).__name__}: {err}"
+            ) from err
         _plugin_modules.append(point.value.split(":")[0])
     return list(_plugin_modules)
 

@@ -103,8 +103,9 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as err:
-                raise ConfigError(f"{path}: expected JSON ({_type_name(inner)}), found invalid JSON "
-                                  f"{value!r}: {err.msg}") from None
+                raise ConfigError(
+                    f"{path}: expected JSON ({_type_name(inner)}), found invalid JSON {value!r}: {err.msg}"
+                ) from None
             value = with_defaults(inner, value)
         return from_json(inner, value, path)
     if tp is Any or tp is object:
@@ -176,7 +177,7 @@ def with_defaults(tp: Any, value: object) -> object:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
             return [with_defaults(args[0], v) for v in value]
-        return [with_defaults(a, v) for a, v in zip(args, value)] + value[len(args):]
+        return [with_defaults(a, v) for a, v in zip(args, value)] + value[len(args) :]
     if isinstance(tp, type) and dataclasses.is_dataclass(tp) and registry_of(tp) is None and isinstance(value, Mapping):
         out = dict(value)
         for f in dataclasses.fields(tp):
@@ -197,8 +198,7 @@ def _dataclass_from_json(cls: type, value: object, path: str) -> Any:
         kind = value.get(NAME_KEY)
         where = f"{path}.{NAME_KEY}" if path else NAME_KEY
         if not isinstance(kind, str) or kind not in registry:
-            raise ConfigError(f"{where}: expected one of {', '.join(sorted(registry))}, "
-                              f"found {_describe(kind)}")
+            raise ConfigError(f"{where}: expected one of {', '.join(sorted(registry))}, found {_describe(kind)}")
         cls = registry[kind]
         value = {k: v for k, v in value.items() if k != NAME_KEY}
     field_types = hints(cls)
@@ -206,8 +206,10 @@ def _dataclass_from_json(cls: type, value: object, path: str) -> Any:
     unknown = sorted(set(value) - set(fields))
     if unknown:
         where = ", ".join(f"{path}.{k}" if path else k for k in unknown)
-        raise ConfigError(f"{where}: unknown field{'s' if len(unknown) > 1 else ''} of "
-                          f"{cls.__name__}; its fields are {', '.join(fields)}")
+        raise ConfigError(
+            f"{where}: unknown field{'s' if len(unknown) > 1 else ''} of "
+            f"{cls.__name__}; its fields are {', '.join(fields)}"
+        )
     missing = [k for k in fields if k not in value]
     if missing:
         where = ", ".join(f"{path}.{k}" if path else k for k in missing)
@@ -255,8 +257,7 @@ def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
         for key in sorted(set(old) | set(new), key=str):
             path = f"{prefix}.{key}" if prefix else str(key)
             if key not in old or key not in new:
-                out.append(f"{path}: {'missing' if key not in old else old[key]!r} -> "
-                           f"{'missing' if key not in new else new[key]!r}")
+                out.append(f"{path}: {old.get(key, 'missing')!r} -> {new.get(key, 'missing')!r}")
             else:
                 out.extend(differences(old[key], new[key], path))
         return out

@@ -41,15 +41,15 @@ def _decode(raw: Batch) -> Batch:
     return {"image": image[..., None], "label": raw["label"].astype(np.int32)}
 
 
-def split_digits(eval_fraction: float, labels: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def split_digits(eval_fraction: float, labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices (sorted) of the training and the held-out records, stratified by class."""
     import sklearn.datasets
     import sklearn.model_selection
 
     labels = sklearn.datasets.load_digits().target if labels is None else labels
     train, held_out = sklearn.model_selection.train_test_split(
-        np.arange(len(labels)), test_size=eval_fraction, stratify=labels, random_state=0)
+        np.arange(len(labels)), test_size=eval_fraction, stratify=labels, random_state=0
+    )
     return np.sort(train), np.sort(held_out)
 
 
@@ -111,6 +111,10 @@ def load_digits(spec: Digits, batch_size: int, seed: int) -> RecordDataset:
         return ArrayRecords({"image": images[idx], "label": labels[idx]}, decode=_decode)
 
     return RecordDataset(
-        name=spec.name, train=records(train), held_out=records(held_out),
-        batch_size=batch_size, seed=seed,
-        fields={"input_size": SIDE, "in_channels": 1, "num_classes": NUM_CLASSES})
+        name=spec.name,
+        train=records(train),
+        held_out=records(held_out),
+        batch_size=batch_size,
+        seed=seed,
+        fields={"input_size": SIDE, "in_channels": 1, "num_classes": NUM_CLASSES},
+    )

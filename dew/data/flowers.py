@@ -84,11 +84,14 @@ def download(name: str, directory: str) -> str:
             raise ConnectionError(
                 f"could not download {url} ({e}). Without network, download {ARCHIVE}, {LABELS} "
                 f"and {SETID} from {BASE_URL} elsewhere and put them in {directory} (or in a "
-                "directory named by data.root)") from e
+                "directory named by data.root)"
+            ) from e
         got = md5sum(part)
         if got != CHECKSUMS[name]:
-            raise ValueError(f"{url}: downloaded file has MD5 {got}, expected {CHECKSUMS[name]}: "
-                             "corrupt or truncated download, not kept")
+            raise ValueError(
+                f"{url}: downloaded file has MD5 {got}, expected {CHECKSUMS[name]}: "
+                "corrupt or truncated download, not kept"
+            )
         os.replace(part, path)
     finally:
         if os.path.exists(part):
@@ -105,7 +108,8 @@ def source_files(spec: OxfordFlowers102) -> dict[str, str]:
         if missing:
             raise FileNotFoundError(
                 f"data.root={spec.root!r} lacks {', '.join(missing)}: it must hold {ARCHIVE}, "
-                f"{LABELS} and {SETID} as published at {BASE_URL}")
+                f"{LABELS} and {SETID} as published at {BASE_URL}"
+            )
         return paths
     directory = os.path.join(cache_root(spec), "downloads")
     return {n: download(n, directory) for n in (ARCHIVE, LABELS, SETID)}
@@ -143,10 +147,11 @@ def read_archive(path: str) -> dict[int, bytes]:
             for member in archive:
                 name = member.name
                 normal = posixpath.normpath(name)
-                if name.startswith("/") or normal.startswith("..") or member.issym() or \
-                        member.islnk():
-                    raise ValueError(f"{path}: member {name!r} would leave the target directory "
-                                     "(absolute, '..' or a link): refusing the archive")
+                if name.startswith("/") or normal.startswith("..") or member.issym() or member.islnk():
+                    raise ValueError(
+                        f"{path}: member {name!r} would leave the target directory "
+                        "(absolute, '..' or a link): refusing the archive"
+                    )
                 match = _MEMBER.match(normal)
                 if match and member.isfile():
                     file = archive.extractfile(member)
@@ -165,28 +170,33 @@ def build_cache(files: dict[str, str], resolution: int, directory: str) -> None:
     splits = {split: _mat_field(files[SETID], key) for split, key in SPLIT_KEYS.items()}
     n = len(labels)
     if labels.min(initial=1) < 1 or labels.max(initial=1) > NUM_CLASSES:
-        raise ValueError(f"{files[LABELS]}: labels must lie in [1, {NUM_CLASSES}], got "
-                         f"[{labels.min()}, {labels.max()}]")
+        raise ValueError(
+            f"{files[LABELS]}: labels must lie in [1, {NUM_CLASSES}], got [{labels.min()}, {labels.max()}]"
+        )
     for split, ids in splits.items():
         bad = ids[(ids < 1) | (ids > n)]
         if len(bad):
-            raise ValueError(f"{files[SETID]}: {SPLIT_KEYS[split]} names image {int(bad[0])}, but "
-                             f"{files[LABELS]} labels images 1..{n}")
+            raise ValueError(
+                f"{files[SETID]}: {SPLIT_KEYS[split]} names image {int(bad[0])}, but "
+                f"{files[LABELS]} labels images 1..{n}"
+            )
     jpegs = read_archive(files[ARCHIVE])
     missing = sorted(set(range(1, n + 1)) - set(jpegs))
     if missing:
-        raise ValueError(f"{files[ARCHIVE]}: lacks jpg/image_{missing[0]:05d}.jpg (and "
-                         f"{len(missing) - 1} more) that {files[LABELS]} labels")
+        raise ValueError(
+            f"{files[ARCHIVE]}: lacks jpg/image_{missing[0]:05d}.jpg (and "
+            f"{len(missing) - 1} more) that {files[LABELS]} labels"
+        )
 
     def decode(image_id: int) -> np.ndarray:
         try:
             return center_crop_resize(jpegs[image_id], resolution)
         except (OSError, ValueError, Image.DecompressionBombError) as e:
-            raise ValueError(f"{files[ARCHIVE]}: jpg/image_{image_id:05d}.jpg is not a readable "
-                             f"JPEG ({e})") from e
+            raise ValueError(f"{files[ARCHIVE]}: jpg/image_{image_id:05d}.jpg is not a readable JPEG ({e})") from e
 
-    images = np.lib.format.open_memmap(os.path.join(directory, "images.npy"), mode="w+",
-                                       dtype=np.uint8, shape=(n, resolution, resolution, 3))
+    images = np.lib.format.open_memmap(
+        os.path.join(directory, "images.npy"), mode="w+", dtype=np.uint8, shape=(n, resolution, resolution, 3)
+    )
     # PIL releases the GIL while decoding, so threads decode in parallel.
     with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
         for i, pixels in enumerate(pool.map(decode, range(1, n + 1))):
@@ -202,8 +212,7 @@ def cached_arrays(spec: OxfordFlowers102) -> str:
     """The directory of the decoded arrays for ``spec``, building it if absent."""
     files = source_files(spec)
     # Keyed by the source files' identity and the resolution: other files get another cache.
-    identity = json.dumps([[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns]
-                           for p in files.values()])
+    identity = json.dumps([[os.path.abspath(p), os.path.getsize(p), os.stat(p).st_mtime_ns] for p in files.values()])
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     directory = os.path.join(cache_root(spec), f"v{_CACHE_VERSION}-r{spec.resolution}-{key}")
     if os.path.isdir(directory):
@@ -241,5 +250,7 @@ def load_flowers(spec: OxfordFlowers102, batch_size: int, seed: int) -> RecordDa
         name=spec.name,
         train=ArrayRecords(arrays, _decode, train),
         held_out=ArrayRecords(arrays, _decode, held_out),
-        batch_size=batch_size, seed=seed,
-        fields={"input_size": spec.resolution, "in_channels": 3, "num_classes": NUM_CLASSES})
+        batch_size=batch_size,
+        seed=seed,
+        fields={"input_size": spec.resolution, "in_channels": 3, "num_classes": NUM_CLASSES},
+    )

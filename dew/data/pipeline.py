@@ -67,11 +67,12 @@ def epoch_order(num_records: int, seed: int, epoch: int) -> np.ndarray:
 def shard_bounds(batch_size: int, process_index: int, process_count: int) -> tuple[int, int]:
     """The [start, stop) rows of a global batch that process ``process_index`` reads."""
     if process_count < 1 or not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} must lie in [0, process_count="
-                         f"{process_count})")
+        raise ValueError(f"process_index={process_index} must lie in [0, process_count={process_count})")
     if batch_size < 1 or batch_size % process_count:
-        raise ValueError(f"batch_size={batch_size} does not divide over {process_count} processes "
-                         "(every process reads an equal part of each global batch)")
+        raise ValueError(
+            f"batch_size={batch_size} does not divide over {process_count} processes "
+            "(every process reads an equal part of each global batch)"
+        )
     per_process = batch_size // process_count
     return process_index * per_process, (process_index + 1) * per_process
 
@@ -79,8 +80,9 @@ def shard_bounds(batch_size: int, process_index: int, process_count: int) -> tup
 class ShuffledIterator(grain.DatasetIterator):
     """One process's training stream over ``records`` (see the module docstring)."""
 
-    def __init__(self, records: Records, *, batch_size: int, seed: int, process_index: int,
-                 process_count: int, name: str):
+    def __init__(
+        self, records: Records, *, batch_size: int, seed: int, process_index: int, process_count: int, name: str
+    ):
         super().__init__()
         shard_bounds(batch_size, process_index, process_count)  # fail at creation, not at next()
         self._records = records
@@ -106,7 +108,7 @@ class ShuffledIterator(grain.DatasetIterator):
         while start < stop:
             epoch, offset = divmod(start, n)
             take = min(stop - start, n - offset)
-            parts.append(self._order(epoch)[offset:offset + take])
+            parts.append(self._order(epoch)[offset : offset + take])
             start += take
         return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
@@ -129,28 +131,41 @@ class ShuffledIterator(grain.DatasetIterator):
 
     def get_state(self) -> dict[str, Any]:
         """The read position as a JSON-safe record. It is global (the same on every process)."""
-        return {"version": _STATE_VERSION, "dataset": self._name, "position": self._position,
-                "num_records": self._records.num_records, "seed": self._seed}
+        return {
+            "version": _STATE_VERSION,
+            "dataset": self._name,
+            "position": self._position,
+            "num_records": self._records.num_records,
+            "seed": self._seed,
+        }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Continue from a position ``get_state`` returned, refusing one from other data."""
-        expected = {"version": _STATE_VERSION, "dataset": self._name,
-                    "num_records": self._records.num_records, "seed": self._seed}
+        expected = {
+            "version": _STATE_VERSION,
+            "dataset": self._name,
+            "num_records": self._records.num_records,
+            "seed": self._seed,
+        }
         for key, value in expected.items():
             if key not in state:
-                raise ValueError(f"iterator state {dict(state)} lacks {key!r}; expected a record "
-                                 f"that {self._name}'s get_state wrote")
+                raise ValueError(
+                    f"iterator state {dict(state)} lacks {key!r}; expected a record that {self._name}'s get_state wrote"
+                )
             if state[key] != value:
-                raise ValueError(f"iterator state has {key}={state[key]!r} but this dataset has "
-                                 f"{key}={value!r}: the checkpoint was taken over other data")
+                raise ValueError(
+                    f"iterator state has {key}={state[key]!r} but this dataset has "
+                    f"{key}={value!r}: the checkpoint was taken over other data"
+                )
         position = state.get("position")
         if not isinstance(position, int) or position < 0:
             raise ValueError(f"iterator state position={position!r} must be an int >= 0")
         self._position = position
 
 
-def padded_eval_batches(records: Records, *, batch_size: int, process_index: int,
-                        process_count: int) -> Iterator[Batch]:
+def padded_eval_batches(
+    records: Records, *, batch_size: int, process_index: int, process_count: int
+) -> Iterator[Batch]:
     """One pass over ``records`` in index order, as full global batches of ``batch_size``.
 
     The last global batch is filled by repeating record 0 with ``mask`` 0, so every batch has one
@@ -208,17 +223,23 @@ class RecordDataset:
 
     def iterator(self, process_index: int = 0, process_count: int = 1) -> ShuffledIterator:
         """A fresh training stream at the first record for process ``process_index``."""
-        return ShuffledIterator(self.train, batch_size=self.batch_size, seed=self.seed,
-                                process_index=process_index, process_count=process_count,
-                                name=self.name)
+        return ShuffledIterator(
+            self.train,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            process_index=process_index,
+            process_count=process_count,
+            name=self.name,
+        )
 
     def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
         """One pass over the held-out split in a fixed order, padded with ``mask`` (see
         ``padded_eval_batches``); nothing when the dataset holds none out."""
         if self.held_out is None:
             return iter(())
-        return padded_eval_batches(self.held_out, batch_size=self.batch_size,
-                                   process_index=process_index, process_count=process_count)
+        return padded_eval_batches(
+            self.held_out, batch_size=self.batch_size, process_index=process_index, process_count=process_count
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,8 +36,9 @@ def _documents(paths: Sequence[str], tokenizer: Tokenizer) -> Iterator[np.ndarra
         yield eos
 
 
-def prepare(files: Sequence[str], out: str, *, tokenizer: str = "byte", vocab_size: int = 4096,
-            val: Sequence[str] = ()) -> dict:
+def prepare(
+    files: Sequence[str], out: str, *, tokenizer: str = "byte", vocab_size: int = 4096, val: Sequence[str] = ()
+) -> dict:
     """Tokenize ``files`` (and ``val``) into ``out``; return the sidecar record written."""
     for path in [*files, *val]:
         if not os.path.isfile(path):
@@ -52,8 +53,13 @@ def prepare(files: Sequence[str], out: str, *, tokenizer: str = "byte", vocab_si
     else:
         raise ValueError(f"--tokenizer={tokenizer!r} must be 'byte' or 'bpe'")
     files_written: dict[str, dict[str, object]] = {}
-    record = {"format": "dew-tokens", "version": 1, "vocab_size": tok.vocab_size,
-              "tokenizer": tok.record(), "files": files_written}
+    record = {
+        "format": "dew-tokens",
+        "version": 1,
+        "vocab_size": tok.vocab_size,
+        "tokenizer": tok.record(),
+        "files": files_written,
+    }
     for name, paths in (("train.bin", files), ("val.bin", val)):
         if paths:
             count = write_llmc(os.path.join(out, name), _documents(paths, tok), tok.vocab_size)
@@ -70,15 +76,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="dew-prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="UTF-8 text files to train on (one document each)")
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--tokenizer", choices=("byte", "bpe"), default="byte",
-                        help="byte: UTF-8 bytes (vocabulary 257); bpe: train a byte-level BPE")
-    parser.add_argument("--vocab-size", type=int, default=4096,
-                        help="vocabulary of the trained BPE, ids (default 4096)")
+    parser.add_argument(
+        "--tokenizer",
+        choices=("byte", "bpe"),
+        default="byte",
+        help="byte: UTF-8 bytes (vocabulary 257); bpe: train a byte-level BPE",
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=4096, help="vocabulary of the trained BPE, ids (default 4096)"
+    )
     parser.add_argument("--val", nargs="*", default=[], help="held-out text files -> val.bin")
     args = parser.parse_args(argv)
     try:
-        record = prepare(args.files, args.out, tokenizer=args.tokenizer,
-                         vocab_size=args.vocab_size, val=args.val)
+        record = prepare(args.files, args.out, tokenizer=args.tokenizer, vocab_size=args.vocab_size, val=args.val)
     except (OSError, ValueError) as e:
         parser.exit(1, f"dew-prepare: error: {e}\n")
     counts = ", ".join(f"{k}: {v['tokens']} tokens" for k, v in record["files"].items())

@@ -70,8 +70,10 @@ class OxfordFlowers102(DataSpec):
             if split not in ("train", "val", "test"):
                 raise ValueError(f"data split {split!r} must be one of train, val, test")
         if self.eval_split in self.train_splits:
-            raise ValueError(f"data.eval_split={self.eval_split!r} is also in data.train_splits="
-                             f"{list(self.train_splits)}: the held-out split would be trained on")
+            raise ValueError(
+                f"data.eval_split={self.eval_split!r} is also in data.train_splits="
+                f"{list(self.train_splits)}: the held-out split would be trained on"
+            )
 
     def load(self, batch_size: int, seed: int) -> Dataset:
         from dew.data.flowers import load_flowers  # heavy: grain loads only when the data is loaded

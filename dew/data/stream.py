@@ -57,8 +57,9 @@ def _encode_document(tokenizer: Tokenizer, path: str) -> np.ndarray:
 class StreamIterator(grain.DatasetIterator):
     """One process's part of the packed stream; its state is grain's packing iterator state."""
 
-    def __init__(self, windows: grain.IterDataset, *, name: str, batch_size: int, process_index: int,
-                 process_count: int):
+    def __init__(
+        self, windows: grain.IterDataset, *, name: str, batch_size: int, process_index: int, process_count: int
+    ):
         super().__init__()
         self._name = name  # the dataset's registered name, which its state carries
         shard_bounds(batch_size, process_index, process_count)
@@ -78,13 +79,13 @@ class StreamIterator(grain.DatasetIterator):
         return self.next()
 
     def get_state(self) -> dict[str, Any]:
-        return {"version": _STATE_VERSION, "dataset": self._name,
-                "grain": self._windows.get_state()}
+        return {"version": _STATE_VERSION, "dataset": self._name, "grain": self._windows.get_state()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         if state.get("dataset") != self._name or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"iterator state {dict(state)} was not written by {self._name}'s "
-                             f"iterator (version {_STATE_VERSION})")
+            raise ValueError(
+                f"iterator state {dict(state)} was not written by {self._name}'s iterator (version {_STATE_VERSION})"
+            )
         self._windows.set_state(state["grain"])
 
 
@@ -117,10 +118,14 @@ class StreamDataset:
 
     def _windows(self) -> grain.IterDataset:
         tok, files = self.tokenizer_impl, self.files
-        documents = (grain.MapDataset.source(files).shuffle(seed=self.seed % 2**32).repeat()
-                     .to_iter_dataset(_READ).map(lambda path: {"tokens": _encode_document(tok, path)}))
-        return grain.experimental.ConcatThenSplitIterDataset(
-            documents, length_struct={"tokens": self.spec.seq_len + 1})
+        documents = (
+            grain.MapDataset.source(files)
+            .shuffle(seed=self.seed % 2**32)
+            .repeat()
+            .to_iter_dataset(_READ)
+            .map(lambda path: {"tokens": _encode_document(tok, path)})
+        )
+        return grain.experimental.ConcatThenSplitIterDataset(documents, length_struct={"tokens": self.spec.seq_len + 1})
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {"tokens": ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32))}
@@ -129,8 +134,13 @@ class StreamDataset:
         return {"vocab_size": self.tokenizer_impl.vocab_size, "seq_len": self.spec.seq_len}
 
     def iterator(self, process_index: int = 0, process_count: int = 1) -> StreamIterator:
-        return StreamIterator(self._windows(), name=self.spec.name, batch_size=self.batch_size,
-                              process_index=process_index, process_count=process_count)
+        return StreamIterator(
+            self._windows(),
+            name=self.spec.name,
+            batch_size=self.batch_size,
+            process_index=process_index,
+            process_count=process_count,
+        )
 
     @functools.cached_property
     def _held_out_records(self) -> TokenWindowRecords | None:
@@ -150,8 +160,9 @@ class StreamDataset:
         held_out = self._held_out_records
         if held_out is None:
             return iter(())
-        return padded_eval_batches(held_out, batch_size=self.batch_size,
-                                   process_index=process_index, process_count=process_count)
+        return padded_eval_batches(
+            held_out, batch_size=self.batch_size, process_index=process_index, process_count=process_count
+        )
 
 
 def load_text_stream(spec: TextStream, batch_size: int, seed: int) -> StreamDataset:

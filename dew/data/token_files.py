@@ -33,8 +33,9 @@ SIDECAR = "tokens.json"
 _CHUNK = 1 << 24  # tokens scanned at a time by the vocabulary check (32-64 MB)
 
 
-MAKE_TOKENS = ("make one from text files with: dew-prepare --out data/tiny corpus/*.txt "
-               "(then data.path=data/tiny/train.bin)")
+MAKE_TOKENS = (
+    "make one from text files with: dew-prepare --out data/tiny corpus/*.txt (then data.path=data/tiny/train.bin)"
+)
 """How to make a token file, for the errors that find none."""
 
 
@@ -42,8 +43,7 @@ def expand(pattern: str, field: str, *, how: str | None = None) -> list[str]:
     """The files ``pattern`` names (a path or a glob), sorted; an error naming ``field`` if none,
     ending with ``how`` to make one when given."""
     if not pattern:
-        raise ValueError(f"{field} is empty: give a token file or a glob over shards"
-                         + (f"; {how}" if how else ""))
+        raise ValueError(f"{field} is empty: give a token file or a glob over shards" + (f"; {how}" if how else ""))
     paths = sorted(glob.glob(os.path.expanduser(pattern)))
     paths = [p for p in paths if os.path.isfile(p)]
     if not paths:
@@ -57,8 +57,7 @@ def _llmc_header(path: str) -> np.ndarray | None:
     if len(head) < 4 or int(np.frombuffer(head[:4], "<i4")[0]) != LLMC_MAGIC:
         return None
     if len(head) < LLMC_HEADER_BYTES:
-        raise ValueError(f"{path}: llm.c header truncated ({len(head)} of {LLMC_HEADER_BYTES} "
-                         "bytes)")
+        raise ValueError(f"{path}: llm.c header truncated ({len(head)} of {LLMC_HEADER_BYTES} bytes)")
     return np.frombuffer(head, "<i4")
 
 
@@ -74,21 +73,26 @@ def open_tokens(path: str, fmt: str = "auto", dtype: str = "uint16") -> np.ndarr
         except ValueError as e:
             raise ValueError(f"{path}: not a readable .npy file ({e})") from e
         if array.ndim != 1 or array.dtype.kind not in "ui":
-            raise ValueError(f"{path}: a .npy token file must be a 1-D integer array, got "
-                             f"shape {array.shape} dtype {array.dtype}")
+            raise ValueError(
+                f"{path}: a .npy token file must be a 1-D integer array, got shape {array.shape} dtype {array.dtype}"
+            )
         return array
     header = _llmc_header(path) if fmt in ("auto", "llmc") else None
     if header is not None:
         version, count = int(header[1]), int(header[2])
         if version not in LLMC_VERSIONS:
-            raise ValueError(f"{path}: llm.c header version {version} is not one of "
-                             f"{sorted(LLMC_VERSIONS)} (1: uint16 ids, 2: uint32 ids)")
+            raise ValueError(
+                f"{path}: llm.c header version {version} is not one of "
+                f"{sorted(LLMC_VERSIONS)} (1: uint16 ids, 2: uint32 ids)"
+            )
         item = LLMC_VERSIONS[version]
         expected = LLMC_HEADER_BYTES + count * item.itemsize
         size = os.path.getsize(path)
         if size != expected:
-            raise ValueError(f"{path}: llm.c header says {count} tokens ({expected} bytes with the "
-                             f"header) but the file has {size} bytes: truncated or not a shard")
+            raise ValueError(
+                f"{path}: llm.c header says {count} tokens ({expected} bytes with the "
+                f"header) but the file has {size} bytes: truncated or not a shard"
+            )
         return np.memmap(path, dtype=item, mode="r", offset=LLMC_HEADER_BYTES, shape=(count,))
     if fmt == "llmc":
         with open(path, "rb") as f:
@@ -110,12 +114,14 @@ def check_vocabulary(path: str, tokens: np.ndarray, vocab_size: int) -> None:
     """Raise if an id of ``tokens`` (read from ``path``) lies outside [0, vocab_size), naming the
     first one's token offset. Reads the file once, a chunk at a time."""
     for start in range(0, len(tokens), _CHUNK):
-        chunk = np.asarray(tokens[start:start + _CHUNK])
+        chunk = np.asarray(tokens[start : start + _CHUNK])
         bad = (chunk >= vocab_size) | (chunk < 0) if chunk.dtype.kind == "i" else chunk >= vocab_size
         if bad.any():
             at = int(np.argmax(bad))
-            raise ValueError(f"{path}: token id {int(chunk[at])} at token offset {start + at} lies "
-                             f"outside the vocabulary [0, {vocab_size})")
+            raise ValueError(
+                f"{path}: token id {int(chunk[at])} at token offset {start + at} lies "
+                f"outside the vocabulary [0, {vocab_size})"
+            )
 
 
 def read_sidecar(paths: Sequence[str]) -> dict:
@@ -126,7 +132,8 @@ def read_sidecar(paths: Sequence[str]) -> dict:
         if not os.path.isfile(sidecar):
             raise FileNotFoundError(
                 f"data.vocab_size is unset and {sidecar} does not exist: set data.vocab_size or "
-                "write the sidecar with dew-prepare")
+                "write the sidecar with dew-prepare"
+            )
         with open(sidecar) as f:
             try:
                 record = json.load(f)

@@ -89,14 +89,18 @@ def train_bpe(files: Sequence[str], vocab_size: int, out_file: str) -> BPETokeni
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 256 + 1:
-        raise ValueError(f"--vocab-size={vocab_size} must be >= 257 (the 256 byte symbols and "
-                         f"{EOS}) for a byte-level BPE")
+        raise ValueError(
+            f"--vocab-size={vocab_size} must be >= 257 (the 256 byte symbols and {EOS}) for a byte-level BPE"
+        )
     tok = tokenizers.Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train(list(files), trainer)
     tok.save(out_file)
     return BPETokenizer(out_file, tok)

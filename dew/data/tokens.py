@@ -22,7 +22,6 @@ import numpy as np
 
 from dew.contract.data import Batch
 from dew.data.pipeline import RecordDataset
-
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
 
 if TYPE_CHECKING:
@@ -99,8 +98,10 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
     paths = expand(spec.path, "data.path", how=MAKE_TOKENS)
     val_paths = expand(spec.val_path, "data.val_path") if spec.val_path else []
     if spec.val_path and spec.val_fraction:
-        raise ValueError(f"data.val_path={spec.val_path!r} and data.val_fraction="
-                         f"{spec.val_fraction} both choose the held-out windows: set one")
+        raise ValueError(
+            f"data.val_path={spec.val_path!r} and data.val_fraction="
+            f"{spec.val_fraction} both choose the held-out windows: set one"
+        )
     sidecar = None
     if spec.vocab_size is not None:
         vocab_size = spec.vocab_size
@@ -125,13 +126,22 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
         train = everything
     if train.num_records < 1:
         lengths = {p: len(s) for p, s in zip(paths, shards)}
-        raise ValueError(f"data.path={spec.path!r} holds no training window of data.seq_len="
-                         f"{spec.seq_len} + 1 tokens (tokens per file: {lengths})")
+        raise ValueError(
+            f"data.path={spec.path!r} holds no training window of data.seq_len="
+            f"{spec.seq_len} + 1 tokens (tokens per file: {lengths})"
+        )
     if held_out is not None and held_out.num_records < 1:
-        raise ValueError(f"the held-out split ({spec.val_path or spec.val_fraction}) holds no "
-                         f"window of data.seq_len={spec.seq_len} + 1 tokens")
+        raise ValueError(
+            f"the held-out split ({spec.val_path or spec.val_fraction}) holds no "
+            f"window of data.seq_len={spec.seq_len} + 1 tokens"
+        )
     return TokenDataset(
-        name=spec.name, train=train, held_out=held_out, batch_size=batch_size, seed=seed,
+        name=spec.name,
+        train=train,
+        held_out=held_out,
+        batch_size=batch_size,
+        seed=seed,
         fields={"vocab_size": vocab_size, "seq_len": spec.seq_len},
         tokens_per_record=spec.seq_len,
-        tokenizer=None if sidecar is None else sidecar.get("tokenizer"))
+        tokenizer=None if sidecar is None else sidecar.get("tokenizer"),
+    )

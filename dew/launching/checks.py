@@ -29,7 +29,6 @@ from dew.recipe import Recipe
 from dew.training.preflight import check_checkpoint_dir, check_xla_flags
 from dew.training.run_directory import prepare_run_dir, refuse_if_held, trained_objective
 
-
 CHECK_FLAG = "--check"
 """``dew-train --check ...``: every check a launch makes, for a run, a sweep or a study's first
 trials, and nothing trained, queued or written (docs/launching.md, "Checking before launching")."""
@@ -116,5 +115,7 @@ def launcher_without_multirun(args: argparse.Namespace) -> str | None:
     chosen = [o for o in args.overrides if re.fullmatch(r"\+*hydra/launcher=\S+", o)]
     if not chosen or args.multirun or args.cfg or args.info or args.help or args.hydra_help:
         return None
-    return (f"{chosen[0]} takes effect only on a multirun: without -m Hydra ignores the launcher and trains "
-            f"in this process; run: dew-train -m {' '.join(args.overrides)}")
+    return (
+        f"{chosen[0]} takes effect only on a multirun: without -m Hydra ignores the launcher and trains "
+        f"in this process; run: dew-train -m {' '.join(args.overrides)}"
+    )

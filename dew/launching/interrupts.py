@@ -94,8 +94,10 @@ class LaunchInterrupts:
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         if self.received is not None:
             if self.phase == RUNNING:
-                _say(f"{name} again: ignored; a save is in progress: every job is writing its checkpoint "
-                     "and stops once it is complete (kill -9 stops them at once, without it)")
+                _say(
+                    f"{name} again: ignored; a save is in progress: every job is writing its checkpoint "
+                    "and stops once it is complete (kill -9 stops them at once, without it)"
+                )
             else:
                 _say(f"{name} again: ignored; the command is already stopping")
             return

@@ -61,8 +61,9 @@ def hydra_config(cfg: DictConfig) -> Iterator[None]:
         instance.cfg = previous
 
 
-def compose_jobs(config: DictConfig, hydra_context: HydraContext, job_overrides: Sequence[Sequence[str]],
-                 initial_job_idx: int) -> list[SweepJob]:
+def compose_jobs(
+    config: DictConfig, hydra_context: HydraContext, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> list[SweepJob]:
     """Every job's config and run directory, composed as each job will compose its own."""
     from hydra.errors import HydraException
 
@@ -71,8 +72,16 @@ def compose_jobs(config: DictConfig, hydra_context: HydraContext, job_overrides:
         try:
             sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
         except HydraException as err:  # the job fails as it would in its own process: one line
-            jobs.append(SweepJob(initial_job_idx + offset, list(overrides), config, str(config.hydra.sweep.dir),
-                                 config, problem=_first_lines(err)))
+            jobs.append(
+                SweepJob(
+                    initial_job_idx + offset,
+                    list(overrides),
+                    config,
+                    str(config.hydra.sweep.dir),
+                    config,
+                    problem=_first_lines(err),
+                )
+            )
             continue
         with open_dict(sweep_config.hydra.job):
             sweep_config.hydra.job.num = initial_job_idx + offset

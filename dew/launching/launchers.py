@@ -59,8 +59,11 @@ class CheckedLaunch:
                 for line in [*lines, *([problem] if problem else [])]:
                     print(f"dew-train: error: {line}", file=sys.stderr)
                 if lines:
-                    print(f"dew-train: nothing was started: {len(lines)} of {len(jobs)} jobs would fail",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"dew-train: nothing was started: {len(lines)} of {len(jobs)} jobs would fail",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 _leave_no_trace(sweep_dir)
                 sys.exit(EXIT_BAD_INPUT)
             if checking():  # dew-train --check: checked, and nothing started
@@ -134,9 +137,12 @@ class SubmititLaunch(CheckedLaunch):
         try:
             return self.start_and_wait(job_overrides, initial_job_idx)
         except KeyboardInterrupt:
-            print(f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
-                  "logs); scancel stops them, and the same command resumes what they did not finish",
-                  file=sys.stderr, flush=True)
+            print(
+                f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
+                "logs); scancel stops them, and the same command resumes what they did not finish",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(130)
         except UncompletedJobError:
             if not ended_on_a_signal(jobs):
@@ -160,24 +166,33 @@ def end_of_stopped(jobs: Sequence[SweepJob], *, interrupted: bool, status: int |
     interrupt, per job that ended too) and exit with a stopped run's status (``status``, where the
     launching process knows it); False, printing nothing, when no job stopped so."""
     stops = {job.num: stop_record(job) for job in jobs}
-    if not interrupted and not any(r and r.get("event") == "stop" and r.get("reason") in ("preempted", "interrupted")
-                                   for r in stops.values()):
+    if not interrupted and not any(
+        r and r.get("event") == "stop" and r.get("reason") in ("preempted", "interrupted") for r in stops.values()
+    ):
         return False
     command = shlex.join(["dew-train", *sys.argv[1:]])
     for job in jobs:
         record = stops[job.num]
         if record and record.get("event") == "stop":
             step = record["step"]
-            print(f"dew-train: {job.describe()}: stopped at step {step}, checkpoint "
-                  f"{os.path.join(job.run_dir, str(step))}; resume with: {command}", file=sys.stderr)
+            print(
+                f"dew-train: {job.describe()}: stopped at step {step}, checkpoint "
+                f"{os.path.join(job.run_dir, str(step))}; resume with: {command}",
+                file=sys.stderr,
+            )
         elif holder(job.run_dir) is not None:
             print(f"dew-train: {job.describe()}: still running in {job.run_dir}", file=sys.stderr)
         elif not (record and record.get("event") == "end"):
-            print(f"dew-train: {job.describe()}: stopped before its first checkpoint; resume with: {command}",
-                  file=sys.stderr)
+            print(
+                f"dew-train: {job.describe()}: stopped before its first checkpoint; resume with: {command}",
+                file=sys.stderr,
+            )
         elif interrupted:
-            print(f"dew-train: {job.describe()}: ended at step {record['step']} before the interrupt reached it, "
-                  f"in {job.run_dir}", file=sys.stderr)
+            print(
+                f"dew-train: {job.describe()}: ended at step {record['step']} before the interrupt reached it, "
+                f"in {job.run_dir}",
+                file=sys.stderr,
+            )
     sys.stderr.flush()
     reasons = {r.get("reason") for r in stops.values() if r}
     sys.exit(status or (130 if interrupted or "interrupted" in reasons else 143))

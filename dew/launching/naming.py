@@ -46,8 +46,10 @@ def sweep_name(name: str | None, checkpoint_dir: str, overrides: Iterable[object
     for depth in range(1, len(parts) + 1):  # a name like a/b puts the sweep inside run a
         inside = os.path.join(checkpoint_dir, *parts[:depth])
         if os.path.exists(os.path.join(inside, "run.json")):
-            raise ValueError(f"trainer.name={name!r}: the sweep's directory {candidate!r} would lie inside the run "
-                             f"{inside}; a sweep never writes into a run directory: name it elsewhere")
+            raise ValueError(
+                f"trainer.name={name!r}: the sweep's directory {candidate!r} would lie inside the run "
+                f"{inside}; a sweep never writes into a run directory: name it elsewhere"
+            )
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
@@ -75,12 +77,15 @@ def job_dirname(num: int | str, overrides: Iterable[object]) -> str:
     known = os.environ.get(SWEEP_ENV)
     swept = set(json.loads(known)["swept"]) if known else None
     parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
-    pairs = sorted((o.key_or_group, o.get_value_element_as_str()) for o in parsed
-                   if (o.key_or_group in swept if swept is not None else o.key_or_group not in FIXED_KEYS))
+    pairs = sorted(
+        (o.key_or_group, o.get_value_element_as_str())
+        for o in parsed
+        if (o.key_or_group in swept if swept is not None else o.key_or_group not in FIXED_KEYS)
+    )
     text = ",".join(f"{k}={v}" for k, v in pairs)
     safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
     if len(safe) > JOB_NAME_MAX:  # keep the start readable; the hash keeps two long names apart
-        safe = f"{safe[:JOB_NAME_MAX - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+        safe = f"{safe[: JOB_NAME_MAX - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
     return f"{num}-{safe}" if safe else str(num)
 
 

@@ -32,8 +32,12 @@ def _submitit_local_tasks() -> int:
 
 def _cluster_configured() -> bool:
     env = os.environ
-    return ("JAX_COORDINATOR_ADDRESS" in env or slurm.step_tasks(env) > 1
-            or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1 or _submitit_local_tasks() > 1)
+    return (
+        "JAX_COORDINATOR_ADDRESS" in env
+        or slurm.step_tasks(env) > 1
+        or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+        or _submitit_local_tasks() > 1
+    )
 
 
 def _pool_arguments() -> dict[str, Any]:
@@ -80,9 +84,11 @@ def join_process_pool(multi_host: bool | None) -> None:
         return
     if outside := slurm.outside_step(os.environ):  # a batch script or an salloc shell, not srun
         if multi_host:
-            raise ValueError(f"trainer.multi_host=true: {outside}; JAX finds the other processes only inside "
-                             "`srun`: run `srun dew-train ...` in the allocation, or submit with "
-                             "`dew-train -m hydra/launcher=slurm ...`")
+            raise ValueError(
+                f"trainer.multi_host=true: {outside}; JAX finds the other processes only inside "
+                "`srun`: run `srun dew-train ...` in the allocation, or submit with "
+                "`dew-train -m hydra/launcher=slurm ...`"
+            )
         log.info("%s: training alone in this process (srun dew-train ... trains on all of them)", outside)
         return
     if multi_host is None and not _cluster_configured():
@@ -90,11 +96,16 @@ def join_process_pool(multi_host: bool | None) -> None:
     args = _pool_arguments()
     try:
         jax.distributed.initialize(**args)
-    except Exception as err:  # noqa: BLE001 - re-raised with the setting that asked for it
+    except Exception as err:
         raise RuntimeError(f"trainer.multi_host={multi_host}: could not join the JAX process pool: {err}") from err
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # the CPUs srun gave
-    log.info("joined the JAX process pool: process %d of %d (local devices %s, %d CPUs)", jax.process_index(),
-             jax.process_count(), args.get("local_device_ids", "JAX's choice"), cpus)
+    log.info(
+        "joined the JAX process pool: process %d of %d (local devices %s, %d CPUs)",
+        jax.process_index(),
+        jax.process_count(),
+        args.get("local_device_ids", "JAX's choice"),
+        cpus,
+    )
 
 
 def from_process_zero(key: str, value: Any, *, timeout_s: float = 3600) -> Any:
@@ -107,6 +118,7 @@ def from_process_zero(key: str, value: Any, *, timeout_s: float = 3600) -> Any:
     downloading the data) but never a hang: a process 0 that dies stops the others through JAX's
     heartbeat."""
     import jax
+
     client = compat.jax_distributed_client()
     if client is None or jax.process_count() == 1:
         return value

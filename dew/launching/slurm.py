@@ -74,9 +74,11 @@ def local_device_ids(env: Mapping[str, str]) -> list[int] | None:
     if len(visible) < on_node or on_node == 0:  # bound: these GPUs are this task's alone
         return list(range(len(visible)))
     if len(visible) % tasks:
-        raise ValueError(f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} shows {len(visible)} GPUs to each "
-                         f"of the {tasks} tasks on node {node}, which cannot share them evenly: ask for a "
-                         "multiple of the tasks per node (hydra.launcher.gpus_per_node=N with tasks_per_node=N, "
-                         "or tasks_per_node=1), or one GPU per task (--gpus-per-task=1)")
+        raise ValueError(
+            f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} shows {len(visible)} GPUs to each "
+            f"of the {tasks} tasks on node {node}, which cannot share them evenly: ask for a "
+            "multiple of the tasks per node (hydra.launcher.gpus_per_node=N with tasks_per_node=N, "
+            "or tasks_per_node=1), or one GPU per task (--gpus-per-task=1)"
+        )
     share = len(visible) // tasks
     return list(range(local * share, (local + 1) * share))

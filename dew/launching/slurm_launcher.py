@@ -87,8 +87,10 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
         missing = [c for c in ("sbatch", "srun") if shutil.which(c) is None]
         if not missing:
             return None
-        return (f"hydra/launcher=slurm: {' and '.join(missing)} not found on PATH: this machine is not a SLURM "
-                "login node. Submit from one, or see the batch script with hydra.launcher.dry_run=true")
+        return (
+            f"hydra/launcher=slurm: {' and '.join(missing)} not found on PATH: this machine is not a SLURM "
+            "login node. Submit from one, or see the batch script with hydra.launcher.dry_run=true"
+        )
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         if self.dry_run:  # checked as a submission is, and then only printed
@@ -104,8 +106,10 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
         print(batch_script(self.params, folder, compat.submitit_slurm_command(folder), count))
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             print(f"# job {idx}: {' '.join(overrides)}")
-        print(f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "
-              f"{self.config.hydra.sweep.dir}")
+        print(
+            f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "
+            f"{self.config.hydra.sweep.dir}"
+        )
         return []
 
     def requested_devices(self) -> int | None:

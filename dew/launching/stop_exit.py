@@ -31,12 +31,13 @@ def exit_after_stop(signum: int | None) -> NoReturn:
 
     signum = signum or signal.SIGTERM
     handler = signal.getsignal(signum)
-    if os.environ.get("SUBMITIT_EXECUTOR"):
-        if signum == compat.submitit_requeue_signal() and callable(handler) and compat.submitit_requeue_handler(handler):
-            try:
-                handler(signum, None)
-            finally:
-                barrier("dew/requeued")
+    if os.environ.get("SUBMITIT_EXECUTOR") and (
+        signum == compat.submitit_requeue_signal() and callable(handler) and compat.submitit_requeue_handler(handler)
+    ):
+        try:
+            handler(signum, None)
+        finally:
+            barrier("dew/requeued")
     _exit(128 + signum)
 
 
@@ -52,12 +53,15 @@ def _exit(status: int) -> NoReturn:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    alone = (not os.environ.get("SUBMITIT_EXECUTOR") and compat.jax_distributed_client() is None
-             and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN)
+    alone = (
+        not os.environ.get("SUBMITIT_EXECUTOR")
+        and compat.jax_distributed_client() is None
+        and HydraConfig.initialized()
+        and HydraConfig.get().mode == RunMode.RUN
+    )
     if not alone:
         sys.exit(status)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
-

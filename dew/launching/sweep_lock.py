@@ -42,13 +42,17 @@ def refuse_live_jobs(sweep_dir: str, jobs: Sequence[SweepJob]) -> None:
     """Raise ``RunLockedError`` if the sweep is being launched by another live process, or one of
     its jobs' run directories is in use."""
     if (who := holder(os.path.join(sweep_dir, SWEEP_LOCK_DIR))) is not None:
-        raise RunLockedError(f"the sweep {sweep_dir} is being run by {describe(who)}: its jobs are alive, and "
-                             "the same command run again would start them twice. Wait for it to end (it "
-                             "resumes what it did not finish when run again) or stop it")
+        raise RunLockedError(
+            f"the sweep {sweep_dir} is being run by {describe(who)}: its jobs are alive, and "
+            "the same command run again would start them twice. Wait for it to end (it "
+            "resumes what it did not finish when run again) or stop it"
+        )
     for job in jobs:
         if (who := holder(job.run_dir)) is not None:
-            raise RunLockedError(f"{job.describe()} is running: {job.run_dir} is in use by {describe(who)}; "
-                                 "the same command run again would start it twice. Wait for it to end or stop it")
+            raise RunLockedError(
+                f"{job.describe()} is running: {job.run_dir} is in use by {describe(who)}; "
+                "the same command run again would start it twice. Wait for it to end or stop it"
+            )
 
 
 def wait_until_released(jobs: Sequence[SweepJob], every_s: float = 0.5) -> None:

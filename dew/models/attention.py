@@ -34,8 +34,8 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.typing import DTypeLike
 from jax.ad_checkpoint import checkpoint_name
+from jax.typing import DTypeLike
 
 from dew.models.axes import constrain, param
 from dew.models.kv_cache import attend_cached, write
@@ -71,8 +71,10 @@ def choose_implementation(impl: str, dtype: DTypeLike, head_dim: int) -> Literal
     obstacles = cudnn_obstacles(dtype, head_dim)
     if impl == "cudnn":
         if obstacles:
-            raise ValueError(f"attention_impl='cudnn' cannot run: {'; '.join(obstacles)}. "
-                             "Use attention_impl='auto' (cudnn where it can run, xla elsewhere) or 'xla'.")
+            raise ValueError(
+                f"attention_impl='cudnn' cannot run: {'; '.join(obstacles)}. "
+                "Use attention_impl='auto' (cudnn where it can run, xla elsewhere) or 'xla'."
+            )
         return "cudnn"
     if impl != "auto":
         raise ValueError(f"attention_impl={impl!r}; known: auto, cudnn, xla")
@@ -87,8 +89,15 @@ def choose_implementation(impl: str, dtype: DTypeLike, head_dim: int) -> Literal
 # ------------------------------------------------------------------------------------------- the math
 
 
-def max_logits(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, *, scale: float, causal: bool = False,
-               kv_lengths: jax.Array | None = None, matmul_precision: str = "default") -> jax.Array:
+def max_logits(
+    q_BxTxNxH: jax.Array,
+    k_BxSxKxH: jax.Array,
+    *,
+    scale: float,
+    causal: bool = False,
+    kv_lengths: jax.Array | None = None,
+    matmul_precision: str = "default",
+) -> jax.Array:
     """The largest pre-softmax logit of each query head over the batch and the unmasked pairs.
 
     Float32 of shape ``(N,)``, outside the gradient.
@@ -97,9 +106,16 @@ def max_logits(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, *, scale: float, caus
     B, T, N, H = q.shape
     S, K = k.shape[1], k.shape[2]
     q_BxTxKxGxH = q.reshape(B, T, K, N // K, H)
-    logits_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxKxGxH, k,
-                                  preferred_element_type=jnp.float32,
-                                  precision=LAX_PRECISION[matmul_precision]) * scale
+    logits_BxKxGxTxS = (
+        jnp.einsum(
+            "btkgh,bskh->bkgts",
+            q_BxTxKxGxH,
+            k,
+            preferred_element_type=jnp.float32,
+            precision=LAX_PRECISION[matmul_precision],
+        )
+        * scale
+    )
     allowed_BxTxS = jnp.ones((B, T, S), bool)
     if causal:
         allowed_BxTxS &= jnp.tril(jnp.ones((T, S), bool))[None]
@@ -109,9 +125,17 @@ def max_logits(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, *, scale: float, caus
     return logits_BxKxGxTxS.max(axis=(0, 3, 4)).reshape(N)
 
 
-def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, *, scale: float,
-           causal: bool = False, kv_lengths: jax.Array | None = None, impl: str = "auto",
-           matmul_precision: str = "default") -> jax.Array:
+def attend(
+    q_BxTxNxH: jax.Array,
+    k_BxSxKxH: jax.Array,
+    v_BxSxKxH: jax.Array,
+    *,
+    scale: float,
+    causal: bool = False,
+    kv_lengths: jax.Array | None = None,
+    impl: str = "auto",
+    matmul_precision: str = "default",
+) -> jax.Array:
     """``softmax(scale · QKᵀ + mask) V`` per head with the kernel ``impl`` resolves to.
 
     ``kv_lengths`` (int32, ``(B,)``) marks each sequence's valid keys ``[0, length)`` (right padding).
@@ -119,10 +143,18 @@ def attend(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, *, 
     implementation = choose_implementation(impl, q_BxTxNxH.dtype, q_BxTxNxH.shape[-1])
     with jax.default_matmul_precision(matmul_precision):
         # "context" is what remat="minimal_with_context" keeps for the backward pass (dew.models.stack).
-        return checkpoint_name(jax.nn.dot_product_attention(
-            q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, scale=scale, is_causal=causal,
-            key_value_seq_lengths=None if kv_lengths is None else kv_lengths.astype(jnp.int32),
-            implementation=implementation), "context")
+        return checkpoint_name(
+            jax.nn.dot_product_attention(
+                q_BxTxNxH,
+                k_BxSxKxH,
+                v_BxSxKxH,
+                scale=scale,
+                is_causal=causal,
+                key_value_seq_lengths=None if kv_lengths is None else kv_lengths.astype(jnp.int32),
+                implementation=implementation,
+            ),
+            "context",
+        )
 
 
 def rope_tables(positions_T: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -146,11 +178,23 @@ def apply_rope(x_BxTxNxH: jax.Array, sin_cos: tuple[jax.Array, jax.Array]) -> ja
 class Attention(nnx.Module):
     """Multi-head (or grouped-query) self-attention with optional QK-norm and rotary embeddings."""
 
-    def __init__(self, hidden_size: int, num_heads: int, *, precision: Precision, rngs: nnx.Rngs,
-                 num_kv_heads: int | None = None, head_dim: int | None = None, use_bias: bool = True,
-                 qk_norm: bool = False, norm_eps: float = 1e-6, scale: float | None = None,
-                 impl: str = "auto", kernel_init: nnx.Initializer = nnx.initializers.xavier_uniform(),
-                 out_init: nnx.Initializer | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        *,
+        precision: Precision,
+        rngs: nnx.Rngs,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        use_bias: bool = True,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        scale: float | None = None,
+        impl: str = "auto",
+        kernel_init: nnx.Initializer = nnx.initializers.xavier_uniform(),  # noqa: B008 - a pure function, shared safely
+        out_init: nnx.Initializer | None = None,
+    ) -> None:
         num_kv_heads = num_kv_heads or num_heads
         head_dim = head_dim or hidden_size // num_heads
         if num_heads % num_kv_heads:
@@ -161,30 +205,53 @@ class Attention(nnx.Module):
         kw = dict(use_bias=use_bias, rngs=rngs, **precision.linear_kwargs)
         # Megatron's split: q, k, v by heads (column parallel), o by heads (row parallel).
         zeros = nnx.initializers.zeros_init()
-        self.q = nnx.LinearGeneral(hidden_size, (num_heads, head_dim), **kw,
-                                   kernel_init=param(kernel_init, "embed", "heads", "kv"),
-                                   bias_init=param(zeros, "heads", "kv"))
-        self.k = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), **kw,
-                                   kernel_init=param(kernel_init, "embed", "kv_heads", "kv"),
-                                   bias_init=param(zeros, "kv_heads", "kv"))
-        self.v = nnx.LinearGeneral(hidden_size, (num_kv_heads, head_dim), **kw,
-                                   kernel_init=param(kernel_init, "embed", "kv_heads", "kv"),
-                                   bias_init=param(zeros, "kv_heads", "kv"))
-        self.o = nnx.LinearGeneral((num_heads, head_dim), hidden_size, axis=(-2, -1), **kw,
-                                   kernel_init=param(out_init or kernel_init, "heads", "kv", "embed"),
-                                   bias_init=param(zeros, "embed"))
+        self.q = nnx.LinearGeneral(
+            hidden_size,
+            (num_heads, head_dim),
+            **kw,
+            kernel_init=param(kernel_init, "embed", "heads", "kv"),
+            bias_init=param(zeros, "heads", "kv"),
+        )
+        self.k = nnx.LinearGeneral(
+            hidden_size,
+            (num_kv_heads, head_dim),
+            **kw,
+            kernel_init=param(kernel_init, "embed", "kv_heads", "kv"),
+            bias_init=param(zeros, "kv_heads", "kv"),
+        )
+        self.v = nnx.LinearGeneral(
+            hidden_size,
+            (num_kv_heads, head_dim),
+            **kw,
+            kernel_init=param(kernel_init, "embed", "kv_heads", "kv"),
+            bias_init=param(zeros, "kv_heads", "kv"),
+        )
+        self.o = nnx.LinearGeneral(
+            (num_heads, head_dim),
+            hidden_size,
+            axis=(-2, -1),
+            **kw,
+            kernel_init=param(out_init or kernel_init, "heads", "kv", "embed"),
+            bias_init=param(zeros, "embed"),
+        )
         if qk_norm:
-            norm = dict(epsilon=norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "kv"),
-                        **precision.dtypes)
+            norm = dict(
+                epsilon=norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "kv"), **precision.dtypes
+            )
             self.q_norm: nnx.RMSNorm | None = nnx.RMSNorm(head_dim, **norm)
             self.k_norm: nnx.RMSNorm | None = nnx.RMSNorm(head_dim, **norm)
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x_BxTxD: jax.Array, *, causal: bool = False,
-                 rope: tuple[jax.Array, jax.Array] | None = None,
-                 kv_lengths: jax.Array | None = None,
-                 return_max_logits: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    def __call__(
+        self,
+        x_BxTxD: jax.Array,
+        *,
+        causal: bool = False,
+        rope: tuple[jax.Array, jax.Array] | None = None,
+        kv_lengths: jax.Array | None = None,
+        return_max_logits: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
         q_BxTxNxH = constrain(self.q(x_BxTxD), "batch", "length", "heads", "kv")
         k_BxTxKxH = constrain(self.k(x_BxTxD), "batch", "length", "kv_heads", "kv")
         v_BxTxKxH = constrain(self.v(x_BxTxD), "batch", "length", "kv_heads", "kv")
@@ -192,18 +259,37 @@ class Attention(nnx.Module):
             q_BxTxNxH, k_BxTxKxH = self.q_norm(q_BxTxNxH), self.k_norm(k_BxTxKxH)
         if rope is not None:
             q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)
-        out_BxTxNxH = attend(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, scale=self.scale, causal=causal,
-                             kv_lengths=kv_lengths, impl=self.impl,
-                             matmul_precision=self.matmul_precision)
+        out_BxTxNxH = attend(
+            q_BxTxNxH,
+            k_BxTxKxH,
+            v_BxTxKxH,
+            scale=self.scale,
+            causal=causal,
+            kv_lengths=kv_lengths,
+            impl=self.impl,
+            matmul_precision=self.matmul_precision,
+        )
         out_BxTxNxH = constrain(out_BxTxNxH, "batch", "length", "heads", "kv")
         out_BxTxD = constrain(self.o(out_BxTxNxH), "batch", "length", "embed")
         if not return_max_logits:
             return out_BxTxD
-        return out_BxTxD, max_logits(q_BxTxNxH, k_BxTxKxH, scale=self.scale, causal=causal,
-                                     kv_lengths=kv_lengths, matmul_precision=self.matmul_precision)
+        return out_BxTxD, max_logits(
+            q_BxTxNxH,
+            k_BxTxKxH,
+            scale=self.scale,
+            causal=causal,
+            kv_lengths=kv_lengths,
+            matmul_precision=self.matmul_precision,
+        )
 
-    def extend(self, x_BxTxD: jax.Array, kv: tuple[jax.Array, jax.Array], *, start: jax.Array,
-               rope: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    def extend(
+        self,
+        x_BxTxD: jax.Array,
+        kv: tuple[jax.Array, jax.Array],
+        *,
+        start: jax.Array,
+        rope: tuple[jax.Array, jax.Array] | None = None,
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Causal attention of ``T`` new tokens at positions ``[start, start + T)`` over a key/value
         cache (``dew.models.kv_cache``): their keys and values are written into ``kv`` (each
         ``(B, size, num_kv_heads, head_dim)``) and every query attends to the positions up to its own.
@@ -214,6 +300,7 @@ class Attention(nnx.Module):
         if rope is not None:
             q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)
         k_BxSxKxH, v_BxSxKxH = write(kv[0], k_BxTxKxH, start), write(kv[1], v_BxTxKxH, start)
-        out_BxTxNxH = attend_cached(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, start=start, scale=self.scale,
-                                    matmul_precision=self.matmul_precision)
+        out_BxTxNxH = attend_cached(
+            q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, start=start, scale=self.scale, matmul_precision=self.matmul_precision
+        )
         return self.o(out_BxTxNxH), (k_BxSxKxH, v_BxSxKxH)

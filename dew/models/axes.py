@@ -22,7 +22,9 @@ import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dew.contract.axes import LOGICAL_AXES  # the vocabulary is part of the contract (the config checks it)
+from dew.contract.axes import (
+    LOGICAL_AXES as LOGICAL_AXES,
+)  # re-exported: the vocabulary is the contract's (the config checks it)
 
 if TYPE_CHECKING:
     import jax
@@ -41,8 +43,9 @@ def param(init: Callable[..., Any], *names: str | None) -> Callable[..., Any]:
     return nnx.with_partitioning(init, tuple(names), eager_sharding=False)
 
 
-_active: contextvars.ContextVar[tuple[Mesh, tuple[tuple[str, tuple[str, ...]], ...]] | None] = (
-    contextvars.ContextVar("dew_logical_rules", default=None))
+_active: contextvars.ContextVar[tuple[Mesh, tuple[tuple[str, tuple[str, ...]], ...]] | None] = contextvars.ContextVar(
+    "dew_logical_rules", default=None
+)
 
 
 @contextlib.contextmanager
@@ -73,8 +76,9 @@ def constrain(x: jax.Array, *names: str | None) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, mesh_axes(names, table, mesh.shape)))
 
 
-def mesh_axes(names: Sequence[str | None], table: Sequence[tuple[str, tuple[str, ...]]],
-              mesh_shape: Mapping[str, int]) -> PartitionSpec:
+def mesh_axes(
+    names: Sequence[str | None], table: Sequence[tuple[str, tuple[str, ...]]], mesh_shape: Mapping[str, int]
+) -> PartitionSpec:
     """The ``PartitionSpec`` of a value whose dimensions are ``names`` under ``table``: flax's
     ``logical_to_mesh_axes`` (rules in order, each mesh axis used once), without axes of size 1."""
     from flax.linen import logical_to_mesh_axes

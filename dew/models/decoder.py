@@ -1,4 +1,5 @@
-"""The layers of ``transformer`` (``dew.models.transformer``): a decoder-only causal language model in the style current LM trainers use.
+"""The layers of ``transformer`` (``dew.models.transformer``): a decoder-only causal language model in the style
+current LM trainers use.
 
 ``model(tokens) -> logits``: ``tokens`` int ``(B, L)`` with ``L <= seq_len``, ``logits``
 ``(B, L, vocab_size)`` in the compute dtype (objectives upcast to float32 for the loss).
@@ -44,8 +45,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew.models import stack
-from dew.models.axes import constrain, param
 from dew.models.attention import Attention, rope_tables
+from dew.models.axes import constrain, param
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
 
@@ -91,13 +92,25 @@ class DecoderBlock(nnx.Module):
         std = f.init_std / math.sqrt(width_multiplier(f))
         init = nnx.initializers.normal(std)
         out_init = nnx.initializers.normal(std / math.sqrt(2 * f.depth))
-        norm = dict(epsilon=f.norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "embed"),
-                    **precision.dtypes)
+        norm = dict(
+            epsilon=f.norm_eps, rngs=rngs, scale_init=param(nnx.initializers.ones_init(), "embed"), **precision.dtypes
+        )
         self.attn_norm = nnx.RMSNorm(D, **norm)
-        self.attn = Attention(D, f.num_heads, num_kv_heads=f.num_kv_heads, head_dim=head_dim(f),
-                              use_bias=False, qk_norm=f.qk_norm, norm_eps=f.norm_eps,
-                              scale=attention_scale(f), impl=f.attention_impl,
-                              precision=precision, kernel_init=init, out_init=out_init, rngs=rngs)
+        self.attn = Attention(
+            D,
+            f.num_heads,
+            num_kv_heads=f.num_kv_heads,
+            head_dim=head_dim(f),
+            use_bias=False,
+            qk_norm=f.qk_norm,
+            norm_eps=f.norm_eps,
+            scale=attention_scale(f),
+            impl=f.attention_impl,
+            precision=precision,
+            kernel_init=init,
+            out_init=out_init,
+            rngs=rngs,
+        )
         self.mlp_norm = nnx.RMSNorm(D, **norm)
         linear = dict(use_bias=False, rngs=rngs, **precision.linear_kwargs)
         # Megatron's MLP split: gate and up by the hidden width (column parallel), down by it (row).
@@ -106,21 +119,21 @@ class DecoderBlock(nnx.Module):
         self.mlp_down = nnx.Linear(H, D, kernel_init=param(out_init, "mlp", "embed"), **linear)
         self.residual_multiplier = f.residual_multiplier
 
-    def __call__(self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array],
-                 return_max_logits: bool) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array], return_max_logits: bool
+    ) -> tuple[jax.Array, jax.Array | None]:
         r = self.residual_multiplier
-        attn = self.attn(self.attn_norm(x_BxTxD), causal=True, rope=rope,
-                         return_max_logits=return_max_logits)
+        attn = self.attn(self.attn_norm(x_BxTxD), causal=True, rope=rope, return_max_logits=return_max_logits)
         attn_BxTxD, max_logits_N = attn if return_max_logits else (attn, None)
         x_BxTxD = constrain(x_BxTxD + r * attn_BxTxD, "batch", "length", "embed")
         h_BxTxD = self.mlp_norm(x_BxTxD)
-        hidden_BxTxH = constrain(jax.nn.silu(self.mlp_gate(h_BxTxD)) * self.mlp_up(h_BxTxD),
-                                 "batch", "length", "mlp")
+        hidden_BxTxH = constrain(jax.nn.silu(self.mlp_gate(h_BxTxD)) * self.mlp_up(h_BxTxD), "batch", "length", "mlp")
         mlp_BxTxD = self.mlp_down(hidden_BxTxH)
         return constrain(x_BxTxD + r * mlp_BxTxD, "batch", "length", "embed"), max_logits_N
 
-    def extend(self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array], kv: tuple[jax.Array, jax.Array],
-               start: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    def extend(
+        self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array], kv: tuple[jax.Array, jax.Array], start: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """The block over ``T`` new positions from ``start`` with this block's key/value cache ``kv``."""
         r = self.residual_multiplier
         attn_BxTxD, kv = self.attn.extend(self.attn_norm(x_BxTxD), kv, start=start, rope=rope)
@@ -137,27 +150,47 @@ class Transformer(nnx.Module):
         self.fields = f
         precision = Precision.of(f)
         self.precision = precision
-        self.embed = nnx.Embed(f.vocab_size, f.hidden_size, rngs=rngs, **precision.dtypes,
-                               embedding_init=param(nnx.initializers.normal(f.init_std), "vocab", "embed"))
+        self.embed = nnx.Embed(
+            f.vocab_size,
+            f.hidden_size,
+            rngs=rngs,
+            **precision.dtypes,
+            embedding_init=param(nnx.initializers.normal(f.init_std), "vocab", "embed"),
+        )
         self.blocks = stack.stack(lambda r: DecoderBlock(f, precision, r), f.depth, rngs)
-        self.final_norm = nnx.RMSNorm(f.hidden_size, epsilon=f.norm_eps, rngs=rngs, **precision.dtypes,
-                                      scale_init=param(nnx.initializers.ones_init(), "embed"))
-        self.lm_head = None if f.tie_embeddings else nnx.Linear(
-            f.hidden_size, f.vocab_size, use_bias=False, rngs=rngs, **precision.linear_kwargs,
-            kernel_init=param(nnx.initializers.normal(f.init_std), "embed", "vocab"))
+        self.final_norm = nnx.RMSNorm(
+            f.hidden_size,
+            epsilon=f.norm_eps,
+            rngs=rngs,
+            **precision.dtypes,
+            scale_init=param(nnx.initializers.ones_init(), "embed"),
+        )
+        self.lm_head = (
+            None
+            if f.tie_embeddings
+            else nnx.Linear(
+                f.hidden_size,
+                f.vocab_size,
+                use_bias=False,
+                rngs=rngs,
+                **precision.linear_kwargs,
+                kernel_init=param(nnx.initializers.normal(f.init_std), "embed", "vocab"),
+            )
+        )
 
     def __call__(self, tokens_BxT: jax.Array, *, return_max_logits: bool = False) -> Any:
         f, p = self.fields, self.precision
         if tokens_BxT.ndim != 2 or tokens_BxT.shape[1] > f.seq_len:
-            raise ValueError(f"transformer takes (batch, length <= seq_len={f.seq_len}) token ids, "
-                             f"got shape {tokens_BxT.shape}")
+            raise ValueError(
+                f"transformer takes (batch, length <= seq_len={f.seq_len}) token ids, got shape {tokens_BxT.shape}"
+            )
         x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
         x_BxTxD = constrain(x_BxTxD, "batch", "length", "embed")
         rope = rope_tables(jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta)
 
         x_BxTxD, max_logits_LxN = stack.run(
-            self.blocks, lambda block, x: block(x, rope, return_max_logits), x_BxTxD,
-            scan=f.scan_layers, remat=f.remat)
+            self.blocks, lambda block, x: block(x, rope, return_max_logits), x_BxTxD, scan=f.scan_layers, remat=f.remat
+        )
 
         logits_BxTxV = self.head(x_BxTxD)
         return (logits_BxTxV, max_logits_LxN) if return_max_logits else logits_BxTxV
@@ -186,8 +219,7 @@ class Transformer(nnx.Module):
         size = f.seq_len if size is None else size
         if not 0 < size <= f.seq_len:
             raise ValueError(f"a key/value cache of {size} positions: it holds 1 to seq_len={f.seq_len}")
-        return KVCache.zeros(f.depth, batch, size, f.num_kv_heads or f.num_heads, head_dim(f),
-                             self.precision.dtype)
+        return KVCache.zeros(f.depth, batch, size, f.num_kv_heads or f.num_heads, head_dim(f), self.precision.dtype)
 
     def extend(self, tokens_BxT: jax.Array, cache: KVCache, *, last_only: bool = False) -> tuple[jax.Array, KVCache]:
         """Run ``T`` new tokens at positions ``[cache.length, cache.length + T)`` against ``cache``:
@@ -199,15 +231,21 @@ class Transformer(nnx.Module):
         """
         f, p = self.fields, self.precision
         if tokens_BxT.ndim != 2 or tokens_BxT.shape[1] > cache.size:
-            raise ValueError(f"transformer.extend takes (batch, length <= cache size {cache.size}) token "
-                             f"ids, got shape {tokens_BxT.shape}")
+            raise ValueError(
+                f"transformer.extend takes (batch, length <= cache size {cache.size}) token "
+                f"ids, got shape {tokens_BxT.shape}"
+            )
         start = cache.length
         x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
         rope = rope_tables(start + jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta)
 
         x_BxTxD, (k, v) = stack.run_with(
-            self.blocks, lambda block, x, kv: block.extend(x, rope, kv, start), x_BxTxD, (cache.k, cache.v),
-            scan=f.scan_layers)
+            self.blocks,
+            lambda block, x, kv: block.extend(x, rope, kv, start),
+            x_BxTxD,
+            (cache.k, cache.v),
+            scan=f.scan_layers,
+        )
 
         if last_only:
             x_BxTxD = x_BxTxD[:, -1:]

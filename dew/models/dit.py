@@ -51,8 +51,8 @@ import numpy as np
 from flax import nnx
 
 from dew.models import stack
-from dew.models.axes import constrain, param
 from dew.models.attention import Attention
+from dew.models.axes import constrain, param
 from dew.models.precision import Precision
 
 Fields = Any
@@ -134,28 +134,36 @@ class DiTBlock(nnx.Module):
         norm = dict(epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs, **precision.dtypes)
         self.norm1, self.norm2 = nnx.LayerNorm(D, **norm), nnx.LayerNorm(D, **norm)
         # LinearGeneral initialises its kernel flattened to (fan in, fan out): Xavier as in DiT.
-        self.attn = Attention(D, f.num_heads, precision=precision, rngs=rngs, impl=f.attention_impl,
-                              kernel_init=nnx.initializers.xavier_uniform())
+        self.attn = Attention(
+            D,
+            f.num_heads,
+            precision=precision,
+            rngs=rngs,
+            impl=f.attention_impl,
+            kernel_init=nnx.initializers.xavier_uniform(),
+        )
         xavier = nnx.initializers.xavier_uniform()
         linear = dict(rngs=rngs, **precision.linear_kwargs)
         # Megatron's MLP split: mlp_in by the hidden width (column parallel), mlp_out by it (row).
-        self.mlp_in = nnx.Linear(D, mlp_hidden, kernel_init=param(xavier, "embed", "mlp"),
-                                 bias_init=param(_zeros, "mlp"), **linear)
-        self.mlp_out = nnx.Linear(mlp_hidden, D, kernel_init=param(xavier, "mlp", "embed"),
-                                  bias_init=param(_zeros, "embed"), **linear)
-        self.adaLN_modulation = nnx.Linear(D, 6 * D, kernel_init=param(_zeros, "embed", "modulation"),
-                                           bias_init=param(_zeros, "modulation"), **linear)
+        self.mlp_in = nnx.Linear(
+            D, mlp_hidden, kernel_init=param(xavier, "embed", "mlp"), bias_init=param(_zeros, "mlp"), **linear
+        )
+        self.mlp_out = nnx.Linear(
+            mlp_hidden, D, kernel_init=param(xavier, "mlp", "embed"), bias_init=param(_zeros, "embed"), **linear
+        )
+        self.adaLN_modulation = nnx.Linear(
+            D, 6 * D, kernel_init=param(_zeros, "embed", "modulation"), bias_init=param(_zeros, "modulation"), **linear
+        )
 
-    def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array,
-                 return_max_logits: bool) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x_BxTxD: jax.Array, c_BxD: jax.Array, return_max_logits: bool
+    ) -> tuple[jax.Array, jax.Array | None]:
         mod = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 6, axis=-1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
-        attn = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
-                         return_max_logits=return_max_logits)
+        attn = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa), return_max_logits=return_max_logits)
         attn_BxTxD, max_logits_N = attn if isinstance(attn, tuple) else (attn, None)  # a tuple when asked for
         x_BxTxD = constrain(x_BxTxD + gate_msa[:, None] * attn_BxTxD, "batch", "length", "embed")
-        h_BxTxH = constrain(self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp)),
-                            "batch", "length", "mlp")
+        h_BxTxH = constrain(self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp)), "batch", "length", "mlp")
         x_BxTxD = x_BxTxD + gate_mlp[:, None] * self.mlp_out(jax.nn.gelu(h_BxTxH, approximate=True))
         return constrain(x_BxTxD, "batch", "length", "embed"), max_logits_N
 
@@ -163,15 +171,27 @@ class DiTBlock(nnx.Module):
 class FinalLayer(nnx.Module):
     """Modulated LayerNorm and a zero-initialised projection to each token's output."""
 
-    def __init__(self, hidden: int, out_features: int, precision: Precision, rngs: nnx.Rngs,
-                 out_axis: str = "features"):
-        self.norm_final = nnx.LayerNorm(hidden, epsilon=1e-6, use_bias=False, use_scale=False,
-                                        rngs=rngs, **precision.dtypes)
+    def __init__(
+        self, hidden: int, out_features: int, precision: Precision, rngs: nnx.Rngs, out_axis: str = "features"
+    ):
+        self.norm_final = nnx.LayerNorm(
+            hidden, epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs, **precision.dtypes
+        )
         zero = dict(rngs=rngs, **precision.linear_kwargs)
-        self.linear = nnx.Linear(hidden, out_features, kernel_init=param(_zeros, "embed", out_axis),
-                                 bias_init=param(_zeros, out_axis), **zero)
-        self.adaLN_modulation = nnx.Linear(hidden, 2 * hidden, kernel_init=param(_zeros, "embed", "modulation"),
-                                           bias_init=param(_zeros, "modulation"), **zero)
+        self.linear = nnx.Linear(
+            hidden,
+            out_features,
+            kernel_init=param(_zeros, "embed", out_axis),
+            bias_init=param(_zeros, out_axis),
+            **zero,
+        )
+        self.adaLN_modulation = nnx.Linear(
+            hidden,
+            2 * hidden,
+            kernel_init=param(_zeros, "embed", "modulation"),
+            bias_init=param(_zeros, "modulation"),
+            **zero,
+        )
 
     def __call__(self, x_BxTxD: jax.Array, c_BxD: jax.Array) -> jax.Array:
         shift, scale = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 2, axis=-1)
@@ -190,21 +210,31 @@ class SimpleDiT(nnx.Module):
         D = f.hidden_size
         self.tokens = f.vocab_size is not None
         if self.tokens:
-            self.x_embedder: nnx.Embed | nnx.Linear = nnx.Embed(f.vocab_size, D, embedding_init=param(_normal, "vocab", "embed"),
-                                        rngs=rngs, **precision.dtypes)
+            self.x_embedder: nnx.Embed | nnx.Linear = nnx.Embed(
+                f.vocab_size, D, embedding_init=param(_normal, "vocab", "embed"), rngs=rngs, **precision.dtypes
+            )
             out_features = f.vocab_size
         else:
-            self.x_embedder = nnx.Linear(f.patch_size ** 2 * f.in_channels, D, rngs=rngs,
-                                         kernel_init=param(nnx.initializers.xavier_uniform(), "features", "embed"),
-                                         bias_init=param(_zeros, "embed"), **precision.linear_kwargs)
+            self.x_embedder = nnx.Linear(
+                f.patch_size**2 * f.in_channels,
+                D,
+                rngs=rngs,
+                kernel_init=param(nnx.initializers.xavier_uniform(), "features", "embed"),
+                bias_init=param(_zeros, "embed"),
+                **precision.linear_kwargs,
+            )
             self.out_channels = f.in_channels * (2 if f.learn_sigma else 1)
-            out_features = f.patch_size ** 2 * self.out_channels
+            out_features = f.patch_size**2 * self.out_channels
         self.t_embedder = TimestepEmbedder(D, precision, rngs)
-        self.y_embedder = (nnx.Embed(f.num_classes + 1, D, embedding_init=param(_normal, "classes", "embed"),
-                                     rngs=rngs, **precision.dtypes) if f.num_classes else None)
+        self.y_embedder = (
+            nnx.Embed(
+                f.num_classes + 1, D, embedding_init=param(_normal, "classes", "embed"), rngs=rngs, **precision.dtypes
+            )
+            if f.num_classes
+            else None
+        )
         self.blocks = stack.stack(lambda r: DiTBlock(f, precision, r), f.depth, rngs)
-        self.final_layer = FinalLayer(D, out_features, precision, rngs,
-                                      out_axis="vocab" if self.tokens else "features")
+        self.final_layer = FinalLayer(D, out_features, precision, rngs, out_axis="vocab" if self.tokens else "features")
         self.dtype = precision.dtype
 
     def position_embedding(self, length: int) -> np.ndarray:
@@ -212,19 +242,24 @@ class SimpleDiT(nnx.Module):
             return sincos_1d(self.fields.hidden_size, np.arange(length, dtype=np.float64))
         return sincos_2d(self.fields.hidden_size, self.fields.input_size // self.fields.patch_size)
 
-    def __call__(self, x: jax.Array, t_B: jax.Array, y_B: jax.Array | None = None, *,
-                 return_max_logits: bool = False) -> Any:
+    def __call__(
+        self, x: jax.Array, t_B: jax.Array, y_B: jax.Array | None = None, *, return_max_logits: bool = False
+    ) -> Any:
         f = self.fields
         if self.tokens:
             if x.ndim != 2 or x.shape[1] > f.input_size:
-                raise ValueError(f"simple_dit (tokens) takes (batch, length <= input_size="
-                                 f"{f.input_size}) token ids, got shape {x.shape}")
+                raise ValueError(
+                    f"simple_dit (tokens) takes (batch, length <= input_size="
+                    f"{f.input_size}) token ids, got shape {x.shape}"
+                )
             h_BxTxD = self.x_embedder(x)
         else:
             expected = (f.input_size, f.input_size, f.in_channels)
             if x.ndim != 4 or x.shape[1:] != expected:
-                raise ValueError(f"simple_dit takes images of shape (batch, {expected[0]}, "
-                                 f"{expected[1]}, {expected[2]}) (NHWC), got {x.shape}")
+                raise ValueError(
+                    f"simple_dit takes images of shape (batch, {expected[0]}, "
+                    f"{expected[1]}, {expected[2]}) (NHWC), got {x.shape}"
+                )
             h_BxTxD = self.x_embedder(patchify(x, f.patch_size).astype(self.dtype))
         h_BxTxD = h_BxTxD + jnp.asarray(self.position_embedding(h_BxTxD.shape[1]), self.dtype)
         h_BxTxD = constrain(h_BxTxD, "batch", "length", "embed")
@@ -236,8 +271,8 @@ class SimpleDiT(nnx.Module):
             c_BxD = c_BxD + self.y_embedder(y_B)
 
         h_BxTxD, max_logits_LxN = stack.run(
-            self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers,
-            remat=f.remat)
+            self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers, remat=f.remat
+        )
         out = constrain(self.final_layer(h_BxTxD, c_BxD), "batch", "length", "vocab" if self.tokens else "features")
         if not self.tokens:
             out = unpatchify(out, f.patch_size, self.out_channels)

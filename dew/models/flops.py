@@ -26,7 +26,7 @@ from dew.contract.models import architecture, resolve_fields
 def training_flops(per_token: int, per_example: int, tokens: int, depth: int, attention_width: int) -> float:
     """The convention above, from an architecture's matmul weights used per token and per example,
     its tokens per example, its attention layers and their width."""
-    return float(6 * (per_token * tokens + per_example) + 12 * depth * tokens ** 2 * attention_width)
+    return float(6 * (per_token * tokens + per_example) + 12 * depth * tokens**2 * attention_width)
 
 
 def flops_per_example(name: str, fields: object) -> float | None:

@@ -39,8 +39,7 @@ class KVCache(NamedTuple):
     """int32 scalar: positions ``[0, length)`` are filled."""
 
     @classmethod
-    def zeros(cls, depth: int, batch: int, size: int, num_kv_heads: int, head_dim: int,
-              dtype: jnp.dtype) -> KVCache:
+    def zeros(cls, depth: int, batch: int, size: int, num_kv_heads: int, head_dim: int, dtype: jnp.dtype) -> KVCache:
         shape = (depth, batch, size, num_kv_heads, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((), jnp.int32))
 
@@ -52,12 +51,18 @@ class KVCache(NamedTuple):
 
 def write(cache_BxSxKxH: jax.Array, new_BxTxKxH: jax.Array, start: jax.Array) -> jax.Array:
     """``cache`` with positions ``[start, start + T)`` replaced by ``new``."""
-    return jax.lax.dynamic_update_slice_in_dim(cache_BxSxKxH, new_BxTxKxH.astype(cache_BxSxKxH.dtype),
-                                               start, axis=1)
+    return jax.lax.dynamic_update_slice_in_dim(cache_BxSxKxH, new_BxTxKxH.astype(cache_BxSxKxH.dtype), start, axis=1)
 
 
-def attend_cached(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, *, start: jax.Array,
-                  scale: float, matmul_precision: str = "default") -> jax.Array:
+def attend_cached(
+    q_BxTxNxH: jax.Array,
+    k_BxSxKxH: jax.Array,
+    v_BxSxKxH: jax.Array,
+    *,
+    start: jax.Array,
+    scale: float,
+    matmul_precision: str = "default",
+) -> jax.Array:
     """Attention of the queries at positions ``[start, start + T)`` over the cache's positions up to
     each query's own.
 
@@ -68,5 +73,6 @@ def attend_cached(q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Arr
     T, S = q_BxTxNxH.shape[1], k_BxSxKxH.shape[1]
     allowed_TxS = jnp.arange(S)[None, :] <= start + jnp.arange(T)[:, None]
     with jax.default_matmul_precision(matmul_precision):
-        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=allowed_TxS[None, None],
-                                            scale=scale, implementation="xla")
+        return jax.nn.dot_product_attention(
+            q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=allowed_TxS[None, None], scale=scale, implementation="xla"
+        )

@@ -9,7 +9,14 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from dew.contract.models import (
-    QK_LAYER, Architecture, PrecisionFields, QKClipLayer, Shape, architectures, check_divides, check_positive,
+    QK_LAYER,
+    Architecture,
+    PrecisionFields,
+    QKClipLayer,
+    Shape,
+    architectures,
+    check_divides,
+    check_positive,
 )
 from dew.contract.registry import RematPolicy
 from dew.models.flops import training_flops
@@ -23,7 +30,8 @@ TIMESTEP_FREQUENCIES = 256
 _SIZES = {"S": (384, 12, 6), "B": (768, 12, 12), "L": (1024, 24, 16), "XL": (1152, 28, 16)}
 DIT_PRESETS: dict[str, dict[str, int]] = {
     f"{size}/{patch}": {"hidden_size": hidden, "depth": depth, "num_heads": heads, "patch_size": patch}
-    for size, (hidden, depth, heads) in _SIZES.items() for patch in (2, 4, 8)
+    for size, (hidden, depth, heads) in _SIZES.items()
+    for patch in (2, 4, 8)
 }
 """The paper's configurations (Table 1): name -> the ``simple_dit`` fields it sets. The paper's
 256x256 models add ``input_size=32, in_channels=4, num_classes=1000, learn_sigma=True``."""
@@ -71,11 +79,14 @@ class SimpleDiTFields(PrecisionFields):
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size={self.vocab_size} must be >= 1")
         if self.vocab_size is not None and self.learn_sigma:
-            raise ValueError("learn_sigma=True predicts image variances; token data "
-                             f"(vocab_size={self.vocab_size}) has none")
+            raise ValueError(
+                f"learn_sigma=True predicts image variances; token data (vocab_size={self.vocab_size}) has none"
+            )
         if (self.hidden_size // 2) % 2:
-            raise ValueError(f"hidden_size={self.hidden_size} must be a multiple of 4 "
-                             "(the 2-D sin-cos position embedding splits it in four)")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be a multiple of 4 "
+                "(the 2-D sin-cos position embedding splits it in four)"
+            )
 
 
 @architectures.register("simple_dit")
@@ -111,7 +122,7 @@ class SimpleDiT(Architecture):
         else:
             tokens = (f.input_size // f.patch_size) ** 2
             channels = f.in_channels * (2 if f.learn_sigma else 1)
-            embed, out = f.patch_size ** 2 * f.in_channels * D, D * f.patch_size ** 2 * channels
+            embed, out = f.patch_size**2 * f.in_channels * D, D * f.patch_size**2 * channels
         per_token = embed + f.depth * (4 * D * D + 2 * D * mlp) + out
         per_example = TIMESTEP_FREQUENCIES * D + D * D + f.depth * 6 * D * D + 2 * D * D
         return per_token, per_example, tokens
@@ -121,9 +132,14 @@ class SimpleDiT(Architecture):
         return training_flops(per_token, per_example, tokens, self.fields.depth, self.fields.hidden_size)
 
     def qk_clip_layers(self) -> dict[str, QKClipLayer]:
-        return {QK_LAYER: QKClipLayer(query=("blocks/attn/q/kernel", "blocks/attn/q/bias"),
-                                       key=("blocks/attn/k/kernel", "blocks/attn/k/bias"),
-                                       num_heads=self.fields.num_heads, split_heads=True)}
+        return {
+            QK_LAYER: QKClipLayer(
+                query=("blocks/attn/q/kernel", "blocks/attn/q/bias"),
+                key=("blocks/attn/k/kernel", "blocks/attn/k/bias"),
+                num_heads=self.fields.num_heads,
+                split_heads=True,
+            )
+        }
 
     def call_shapes(self, batch: int, length: int | None = None) -> tuple[Shape, ...]:
         f = self.fields

@@ -1,7 +1,8 @@
 """Stacks of identical blocks: created at once with ``nnx.vmap``, run with ``jax.lax.scan``.
 
 A stack holds every block's parameters with a leading ``depth`` axis (``blocks/attn/q/kernel`` is
-``(depth, hidden, heads, head_dim)``, its logical axes ``("layers", "embed", "heads", "kv")``), whether the forward pass is scanned or unrolled: the layout of
+``(depth, hidden, heads, head_dim)``, its logical axes ``("layers", "embed", "heads", "kv")``), whether the forward
+pass is scanned or unrolled: the layout of
 parameters, checkpoints and optimizer state does not depend on ``scan_layers``. Scanning compiles one
 block whatever the depth (docs/architecture.md: 16 layers compiled in 2.7 s scanned against 18.4 s unrolled);
 unrolling (``jax.lax.scan(unroll=True)``) lets XLA schedule across blocks, and gives the same outputs.
@@ -54,16 +55,21 @@ def checkpoint_policy(remat: RematPolicy) -> Callable[..., bool] | None:
         "full": policies.nothing_saveable,
         "dots": policies.dots_saveable,
         "minimal": minimal,
-        "minimal_with_context": policies.save_from_both_policies(
-            minimal, policies.save_only_these_names("context")),
+        "minimal_with_context": policies.save_from_both_policies(minimal, policies.save_only_these_names("context")),
     }
     if remat not in table:
         raise ValueError(f"remat={remat!r}; known: {', '.join(table)}")
     return table[remat]
 
 
-def run(blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, *,
-        scan: bool, remat: RematPolicy = "none") -> tuple[Any, Any]:
+def run(
+    blocks: nnx.Module,
+    body: Callable[[Any, Any], tuple[Any, Any]],
+    carry: Any,
+    *,
+    scan: bool,
+    remat: RematPolicy = "none",
+) -> tuple[Any, Any]:
     """Thread ``carry`` through the stacked ``blocks`` in order: ``body(block, carry) -> (carry, y)``.
 
     Returns the last carry and every block's ``y`` stacked on a leading ``depth`` axis. ``scan=False``
@@ -83,8 +89,9 @@ def run(blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: 
     return jax.lax.scan(step, carry, state, unroll=not scan)
 
 
-def run_with(blocks: nnx.Module, body: Callable[[Any, Any, Any], tuple[Any, Any]], carry: Any, xs: Any, *,
-             scan: bool) -> tuple[Any, Any]:
+def run_with(
+    blocks: nnx.Module, body: Callable[[Any, Any, Any], tuple[Any, Any]], carry: Any, xs: Any, *, scan: bool
+) -> tuple[Any, Any]:
     """``run`` with a per-block input: ``body(block, carry, x) -> (carry, y)``, ``x`` the block's slice
     of ``xs`` (leaves stacked on a leading ``depth`` axis, like a key/value cache)."""
     graphdef, state = nnx.split(blocks)

@@ -9,7 +9,14 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from dew.contract.models import (
-    QK_LAYER, Architecture, PrecisionFields, QKClipLayer, Shape, architectures, check_divides, check_positive,
+    QK_LAYER,
+    Architecture,
+    PrecisionFields,
+    QKClipLayer,
+    Shape,
+    architectures,
+    check_divides,
+    check_positive,
 )
 from dew.contract.registry import RematPolicy
 from dew.models.flops import training_flops
@@ -87,8 +94,9 @@ class TransformerFields(PrecisionFields):
         if self.mlp_hidden is not None:
             check_positive(self, "mlp_hidden")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            raise ValueError(f"norm_eps={self.norm_eps}, init_std={self.init_std} and "
-                             f"rope_theta={self.rope_theta} must be > 0")
+            raise ValueError(
+                f"norm_eps={self.norm_eps}, init_std={self.init_std} and rope_theta={self.rope_theta} must be > 0"
+            )
 
 
 @architectures.register("transformer")
@@ -126,17 +134,26 @@ class Transformer(Architecture):
 
     def flops_per_example(self) -> float:
         per_token, per_example, tokens = self.matmul_params()
-        return training_flops(per_token, per_example, tokens, self.fields.depth,
-                              self.fields.num_heads * self.head_dim())
+        return training_flops(
+            per_token, per_example, tokens, self.fields.depth, self.fields.num_heads * self.head_dim()
+        )
 
     def qk_clip_layers(self) -> dict[str, QKClipLayer]:
         if self.fields.qk_norm:
-            raise ValueError("QK-clip (optim.optimizer=muonclip) with model.config.qk_norm=true: QK-norm "
-                             "normalises the query and key scale away, so QK-clip cannot cap the logits; use "
-                             "one of them")
-        return {QK_LAYER: QKClipLayer(query=("blocks/attn/q/kernel",), key=("blocks/attn/k/kernel",),
-                                       num_heads=self.fields.num_heads, num_kv_heads=self.fields.num_kv_heads,
-                                       split_heads=True)}
+            raise ValueError(
+                "QK-clip (optim.optimizer=muonclip) with model.config.qk_norm=true: QK-norm "
+                "normalises the query and key scale away, so QK-clip cannot cap the logits; use "
+                "one of them"
+            )
+        return {
+            QK_LAYER: QKClipLayer(
+                query=("blocks/attn/q/kernel",),
+                key=("blocks/attn/k/kernel",),
+                num_heads=self.fields.num_heads,
+                num_kv_heads=self.fields.num_kv_heads,
+                split_heads=True,
+            )
+        }
 
     def call_shapes(self, batch: int, length: int | None = None) -> tuple[Shape, ...]:
         return (((batch, length or self.fields.seq_len), "int32"),)

@@ -2,7 +2,8 @@
 
 Each objective owns its loss, its evaluation metrics and its sampler: the trainer hands it the module
 and the batch and never sees timesteps, noise or masks. The registry of objectives is the
-contract's (``dew.contract.objectives``, handed on here); ``natural_objective`` picks the one an architecture's role and a dataset's
+contract's (``dew.contract.objectives``, handed on here); ``natural_objective`` picks the one an architecture's role
+and a dataset's
 kind imply. This package file imports no JAX.
 """
 

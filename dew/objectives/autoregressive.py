@@ -22,9 +22,9 @@ from flax import nnx
 
 from dew.contract.config import ModelConfig
 from dew.contract.data import whole
+from dew.contract.objectives import objective_of
 from dew.objectives.base import Batch, Loss
 from dew.objectives.decoding import generate
-from dew.contract.objectives import objective_of
 from dew.objectives.tokens import decode
 
 
@@ -47,8 +47,9 @@ class NextToken:
     def build(self, rngs: nnx.Rngs) -> nnx.Module:
         return self.model_config.build(rngs)
 
-    def _cross_entropy(self, model: nnx.Module, tokens: jax.Array,
-                       max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    def _cross_entropy(
+        self, model: nnx.Module, tokens: jax.Array, max_logits: bool = False
+    ) -> tuple[jax.Array, jax.Array | None]:
         tokens = tokens.astype(jnp.int32)
         inputs_BxL, targets_BxL = tokens[:, :-1], tokens[:, 1:]
         out = model(inputs_BxL, return_max_logits=True) if max_logits else (model(inputs_BxL), None)
@@ -72,8 +73,11 @@ class NextToken:
     def derived_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
         """The perplexity, exp of a mean loss: not a mean of per-batch sums, so it is derived from
         the reported ``eval/loss`` (or ``train/loss``) rather than summed in ``Loss.sums``."""
-        return {k.replace("/loss", "/perplexity"): math.exp(min(v, 700.0))
-                for k, v in metrics.items() if k.endswith("/loss")}
+        return {
+            k.replace("/loss", "/perplexity"): math.exp(min(v, 700.0))
+            for k, v in metrics.items()
+            if k.endswith("/loss")
+        }
 
     # ------------------------------------------------------------------------------- sampling
 
@@ -82,17 +86,27 @@ class NextToken:
         eos = (self.tokenizer or {}).get("eos_id")
         return [whole(eos, "the tokenizer's eos_id")] if eos is not None else [0]
 
-    def sample(self, model: nnx.Module, count: int, key: jax.Array, *, prompt: Sequence[int] | None = None,
-               temperature: float | None = None, top_k: int | None = None, max_new_tokens: int | None = None,
-               cache: bool = True) -> jax.Array:
+    def sample(
+        self,
+        model: nnx.Module,
+        count: int,
+        key: jax.Array,
+        *,
+        prompt: Sequence[int] | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        max_new_tokens: int | None = None,
+        cache: bool = True,
+    ) -> jax.Array:
         """``count`` sequences: the prompt, then ``max_new_tokens`` tokens drawn one at a time (by
         default up to ``seq_len`` in all). Beyond ``seq_len`` tokens the context is a window that
         moves on by half its length (``dew.objectives.decoding``). ``cache`` False recomputes the
         whole context for each token (the reference the key/value cache is checked against)."""
         prompt = list(prompt) if prompt else self.start_ids()
         if not 0 < len(prompt) < self.seq_len:
-            raise ValueError(f"the prompt holds {len(prompt)} tokens; it must hold 1 to seq_len - 1 = "
-                             f"{self.seq_len - 1}")
+            raise ValueError(
+                f"the prompt holds {len(prompt)} tokens; it must hold 1 to seq_len - 1 = {self.seq_len - 1}"
+            )
         new = self.seq_len - len(prompt) if max_new_tokens is None else max_new_tokens
         if new < 1:
             raise ValueError(f"max_new_tokens={new} must be >= 1")
@@ -100,16 +114,30 @@ class NextToken:
         top_k = self.knobs.top_k if top_k is None else top_k
         graphdef, state = nnx.split(model)
         prompt_BxP = jnp.broadcast_to(jnp.asarray(prompt, jnp.int32), (count, len(prompt)))
-        return generate(graphdef, state, prompt_BxP, key, jnp.asarray(temperature, jnp.float32), new=new,
-                        window=self.seq_len, top_k=top_k, cached=cache)
+        return generate(
+            graphdef,
+            state,
+            prompt_BxP,
+            key,
+            jnp.asarray(temperature, jnp.float32),
+            new=new,
+            window=self.seq_len,
+            top_k=top_k,
+            cached=cache,
+        )
 
-    def sample_text(self, model: nnx.Module, key: jax.Array, count: int | None = None,
-                    **options: Any) -> tuple[np.ndarray, list[str]]:
+    def sample_text(
+        self, model: nnx.Module, key: jax.Array, count: int | None = None, **options: Any
+    ) -> tuple[np.ndarray, list[str]]:
         """``count`` sampled sequences: their ids and their text (without the default start id)."""
         ids = np.asarray(self.sample(model, count or self.knobs.samples, key, **options))
-        shown = ids if options.get("prompt") else ids[:, len(self.start_ids()):]
+        shown = ids if options.get("prompt") else ids[:, len(self.start_ids()) :]
         return ids, decode(shown, self.tokenizer)
 
     def summary(self) -> dict[str, Any]:
-        return {"objective": objective_of(self.knobs), "vocab_size": self.vocab_size, "seq_len": self.seq_len,
-                **dataclasses.asdict(self.knobs)}
+        return {
+            "objective": objective_of(self.knobs),
+            "vocab_size": self.vocab_size,
+            "seq_len": self.seq_len,
+            **dataclasses.asdict(self.knobs),
+        }

@@ -78,4 +78,3 @@ class Metric(Protocol):
         """The metric's sum over the batch's real records and what it counts (records, tokens),
         traced inside the compiled evaluation step; ``key`` is the evaluation's per-batch key."""
         ...
-

@@ -53,8 +53,18 @@ def context_start(i: jax.Array | int, window: int) -> jax.Array | int:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "new", "window", "top_k", "cached"))
-def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, key: jax.Array,
-             temperature: jax.Array, *, new: int, window: int, top_k: int, cached: bool) -> jax.Array:
+def generate(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    prompt_BxP: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array,
+    *,
+    new: int,
+    window: int,
+    top_k: int,
+    cached: bool,
+) -> jax.Array:
     """The prompt followed by ``new`` drawn tokens, ``(B, P + new)`` int32, from the model
     ``nnx.merge(graphdef, state)`` whose context is ``window`` tokens.
 
@@ -76,7 +86,7 @@ def generate(graphdef: nnx.GraphDef, state: nnx.State, prompt_BxP: jax.Array, ke
     if cached:
         cache = model.init_cache(B, span)
         if P > 1:  # prefill all but the prompt's last token in one call; the loop feeds that one
-            cache = model.extend(ids[:, :P - 1], cache, last_only=True)[1]
+            cache = model.extend(ids[:, : P - 1], cache, last_only=True)[1]
         keep = keep_of(window)
 
         def refill(i: jax.Array, ids: jax.Array) -> Any:

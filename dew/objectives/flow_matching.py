@@ -60,6 +60,9 @@ class FlowMatchingSpec(ObjectiveSpec):
         fields = dataset.model_fields()
         size = whole(fields["input_size"], "the data's input_size")
         channels = whole(fields["in_channels"], "the data's in_channels")
-        return FlowMatching(model_config=run.model, knobs=cls.knobs(run),
-                            num_classes=whole(fields.get("num_classes", 0), "the data's num_classes"),
-                            image_shape=(size, size, channels))
+        return FlowMatching(
+            model_config=run.model,
+            knobs=cls.knobs(run),
+            num_classes=whole(fields.get("num_classes", 0), "the data's num_classes"),
+            image_shape=(size, size, channels),
+        )

@@ -43,8 +43,9 @@ class MaskedDiffusionKnobs:
     def __post_init__(self) -> None:
         if not 0.0 < self.eps < 1.0:
             raise ValueError(f"masked_diffusion.eps={self.eps} must lie in (0, 1)")
-        check_sampling("masked_diffusion", self.ema_decay, self.sample_steps, self.temperature,
-                       self.top_k, self.samples)
+        check_sampling(
+            "masked_diffusion", self.ema_decay, self.sample_steps, self.temperature, self.top_k, self.samples
+        )
 
 
 @objectives.register("masked_diffusion")
@@ -61,9 +62,11 @@ class MaskedDiffusionSpec(ObjectiveSpec):
         """The mask token joins the vocabulary as id V of a model vocabulary of V + 1; the model
         reads the window's first ``seq_len`` tokens, unconditionally."""
         fields = dataset.model_fields()
-        return {"vocab_size": whole(fields["vocab_size"], "the data's vocab_size") + 1,
-                "input_size": whole(fields["seq_len"], "the data's seq_len"),
-                "num_classes": 0}
+        return {
+            "vocab_size": whole(fields["vocab_size"], "the data's vocab_size") + 1,
+            "input_size": whole(fields["seq_len"], "the data's seq_len"),
+            "num_classes": 0,
+        }
 
     @classmethod
     def conflict_hint(cls) -> str:
@@ -76,5 +79,10 @@ class MaskedDiffusionSpec(ObjectiveSpec):
         fields = dataset.model_fields()
         vocab_size = whole(fields["vocab_size"], "the data's vocab_size")
         seq_len = whole(fields["seq_len"], "the data's seq_len")
-        return MaskedDiffusion(model_config=run.model, knobs=cls.knobs(run), vocab_size=vocab_size,
-                               seq_len=seq_len, tokenizer=getattr(dataset, "tokenizer", None))
+        return MaskedDiffusion(
+            model_config=run.model,
+            knobs=cls.knobs(run),
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            tokenizer=getattr(dataset, "tokenizer", None),
+        )

@@ -33,8 +33,8 @@ import numpy as np
 from flax import nnx
 
 from dew.contract.config import ModelConfig
-from dew.objectives.base import Batch, Loss
 from dew.contract.objectives import objective_of
+from dew.objectives.base import Batch, Loss
 from dew.objectives.tokens import decode, shape_logits
 
 NEG_INF = -1e6
@@ -89,8 +89,9 @@ class MaskedDiffusion:
         masked = jax.random.uniform(key, x0_BxL.shape) < t_B[:, None]
         return jnp.where(masked, self.mask_id, x0_BxL)
 
-    def per_token(self, model: nnx.Module, x0_BxL: jax.Array, t_B: jax.Array, z_BxL: jax.Array,
-                  max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    def per_token(
+        self, model: nnx.Module, x0_BxL: jax.Array, t_B: jax.Array, z_BxL: jax.Array, max_logits: bool = False
+    ) -> tuple[jax.Array, jax.Array | None]:
         """The NELBO's integrand per token, -log p_θ(x_0 | z_t) / t (0 where z_t is unmasked)."""
         out = model(z_BxL, t_B, return_max_logits=True) if max_logits else (model(z_BxL, t_B), None)
         logp = subs_log_probs(out[0], z_BxL, self.mask_id)
@@ -116,8 +117,16 @@ class MaskedDiffusion:
 
     # ------------------------------------------------------------------------------- sampling
 
-    def sample(self, model: nnx.Module, count: int, key: jax.Array, *, steps: int | None = None,
-               temperature: float | None = None, top_k: int | None = None) -> jax.Array:
+    def sample(
+        self,
+        model: nnx.Module,
+        count: int,
+        key: jax.Array,
+        *,
+        steps: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+    ) -> jax.Array:
         """``count`` sequences of ``seq_len`` ids in [0, V), by the ancestral sampler from all masks."""
         steps = steps or self.knobs.sample_steps
         temperature = self.knobs.temperature if temperature is None else temperature
@@ -145,12 +154,18 @@ class MaskedDiffusion:
 
         return run(state, key)
 
-    def sample_text(self, model: nnx.Module, key: jax.Array, count: int | None = None,
-                    **options: Any) -> tuple[np.ndarray, list[str]]:
+    def sample_text(
+        self, model: nnx.Module, key: jax.Array, count: int | None = None, **options: Any
+    ) -> tuple[np.ndarray, list[str]]:
         """``count`` sampled sequences: their ids and their text."""
         ids = np.asarray(self.sample(model, count or self.knobs.samples, key, **options))
         return ids, decode(ids, self.tokenizer)
 
     def summary(self) -> dict[str, Any]:
-        return {"objective": objective_of(self.knobs), "vocab_size": self.vocab_size, "mask_id": self.mask_id,
-                "seq_len": self.seq_len, **dataclasses.asdict(self.knobs)}
+        return {
+            "objective": objective_of(self.knobs),
+            "vocab_size": self.vocab_size,
+            "mask_id": self.mask_id,
+            "seq_len": self.seq_len,
+            **dataclasses.asdict(self.knobs),
+        }

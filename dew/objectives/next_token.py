@@ -49,8 +49,13 @@ class NextTokenSpec(ObjectiveSpec):
         fields = dataset.model_fields()
         vocab_size = whole(fields["vocab_size"], "the data's vocab_size")
         seq_len = whole(fields["seq_len"], "the data's seq_len")
-        return NextToken(model_config=run.model, knobs=cls.knobs(run), vocab_size=vocab_size,
-                         seq_len=seq_len, tokenizer=getattr(dataset, "tokenizer", None))
+        return NextToken(
+            model_config=run.model,
+            knobs=cls.knobs(run),
+            vocab_size=vocab_size,
+            seq_len=seq_len,
+            tokenizer=getattr(dataset, "tokenizer", None),
+        )
 
     @classmethod
     def metrics(cls) -> tuple[Any, ...]:

@@ -18,8 +18,8 @@ import numpy as np
 from flax import nnx
 
 from dew.contract.config import ModelConfig
-from dew.objectives.base import Batch, Loss
 from dew.contract.objectives import objective_of
+from dew.objectives.base import Batch, Loss
 from dew.sampling import to_uint8
 
 
@@ -45,8 +45,9 @@ class FlowMatching:
             return jax.nn.sigmoid(jax.random.normal(key, (n,)))
         return jax.random.uniform(key, (n,))
 
-    def _mse(self, model: nnx.Module, x0: jax.Array, t: jax.Array, eps: jax.Array, y: jax.Array,
-             max_logits: bool = False) -> tuple[jax.Array, jax.Array | None]:
+    def _mse(
+        self, model: nnx.Module, x0: jax.Array, t: jax.Array, eps: jax.Array, y: jax.Array, max_logits: bool = False
+    ) -> tuple[jax.Array, jax.Array | None]:
         """Per-example mean squared velocity error (and the attention's max logits if asked)."""
         tb = t[:, None, None, None]
         x_t = (1.0 - tb) * x0 + tb * eps
@@ -78,21 +79,33 @@ class FlowMatching:
         per_example, _ = self._mse(model, x0, t, eps, batch["label"].astype(jnp.int32))
         return Loss((per_example * mask).sum(), mask.sum(), {})
 
-    def velocity(self, model: nnx.Module, x: jax.Array, t: float | jax.Array, y: jax.Array,
-                 guidance_scale: float) -> jax.Array:
+    def velocity(
+        self, model: nnx.Module, x: jax.Array, t: float | jax.Array, y: jax.Array, guidance_scale: float
+    ) -> jax.Array:
         """The guided velocity at (x, t) for labels y."""
         n = x.shape[0]
         t_B = jnp.full((n,), t, jnp.float32)
         c = x.shape[-1]
         if not self.num_classes or guidance_scale == 1.0:
             return model(x, t_B, y)[..., :c].astype(jnp.float32)
-        both = model(jnp.concatenate([x, x]), jnp.concatenate([t_B, t_B]),
-                     jnp.concatenate([y, jnp.full_like(y, self.num_classes)]))[..., :c].astype(jnp.float32)
+        both = model(
+            jnp.concatenate([x, x]),
+            jnp.concatenate([t_B, t_B]),
+            jnp.concatenate([y, jnp.full_like(y, self.num_classes)]),
+        )[..., :c].astype(jnp.float32)
         v_label, v_null = both[:n], both[n:]
         return v_null + guidance_scale * (v_label - v_null)
 
-    def sample(self, model: nnx.Module, labels: jax.Array | np.ndarray, key: jax.Array, *, steps: int | None = None,
-               guidance_scale: float | None = None, sampler: str | None = None) -> jax.Array:
+    def sample(
+        self,
+        model: nnx.Module,
+        labels: jax.Array | np.ndarray,
+        key: jax.Array,
+        *,
+        steps: int | None = None,
+        guidance_scale: float | None = None,
+        sampler: str | None = None,
+    ) -> jax.Array:
         """Images for ``labels``, integrated from noise at t = 1 to t = 0; values in about [-1, 1]."""
         steps = steps or self.knobs.sample_steps
         w = self.knobs.guidance_scale if guidance_scale is None else guidance_scale
@@ -120,7 +133,9 @@ class FlowMatching:
 
         return run(state, jnp.asarray(labels, jnp.int32), key)
 
-    def sample_grid(self, model: nnx.Module, key: jax.Array, per_class: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def sample_grid(
+        self, model: nnx.Module, key: jax.Array, per_class: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``per_class`` samples of every class (one row per class): uint8 images and labels."""
         per_class = per_class or self.knobs.samples_per_class
         classes = max(self.num_classes, 1)
@@ -129,5 +144,9 @@ class FlowMatching:
         return to_uint8(images), labels
 
     def summary(self) -> dict[str, Any]:
-        return {"objective": objective_of(self.knobs), "num_classes": self.num_classes,
-                "image_shape": list(self.image_shape), **dataclasses.asdict(self.knobs)}
+        return {
+            "objective": objective_of(self.knobs),
+            "num_classes": self.num_classes,
+            "image_shape": list(self.image_shape),
+            **dataclasses.asdict(self.knobs),
+        }

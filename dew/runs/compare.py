@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from dew.contract.typed import differences
 from dew.runs.discover import RunsError
 from dew.runs.status import Run
-from dew.contract.typed import differences
 
 
 def first_divergence(a: Run, b: Run, metric: str = "train/loss") -> tuple[int | None, int]:
@@ -36,8 +36,9 @@ def diff_text(a: Run, b: Run, metric: str = "train/loss") -> str:
             raise RunsError(f"{run.summary.path}: {run.summary.reason}")
     fields = differences(a.record, b.record)
     lines = [f"A: {a.summary.path}", f"B: {b.summary.path}"]
-    lines += (["fields that differ (A -> B):"] + [f"  {d}" for d in fields]) if fields else \
-        ["the records are identical"]
+    lines += (
+        (["fields that differ (A -> B):"] + [f"  {d}" for d in fields]) if fields else ["the records are identical"]
+    )
     step, shared = first_divergence(a, b, metric)
     if a.journal is None or b.journal is None:
         missing = a if a.journal is None else b

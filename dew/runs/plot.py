@@ -18,9 +18,15 @@ from dew.contract.objectives import natural_objective, objectives
 from dew.runs.status import Run
 from dew.runs.table import differing_fields, flatten, number, short_names
 
-UNITS = {"train/lr": "learning rate", "train/grad_norm": "global L2 norm", "perf/examples_per_sec": "examples/s",
-         "perf/flops_per_sec": "FLOP/s", "perf/mfu": "fraction of peak FLOP/s",
-         "eval/bits_per_token": "bits/token", "train/loss_scale": "loss scale"}
+UNITS = {
+    "train/lr": "learning rate",
+    "train/grad_norm": "global L2 norm",
+    "perf/examples_per_sec": "examples/s",
+    "perf/flops_per_sec": "FLOP/s",
+    "perf/mfu": "fraction of peak FLOP/s",
+    "eval/bits_per_token": "bits/token",
+    "train/loss_scale": "loss scale",
+}
 
 
 @dataclasses.dataclass
@@ -80,7 +86,12 @@ def objective_of(record: dict[str, Any] | None) -> str | None:
         return record["objective"]
     model, data = record.get("model") or {}, record.get("data") or {}
     arch, dataset = model.get("architecture"), data.get("name") if isinstance(data, dict) else None
-    if not isinstance(arch, str) or not isinstance(dataset, str) or arch not in architectures or dataset not in datasets:
+    if (
+        not isinstance(arch, str)
+        or not isinstance(dataset, str)
+        or arch not in architectures
+        or dataset not in datasets
+    ):
         return None
     try:
         return natural_objective(architectures[arch].role, datasets[dataset].kind)
@@ -128,12 +139,30 @@ def plot_data(runs: Sequence[Run], metrics: Sequence[str], *, smoothing: float =
             label = names[run.summary.name]
             if run.summary.status != "finished":
                 label += f" ({run.summary.status})"
-            curves.append(Curve(run=run.summary.name, label=label, metric=metric, steps=steps, values=values,
-                                smoothed=smooth(values, smoothing) if smoothing > 0 else None,
-                                finished=run.summary.status == "finished"))
-    fields = [k for k in differing_fields(runs)
-              if all(isinstance(flatten(r.record).get(k), (int, float, str, bool, type(None)))
-                     for r in runs if r.record is not None)] if len(runs) > 1 else []
+            curves.append(
+                Curve(
+                    run=run.summary.name,
+                    label=label,
+                    metric=metric,
+                    steps=steps,
+                    values=values,
+                    smoothed=smooth(values, smoothing) if smoothing > 0 else None,
+                    finished=run.summary.status == "finished",
+                )
+            )
+    fields = (
+        [
+            k
+            for k in differing_fields(runs)
+            if all(
+                isinstance(flatten(r.record).get(k), (int, float, str, bool, type(None)))
+                for r in runs
+                if r.record is not None
+            )
+        ]
+        if len(runs) > 1
+        else []
+    )
     points = []
     for field in fields:
         for metric in metrics:
@@ -142,11 +171,19 @@ def plot_data(runs: Sequence[Run], metrics: Sequence[str], *, smoothing: float =
                     continue
                 _, values = run.journal.series(metric)
                 if values and math.isfinite(values[-1]):
-                    points.append(SweepPoint(run=run.summary.name, field=field, metric=metric,
-                                             x=flatten(run.record).get(field), y=values[-1],
-                                             finished=run.summary.status == "finished"))
-    return PlotData(metrics=list(metrics), curves=curves, fields=fields, points=points,
-                    units={m: unit(m, runs) for m in metrics})
+                    points.append(
+                        SweepPoint(
+                            run=run.summary.name,
+                            field=field,
+                            metric=metric,
+                            x=flatten(run.record).get(field),
+                            y=values[-1],
+                            finished=run.summary.status == "finished",
+                        )
+                    )
+    return PlotData(
+        metrics=list(metrics), curves=curves, fields=fields, points=points, units={m: unit(m, runs) for m in metrics}
+    )
 
 
 LEGEND_MAX = 12
@@ -164,16 +201,21 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
     import matplotlib.pyplot as plt
 
     cols, rows = max(len(data.metrics), 1), 1 + len(data.fields)
-    fig, axes = plt.subplots(rows, cols, figsize=(PANEL[0] * cols, PANEL[1] * rows), dpi=DPI,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(PANEL[0] * cols, PANEL[1] * rows), dpi=DPI, squeeze=False, layout="constrained"
+    )
     colors: dict[str, str] = {}
     for curve in data.curves:
         colors.setdefault(curve.run, f"C{len(colors) % 10}")
     for j, metric in enumerate(data.metrics):
         ax = axes[0][j]
         for curve in (c for c in data.curves if c.metric == metric):
-            style = dict(color=colors[curve.run], linestyle="-" if curve.finished else "--",
-                         marker="o" if len(curve.steps) <= 20 else None, markersize=3)
+            style = dict(
+                color=colors[curve.run],
+                linestyle="-" if curve.finished else "--",
+                marker="o" if len(curve.steps) <= 20 else None,
+                markersize=3,
+            )
             if curve.smoothed is not None:
                 ax.plot(curve.steps, curve.values, color=colors[curve.run], alpha=0.25, linewidth=1)
                 ax.plot(curve.steps, curve.smoothed, label=curve.label, **style)
@@ -191,37 +233,57 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
         if 0 < len(shown) <= LEGEND_MAX:
             ax.legend(fontsize="small")
         elif shown:
-            ax.text(0.98, 0.98, f"{len(shown)} runs: too many to label (pick some with --where)", ha="right",
-                    va="top", fontsize="small", transform=ax.transAxes)
+            ax.text(
+                0.98,
+                0.98,
+                f"{len(shown)} runs: too many to label (pick some with --where)",
+                ha="right",
+                va="top",
+                fontsize="small",
+                transform=ax.transAxes,
+            )
         else:
             ax.text(0.5, 0.5, f"no run logged {metric}", ha="center", va="center", transform=ax.transAxes)
     for i, field in enumerate(data.fields, start=1):
         for j, metric in enumerate(data.metrics):
-            ax = axes[i][j]
-            points = sorted((p for p in data.points if p.field == field and p.metric == metric),
-                            key=lambda p: (str(type(p.x)), p.x))
-            numeric = all(isinstance(p.x, (int, float)) and not isinstance(p.x, bool) for p in points)
-            xs: list[Any] = [p.x if numeric else number(p.x) for p in points]  # numbers when numeric, else their text
-            if numeric and len(set(xs)) == len(xs):  # a one-field sweep: a line through its points
-                ax.plot(xs, [p.y for p in points], color="0.5", linewidth=1)
-            for p, x in zip(points, xs):
-                ax.plot([x], [p.y], "o", color=colors.get(p.run, "C0"), markersize=7,
-                        markerfacecolor=colors.get(p.run, "C0") if p.finished else "white")
-            if numeric and points and min(xs) > 0 and max(xs) / min(xs) >= 10:
-                ax.set_xscale("log")
-            if numeric and 0 < len(set(xs)) <= 12:  # tick the swept values themselves, as they were given
-                from matplotlib.ticker import NullFormatter
-
-                ax.set_xticks(sorted(set(xs)), [number(x) for x in sorted(set(xs))])
-                ax.xaxis.set_minor_formatter(NullFormatter())
-            if logy:
-                ax.set_yscale("log")
-            ax.set_xlabel(field)
-            ax.set_ylabel(f"final {metric} ({data.units[metric]})" if data.units[metric] else f"final {metric}")
-            ax.set_title(f"final {metric} against {field}" + ("" if all(p.finished for p in points)
-                                                                else " (hollow: not finished)"), fontsize="medium")
-            ax.grid(alpha=0.3)
+            _final_against(axes[i][j], data, field, metric, colors, logy=logy)
     fig.savefig(output, dpi=DPI)
-    width, height = (int(round(v * DPI)) for v in fig.get_size_inches())
+    width, height = (round(v * DPI) for v in fig.get_size_inches())
     plt.close(fig)
     return width, height
+
+
+def _final_against(ax: Any, data: PlotData, field: str, metric: str, colors: dict[str, str], *, logy: bool) -> None:
+    """One panel of a sweep's row: each run's final ``metric`` against its value of ``field``."""
+    points = sorted(
+        (p for p in data.points if p.field == field and p.metric == metric), key=lambda p: (str(type(p.x)), p.x)
+    )
+    numeric = all(isinstance(p.x, (int, float)) and not isinstance(p.x, bool) for p in points)
+    xs: list[Any] = [p.x if numeric else number(p.x) for p in points]  # numbers when numeric, else their text
+    if numeric and len(set(xs)) == len(xs):  # a one-field sweep: a line through its points
+        ax.plot(xs, [p.y for p in points], color="0.5", linewidth=1)
+    for p, x in zip(points, xs):
+        ax.plot(
+            [x],
+            [p.y],
+            "o",
+            color=colors.get(p.run, "C0"),
+            markersize=7,
+            markerfacecolor=colors.get(p.run, "C0") if p.finished else "white",
+        )
+    if numeric and points and min(xs) > 0 and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    if numeric and 0 < len(set(xs)) <= 12:  # tick the swept values themselves, as they were given
+        from matplotlib.ticker import NullFormatter
+
+        ax.set_xticks(sorted(set(xs)), [number(x) for x in sorted(set(xs))])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(field)
+    ax.set_ylabel(f"final {metric} ({data.units[metric]})" if data.units[metric] else f"final {metric}")
+    ax.set_title(
+        f"final {metric} against {field}" + ("" if all(p.finished for p in points) else " (hollow: not finished)"),
+        fontsize="medium",
+    )
+    ax.grid(alpha=0.3)

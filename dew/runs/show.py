@@ -8,9 +8,9 @@ from typing import Any
 import yaml
 from etils import epath
 
+from dew.contract.rundir import SAMPLE_PREFIX, human
 from dew.runs.status import BEST_METRIC, Run
 from dew.runs.table import duration, number, status_text
-from dew.contract.rundir import SAMPLE_PREFIX, human
 
 
 def size(path: epath.Path) -> int:
@@ -23,8 +23,11 @@ def size(path: epath.Path) -> int:
 def _event_line(event: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["time"])) if "time" in event else "-"
     details = {k: v for k, v in event.items() if k not in ("event", "step", "time", "journal")}
-    text = "  ".join(f"{k}={v if isinstance(v, str) else number(v)}" for k, v in details.items()
-                     if k != "changed" and not k.startswith("eval/"))
+    text = "  ".join(
+        f"{k}={v if isinstance(v, str) else number(v)}"
+        for k, v in details.items()
+        if k != "changed" and not k.startswith("eval/")
+    )
     for change in event.get("changed", []):
         text += f"\n      changed {change}"
     return f"  {when}  step {event['step']:>7}  {event['event']:<10} {text}".rstrip()
@@ -36,9 +39,11 @@ def show_text(run: Run) -> str:
     if s.reason:
         out.append(f"  reason:    {s.reason}")
     progress = "-" if s.step is None else f"{s.step}/{s.total_steps}" if s.total_steps else str(s.step)
-    out.append(f"  step {progress}  train/loss {number(s.train_loss)}  best {BEST_METRIC} "
-               f"{number(s.best)} @{number(s.best_step)}  wall {duration(s.wall_time)}  "
-               f"examples/s {number(s.examples_per_sec)}")
+    out.append(
+        f"  step {progress}  train/loss {number(s.train_loss)}  best {BEST_METRIC} "
+        f"{number(s.best)} @{number(s.best_step)}  wall {duration(s.wall_time)}  "
+        f"examples/s {number(s.examples_per_sec)}"
+    )
 
     evals = dict(zip(*run.journal.series(BEST_METRIC))) if run.journal is not None else {}
     scored = {step: evals[step] for step in s.checkpoints if step in evals}

@@ -23,11 +23,11 @@ from typing import Any
 
 from etils import epath
 
-from dew.contract.config import NoRunRecord, RunRecord, RunRecordError
 from dew.contract import journal as journals
-from dew.runs.discover import checkpoint_steps, find_journal
-from dew.contract.rundir import BEST_METRIC, FAILURES, RUN_RECORD
+from dew.contract.config import NoRunRecord, RunRecord, RunRecordError
 from dew.contract.lock import describe, holder
+from dew.contract.rundir import BEST_METRIC, FAILURES, RUN_RECORD
+from dew.runs.discover import checkpoint_steps, find_journal
 
 
 @dataclasses.dataclass
@@ -61,6 +61,7 @@ class RunSummary:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict: a non-finite number (a diverged loss) becomes null."""
+
         def safe(v: Any) -> Any:
             if isinstance(v, float) and not math.isfinite(v):
                 return None
@@ -128,9 +129,13 @@ def read_run(path: epath.Path, name: str, *, tracking: str | None = None) -> Run
     elif view is not None:
         summary.status, summary.reason = _state(view)
     elif summary.checkpoints:
-        summary.status, summary.reason = "unknown", (
-            "checkpoints but no journal found in a tracking/ directory beside any parent of the run "
-            "(written elsewhere? give it with --tracking DIR)")
+        summary.status, summary.reason = (
+            "unknown",
+            (
+                "checkpoints but no journal found in a tracking/ directory beside any parent of the run "
+                "(written elsewhere? give it with --tracking DIR)"
+            ),
+        )
     else:
         summary.status = "never started"
     return Run(summary=summary, record=record, journal=view, path=path)
@@ -148,8 +153,10 @@ def _state(view: journals.JournalView) -> tuple[str, str | None]:
         message = last.get("message")
         text = f"{reason}: {message}" if message else reason
         return ("failed" if reason in FAILURES else "stopped"), text
-    return "stopped", ("no end recorded: the process is gone without a word (killed, e.g. SIGKILL or "
-                       "out of memory, or crashed); the same command resumes it from its latest checkpoint")
+    return "stopped", (
+        "no end recorded: the process is gone without a word (killed, e.g. SIGKILL or "
+        "out of memory, or crashed); the same command resumes it from its latest checkpoint"
+    )
 
 
 def _fill_numbers(summary: RunSummary, view: journals.JournalView) -> None:

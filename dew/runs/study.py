@@ -21,7 +21,6 @@ from dew.runs.status import read_run
 from dew.runs.table import number
 
 
-
 @dataclasses.dataclass
 class Trial:
     """One trial of the study, joined with its job directory in the sweep."""
@@ -75,8 +74,9 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
     try:
         import optuna
     except ImportError:
-        raise RunsError(f"{directory} holds an Optuna study ({STUDY_FILE}); reading it needs Optuna: "
-                        "pip install 'dew[search]'") from None
+        raise RunsError(
+            f"{directory} holds an Optuna study ({STUDY_FILE}); reading it needs Optuna: pip install 'dew[search]'"
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = study_url(directory)
     try:
@@ -86,21 +86,32 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
         study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
     except RunsError:
         raise
-    except Exception as err:  # noqa: BLE001 - a damaged or foreign file: one message, as for a run
+    except Exception as err:
         raise RunsError(f"{directory}/{STUDY_FILE}: not a readable Optuna study ({err})") from None
     jobs = {d.name.split("-", 1)[0]: d for d in epath.Path(directory).iterdir() if d.is_dir()}
     trials, log_params = [], set()
     for t in study.trials:
         job = jobs.get(str(t.number))
-        trial = Trial(number=t.number, state=t.state.name.lower(), value=t.value, params=dict(t.params),
-                      run=job.name if job is not None else None)
+        trial = Trial(
+            number=t.number,
+            state=t.state.name.lower(),
+            value=t.value,
+            params=dict(t.params),
+            run=job.name if job is not None else None,
+        )
         if trial.state != "complete":
             trial.reason = _why(job, tracking, t.user_attrs.get(STUDY_FAIL_REASON))
         trials.append(trial)
-        log_params |= {k for k, d in t.distributions.items()
-                       if getattr(d, "log", False) or "LogUniform" in type(d).__name__}
-    return Study(name=study.study_name, path=directory, direction=study.direction.name.lower(), trials=trials,
-                 log_params=log_params)
+        log_params |= {
+            k for k, d in t.distributions.items() if getattr(d, "log", False) or "LogUniform" in type(d).__name__
+        }
+    return Study(
+        name=study.study_name,
+        path=directory,
+        direction=study.direction.name.lower(),
+        trials=trials,
+        log_params=log_params,
+    )
 
 
 def _why(job: epath.Path | None, tracking: str | None, failure: str | None) -> str:
@@ -121,8 +132,10 @@ def study_text(study: Study) -> str:
     counts: dict[str, int] = {}
     for t in study.trials:
         counts[t.state] = counts.get(t.state, 0) + 1
-    lines = [f"study {study.name} ({study.direction}): {len(study.trials)} trials, "
-             + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))]
+    lines = [
+        f"study {study.name} ({study.direction}): {len(study.trials)} trials, "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    ]
     best = study.best
     if best is not None:
         overrides = " ".join(f"{k}={v}" for k, v in sorted(best.params.items()))
@@ -131,9 +144,15 @@ def study_text(study: Study) -> str:
         lines.append("best: none (no trial completed)")
     keys = sorted({k for t in study.trials for k in t.params})
     header = ["trial", "state", "value", *keys]
-    rows = [[str(t.number), t.state, number(t.value) if t.value is not None else "-",
-             *(number(t.params[k]) if k in t.params else "-" for k in keys)]
-            for t in sorted(study.trials, key=lambda t: (t is not best, t.number))]
+    rows = [
+        [
+            str(t.number),
+            t.state,
+            number(t.value) if t.value is not None else "-",
+            *(number(t.params[k]) if k in t.params else "-" for k in keys),
+        ]
+        for t in sorted(study.trials, key=lambda t: (t is not best, t.number))
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines.append("")
     for r, trial in zip([header, *rows], [None, *sorted(study.trials, key=lambda t: (t is not best, t.number))]):

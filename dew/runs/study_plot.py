@@ -23,8 +23,9 @@ def draw_study(study: Study, output: str) -> tuple[int, int]:
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     keys = sorted({k for t in study.trials for k in t.params})
-    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(PANEL[0] * (len(keys) + 1), PANEL[1]), dpi=DPI,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(keys) + 1, figsize=(PANEL[0] * (len(keys) + 1), PANEL[1]), dpi=DPI, squeeze=False, layout="constrained"
+    )
     done = [t for t in study.trials if t.state == "complete" and t.value is not None]
     failed = [t for t in study.trials if t.state == "fail"]
     best = study.best
@@ -32,12 +33,20 @@ def draw_study(study: Study, output: str) -> tuple[int, int]:
         shown = [t for t in done if key in t.params]
         ax.plot([t.params[key] for t in shown], [t.value for t in shown], "o", color="C0", label="trial")
         if best is not None and key in best.params:
-            ax.plot([best.params[key]], [best.value], "*", color="C3", markersize=14,
-                    label=f"best (trial {best.number})")
+            ax.plot(
+                [best.params[key]], [best.value], "*", color="C3", markersize=14, label=f"best (trial {best.number})"
+            )
         lost = [t.params[key] for t in failed if key in t.params]
         if lost:
-            ax.plot(lost, [0] * len(lost), "x", color="C3", transform=ax.get_xaxis_transform(), clip_on=False,
-                    label="failed")
+            ax.plot(
+                lost,
+                [0] * len(lost),
+                "x",
+                color="C3",
+                transform=ax.get_xaxis_transform(),
+                clip_on=False,
+                label="failed",
+            )
         if key in study.log_params:
             ax.set_xscale("log")
             ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 1, 2, 5 per decade: labels that fit
@@ -61,6 +70,6 @@ def draw_study(study: Study, output: str) -> tuple[int, int]:
     ax.legend(fontsize="small")
     fig.suptitle(f"study {study.name}: {len(study.trials)} trials, {len(failed)} failed", fontsize="medium")
     fig.savefig(output, dpi=DPI)
-    width, height = (int(round(v * DPI)) for v in fig.get_size_inches())
+    width, height = (round(v * DPI) for v in fig.get_size_inches())
     plt.close(fig)
     return width, height

@@ -10,15 +10,22 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dew.runs.status import BEST_METRIC, Run, RunSummary
 from dew.runs.discover import RunsError
+from dew.runs.status import BEST_METRIC, Run, RunSummary
 
 IGNORED_FIELDS = ("trainer.name",)
 """Fields never shown as a difference: the name column already tells runs apart by name."""
 
-COLUMNS = {"name": "name", "status": "status", "step": "step", "total_steps": "total_steps",
-           "wall": "wall_time", "wall_time": "wall_time", "examples_per_sec": "examples_per_sec",
-           "best_step": "best_step"}
+COLUMNS = {
+    "name": "name",
+    "status": "status",
+    "step": "step",
+    "total_steps": "total_steps",
+    "wall": "wall_time",
+    "wall_time": "wall_time",
+    "examples_per_sec": "examples_per_sec",
+    "best_step": "best_step",
+}
 """Keys --sort and --where accept besides metrics and config fields, and the summary field each reads."""
 
 
@@ -38,8 +45,12 @@ def differing_fields(runs: Sequence[Run]) -> list[str]:
     if len(flat) < 2:
         return []
     keys = sorted({k for f in flat for k in f})
-    return [k for k in keys if k not in IGNORED_FIELDS
-            and len({json.dumps(f[k], sort_keys=True) if k in f else "<missing>" for f in flat}) > 1]
+    return [
+        k
+        for k in keys
+        if k not in IGNORED_FIELDS
+        and len({json.dumps(f[k], sort_keys=True) if k in f else "<missing>" for f in flat}) > 1
+    ]
 
 
 def fill_fields(runs: Sequence[Run]) -> list[str]:
@@ -73,8 +84,14 @@ def _known(runs: Sequence[Run], key: str) -> bool:
 
 
 OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
-    "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq, "<": operator.lt,
-    ">": operator.gt, "=": operator.eq}
+    "<=": operator.le,
+    ">=": operator.ge,
+    "!=": operator.ne,
+    "==": operator.eq,
+    "<": operator.lt,
+    ">": operator.gt,
+    "=": operator.eq,
+}
 _WHERE = re.compile(r"^\s*([^<>=!\s]+)\s*(<=|>=|!=|==|<|>|=)\s*(.*?)\s*$")
 
 
@@ -89,12 +106,16 @@ def parse_where(expression: str, runs: Sequence[Run]) -> Callable[[Run], bool]:
     """A predicate from ``KEY OP VALUE`` (``optim.learning_rate<1e-3``, ``status=finished``)."""
     match = _WHERE.match(expression)
     if not match:
-        raise RunsError(f"--where {expression!r}: expected KEY OP VALUE with OP one of "
-                        f"{', '.join(OPERATORS)} (e.g. optim.learning_rate<1e-3)")
+        raise RunsError(
+            f"--where {expression!r}: expected KEY OP VALUE with OP one of "
+            f"{', '.join(OPERATORS)} (e.g. optim.learning_rate<1e-3)"
+        )
     key, op, text = match.groups()
     if not _known(runs, key):
-        raise RunsError(f"--where {expression!r}: no run has {key!r}; give a column ({', '.join(sorted(COLUMNS))}), "
-                        "a metric (eval/loss, train/loss, ...) or a config field (optim.learning_rate, ...)")
+        raise RunsError(
+            f"--where {expression!r}: no run has {key!r}; give a column ({', '.join(sorted(COLUMNS))}), "
+            "a metric (eval/loss, train/loss, ...) or a config field (optim.learning_rate, ...)"
+        )
     wanted, compare = _literal(text), OPERATORS[op]
 
     def keep(run: Run) -> bool:
@@ -112,8 +133,9 @@ def parse_where(expression: str, runs: Sequence[Run]) -> Callable[[Run], bool]:
 def sort_runs(runs: Sequence[Run], key: str, *, reverse: bool = False) -> list[Run]:
     """Runs ordered by ``key``; runs without a value for it go last, either way."""
     if not _known(runs, key):
-        raise RunsError(f"--sort {key!r}: no run has it; give a column ({', '.join(sorted(COLUMNS))}), a metric "
-                        "or a config field")
+        raise RunsError(
+            f"--sort {key!r}: no run has it; give a column ({', '.join(sorted(COLUMNS))}), a metric or a config field"
+        )
     have = [r for r in runs if value(r, key) is not None]
     lacking = [r for r in runs if value(r, key) is None]
     try:
@@ -162,18 +184,30 @@ def status_text(s: RunSummary) -> str:
 def render(runs: Sequence[Run], keys: Sequence[str]) -> str:
     """The table, then one note per run whose status needs explaining."""
     headers = short_names(keys)
-    rows = [["name", "status", "step", "train/loss", f"best {BEST_METRIC}", "wall", "ex/s",
-             *(headers[k] for k in keys)]]
+    rows = [
+        ["name", "status", "step", "train/loss", f"best {BEST_METRIC}", "wall", "ex/s", *(headers[k] for k in keys)]
+    ]
     for run in runs:
         s = run.summary
         step = "-" if s.step is None else f"{s.step}/{s.total_steps}" if s.total_steps else str(s.step)
         best = "-" if s.best is None else f"{s.best:.4g} @{s.best_step}"
-        rows.append([s.name, status_text(s), step, number(s.train_loss), best, duration(s.wall_time),
-                     number(s.examples_per_sec), *(number(s.fields.get(k)) for k in keys)])
+        rows.append(
+            [
+                s.name,
+                status_text(s),
+                step,
+                number(s.train_loss),
+                best,
+                duration(s.wall_time),
+                number(s.examples_per_sec),
+                *(number(s.fields.get(k)) for k in keys),
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    notes = [f"  {r.summary.name}: {r.summary.reason}" for r in runs
-             if r.summary.reason and r.summary.status != "finished"]
+    notes = [
+        f"  {r.summary.name}: {r.summary.reason}" for r in runs if r.summary.reason and r.summary.status != "finished"
+    ]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

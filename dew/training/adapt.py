@@ -21,8 +21,8 @@ from flax import nnx
 from flax.nnx import spmd
 
 from dew.contract.config import LoRA, Quantization, RunConfig
-from dew.models import stack
 from dew.contract.models import Architecture, of
+from dew.models import stack
 
 if TYPE_CHECKING:
     from flax.nnx.filterlib import Filter
@@ -41,8 +41,13 @@ def build_model(run: RunConfig, objective: Objective) -> nnx.Module:
     quantization and the adapters the run asks for. Training and ``dew-sample`` both build it here,
     so inference rebuilds exactly the module training saved."""
     t = run.trainer
-    return adapt(of(run.model.architecture, run.model.fields()), objective.build(nnx.Rngs(params=t.seed)),
-                 quantization=t.quantization, lora=run.lora, seed=t.seed)
+    return adapt(
+        of(run.model.architecture, run.model.fields()),
+        objective.build(nnx.Rngs(params=t.seed)),
+        quantization=t.quantization,
+        lora=run.lora,
+        seed=t.seed,
+    )
 
 
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
@@ -66,13 +71,15 @@ def init_model(run: RunConfig, objective: Objective) -> tuple[nnx.GraphDef, nnx.
         graphdef, params, rest = nnx.split(build_model(run, objective), which, ...)  # type: ignore[misc]
         return graphdef, params, rest
     graphdef = nnx.split(nnx.eval_shape(lambda: build_model(run, objective)), which, ...)[0]
-    params, rest = jax.jit(lambda: nnx.split(build_model(run, objective), which, ...)[1:],
-                           compiler_options=INIT_COMPILER_OPTIONS)()
+    params, rest = jax.jit(
+        lambda: nnx.split(build_model(run, objective), which, ...)[1:], compiler_options=INIT_COMPILER_OPTIONS
+    )()
     return graphdef, params, rest
 
 
-def adapt(architecture: Architecture, module: nnx.Module, *, quantization: Quantization | None,
-          lora: LoRA | None, seed: int) -> nnx.Module:
+def adapt(
+    architecture: Architecture, module: nnx.Module, *, quantization: Quantization | None, lora: LoRA | None, seed: int
+) -> nnx.Module:
     """``module`` (built by ``architecture``) with the quantized forward and/or the low-rank
     adapters the run asks for."""
     if quantization is None and lora is None:
@@ -110,8 +117,9 @@ def _stacks_walked_in_python() -> Iterator[None]:
     values of the scan, lost when it returns.)"""
     scanned = stack.run
 
-    def walk(blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, *, scan: bool,
-             remat: str = "none") -> tuple[Any, Any]:
+    def walk(
+        blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, *, scan: bool, remat: str = "none"
+    ) -> tuple[Any, Any]:
         del scan, remat  # an eager walk that creates variables: no backward pass to rematerialise
         graphdef, rng_state, state = nnx.split(blocks, nnx.RngState, ...)  # type: ignore[misc]  # see init_model
         depth = jax.tree.leaves(state)[0].shape[0]
@@ -119,7 +127,7 @@ def _stacks_walked_in_python() -> Iterator[None]:
         for i in range(depth):
             # Each layer's variables lose the stack's leading axis, in their logical names too, so
             # that the factors qwix creates take names from the layer's own weight (``_LAYERS``).
-            layer_state = spmd.remove_axis(jax.tree.map(lambda x: x[i], state), 0, _LAYERS)
+            layer_state = spmd.remove_axis(jax.tree.map(lambda x, i=i: x[i], state), 0, _LAYERS)
             layer = nnx.merge(graphdef, rng_state, layer_state)
             carry, y = body(layer, carry)
             rng_state = nnx.state(layer, nnx.RngState)
@@ -144,4 +152,3 @@ def _stacks_walked_in_python() -> Iterator[None]:
         yield
     finally:
         stack.run = scanned
-

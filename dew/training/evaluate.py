@@ -54,9 +54,15 @@ class Evaluator:
     """The evaluation of a state's parameters: ``evaluator(params)`` is ``{"eval/loss": ..., ...}``
     (empty when the dataset has no evaluation batches)."""
 
-    def __init__(self, eval_step: Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums],
-                 batches: Callable[[], Iterable[Batch]], place: Callable[[Batch], dict[str, jax.Array]], *,
-                 seed: int, derive: Callable[[Mapping[str, float]], dict[str, float]]) -> None:
+    def __init__(
+        self,
+        eval_step: Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums],
+        batches: Callable[[], Iterable[Batch]],
+        place: Callable[[Batch], dict[str, jax.Array]],
+        *,
+        seed: int,
+        derive: Callable[[Mapping[str, float]], dict[str, float]],
+    ) -> None:
         self.eval_step = eval_step
         """The compiled evaluation of one batch: (params, batch, key) -> its sums."""
         self.batches = batches

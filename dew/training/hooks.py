@@ -120,17 +120,24 @@ def from_config(specs: Sequence[HookSpec]) -> list[Hook]:
         try:
             built.append(cls(every=spec.every, **spec.options))
         except TypeError as err:
-            raise ValueError(f"trainer.hooks[{i}]: hook {spec.name!r} does not take options "
-                             f"{dict(spec.options)!r}: {err}") from None
+            raise ValueError(
+                f"trainer.hooks[{i}]: hook {spec.name!r} does not take options {dict(spec.options)!r}: {err}"
+            ) from None
     return built
 
 
 class Hooks:
     """The loop's hooks in order, called at their cadence; late hooks get metrics one step late."""
 
-    def __init__(self, hooks: Sequence[Hook], *, derive: Callable[[Mapping[str, float]], dict[str, float]],
-                 check_finite: Callable[[TrainState], None], restart: Callable[[int], None],
-                 phase: Callable[[str], AbstractContextManager[object]]) -> None:
+    def __init__(
+        self,
+        hooks: Sequence[Hook],
+        *,
+        derive: Callable[[Mapping[str, float]], dict[str, float]],
+        check_finite: Callable[[TrainState], None],
+        restart: Callable[[int], None],
+        phase: Callable[[str], AbstractContextManager[object]],
+    ) -> None:
         self.hooks = list(hooks)
         self._before = [h for h in self.hooks if type(h).before is not Hook.before]
         self.derive = derive

@@ -35,7 +35,7 @@ from dew.contract.objectives import natural_objective
 from dew.training import sharding
 from dew.training.optim.build import build_optimizer
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,18 +75,25 @@ class Plan:
 
     def table(self) -> str:
         """The plan as a Markdown table and its totals."""
-        lines = [f"mesh {' x '.join(f'{k}={v}' for k, v in self.mesh.items())} "
-                 f"({math.prod(self.mesh.values())} devices)", "",
-                 "| parameter | shape | logical axes | sharding | MiB per device |", "|---|---|---|---|---:|"]
+        lines = [
+            f"mesh {' x '.join(f'{k}={v}' for k, v in self.mesh.items())} ({math.prod(self.mesh.values())} devices)",
+            "",
+            "| parameter | shape | logical axes | sharding | MiB per device |",
+            "|---|---|---|---|---:|",
+        ]
         for p in self.params:
             names = ", ".join(str(n) for n in p.names) if p.names else "-"
             lines.append(f"| {p.path} | {p.shape} | {names} | {p.spec} | {p.bytes_per_device / 2**20:.2f} |")
-        lines += ["", "| per device | GiB |", "|---|---:|",
-                  f"| parameters ({self.param_count:,}) | {self.param_bytes / GIB:.3f} |",
-                  f"| optimizer state | {self.optimizer_bytes / GIB:.3f} |",
-                  f"| EMA | {self.ema_bytes / GIB:.3f} |",
-                  f"| activations, batch {self.batch_per_device} per device (estimate) | {self.activation_bytes / GIB:.3f} |",
-                  f"| total | {self.total_bytes / GIB:.3f} |"]
+        lines += [
+            "",
+            "| per device | GiB |",
+            "|---|---:|",
+            f"| parameters ({self.param_count:,}) | {self.param_bytes / GIB:.3f} |",
+            f"| optimizer state | {self.optimizer_bytes / GIB:.3f} |",
+            f"| EMA | {self.ema_bytes / GIB:.3f} |",
+            f"| activations, batch {self.batch_per_device} per device (estimate) | {self.activation_bytes / GIB:.3f} |",
+            f"| total | {self.total_bytes / GIB:.3f} |",
+        ]
         return "\n".join(lines)
 
 
@@ -110,25 +117,45 @@ def plan(run: RunConfig, device_count: int | None = None) -> Plan:
     rows = []
     for path, variable in nnx.to_flat_state(params):
         key = "/".join(map(str, path))
-        rows.append(ParamPlan(key, shapes[key], jnp.dtype(variable.dtype).name, names[key], str(specs[key]),
-                              _bytes_per_device(variable, specs[key], mesh)))
+        rows.append(
+            ParamPlan(
+                key,
+                shapes[key],
+                jnp.dtype(variable.dtype).name,
+                names[key],
+                str(specs[key]),
+                _bytes_per_device(variable, specs[key], mesh),
+            )
+        )
 
-    optimizer = build_optimizer(run.optim, params, total_steps=max(1, t.steps or 1),
-                                tokens_seen=lambda step: jnp.asarray(step, jnp.float32))
+    optimizer = build_optimizer(
+        run.optim, params, total_steps=max(1, t.steps or 1), tokens_seen=lambda step: jnp.asarray(step, jnp.float32)
+    )
     opt_state = jax.eval_shape(optimizer.tx.init, params)
     opt_specs = sharding.follow_params(opt_state, specs, shapes)
-    optimizer_bytes = sum(_bytes_per_device(x, s, mesh) for x, s in zip(
-        jax.tree.leaves(opt_state), jax.tree.leaves(opt_specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec))))
+    optimizer_bytes = sum(
+        _bytes_per_device(x, s, mesh)
+        for x, s in zip(
+            jax.tree.leaves(opt_state),
+            jax.tree.leaves(opt_specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)),
+        )
+    )
     param_bytes = sum(r.bytes_per_device for r in rows)
 
     batch_devices = math.prod(mesh.shape[a] for a in sharding.batch_axes(mesh, t.layout))
     sharding.check_batch(t.batch_size // t.accumulation, mesh, t.layout, field="trainer.batch_size")
     per_device = t.batch_size // t.accumulation // batch_devices
     activations = _activation_bytes(fields, graphdef, params, rest, per_device)
-    return Plan(mesh=dict(mesh.shape), params=tuple(rows), param_count=sum(math.prod(r.shape) for r in rows),
-                param_bytes=param_bytes, optimizer_bytes=optimizer_bytes,
-                ema_bytes=param_bytes if _ema_decay(run, fields) > 0 else 0,
-                activation_bytes=activations, batch_per_device=per_device)
+    return Plan(
+        mesh=dict(mesh.shape),
+        params=tuple(rows),
+        param_count=sum(math.prod(r.shape) for r in rows),
+        param_bytes=param_bytes,
+        optimizer_bytes=optimizer_bytes,
+        ema_bytes=param_bytes if _ema_decay(run, fields) > 0 else 0,
+        activation_bytes=activations,
+        batch_per_device=per_device,
+    )
 
 
 def _bytes_per_device(x: nnx.Variable | jax.ShapeDtypeStruct, spec: PartitionSpec, mesh: AbstractMesh) -> int:
@@ -142,8 +169,9 @@ def _inputs(arch: Architecture, batch: int) -> tuple[jax.ShapeDtypeStruct, ...]:
     return tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in arch.call_shapes(batch))
 
 
-def _activation_bytes(arch: Architecture, graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State,
-                      batch: int) -> int:
+def _activation_bytes(
+    arch: Architecture, graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State, batch: int
+) -> int:
     """Bytes of the residuals autodiff saves for ``batch`` examples (see the module docstring)."""
 
     def residuals(n: int) -> int:

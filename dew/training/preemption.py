@@ -40,8 +40,9 @@ class Preempted(Exception):
     def __init__(self, reason: str, step: int, signum: int | None, path: str) -> None:
         self.reason, self.step, self.signum, self.path = reason, step, signum, path
         what = signal.Signals(signum).name if signum else "a preemption notice from another process"
-        super().__init__(f"{what}: stopped at step {step} with a checkpoint in {path}; the same "
-                         "command resumes the run")
+        super().__init__(
+            f"{what}: stopped at step {step} with a checkpoint in {path}; the same command resumes the run"
+        )
 
 
 SIGNAL_KEY = "dew/stop_signal"
@@ -125,10 +126,13 @@ class StopSignals:
         if self.received is not None:
             return
         self.received, self._at = signum, time.monotonic()
-        log.warning("%s received: the run saves a checkpoint at the next step boundary and stops%s",
-                    signal.Signals(signum).name,
-                    " (Ctrl-C again stops at once)" if signum == signal.SIGINT and not os.environ.get("SUBMITIT_EXECUTOR")
-                    else "")
+        log.warning(
+            "%s received: the run saves a checkpoint at the next step boundary and stops%s",
+            signal.Signals(signum).name,
+            " (Ctrl-C again stops at once)"
+            if signum == signal.SIGINT and not os.environ.get("SUBMITIT_EXECUTOR")
+            else "",
+        )
         self._pass_on()
 
     def _pass_on(self) -> None:
@@ -140,7 +144,7 @@ class StopSignals:
         client = compat.jax_distributed_client()
         try:
             client.key_value_set(SIGNAL_KEY, str(int(self.received)))
-        except Exception:  # noqa: BLE001 - another process recorded its signal first: theirs stands
+        except Exception:
             pass
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -149,7 +153,7 @@ class StopSignals:
         notifier was told directly: a scheduler's stop to every process)."""
         try:
             recorded = compat.jax_distributed_client().key_value_try_get(SIGNAL_KEY)
-        except Exception:  # noqa: BLE001 - not found
+        except Exception:
             recorded = None
         self.received = int(recorded) if recorded else (self.received or signal.SIGTERM)
 

@@ -32,14 +32,18 @@ from dew.contract.models import resolve_fields
 def _xla_flags_error(flags: str) -> str | None:
     env = {**os.environ, "XLA_FLAGS": flags, "TF_CPP_MIN_LOG_LEVEL": "0", "JAX_PLATFORMS": "cpu"}
     try:
-        child = subprocess.run([sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True,
-                               text=True, timeout=120)
+        child = subprocess.run(
+            [sys.executable, "-c", compat.XLA_CPU_CLIENT_CHILD], env=env, capture_output=True, text=True, timeout=120
+        )
     except subprocess.TimeoutExpired:
         return None  # no verdict: the run itself will find out
     if child.returncode == 0:
         return None
-    unknown = [line.split("XLA_FLAGS:", 1)[1].strip() for line in child.stderr.splitlines()
-               if "Unknown flag" in line and "XLA_FLAGS:" in line]
+    unknown = [
+        line.split("XLA_FLAGS:", 1)[1].strip()
+        for line in child.stderr.splitlines()
+        if "Unknown flag" in line and "XLA_FLAGS:" in line
+    ]
     if unknown:
         return f"XLA does not know the flag {unknown[0]}"
     lines = [line for line in child.stderr.splitlines() if line.strip()]
@@ -56,8 +60,10 @@ def check_xla_flags(trainer: TrainerConfig) -> None:
     problem = _xla_flags_error(flags)
     if problem:
         where = f" (with XLA_FLAGS={current!r} from the environment)" if current else ""
-        raise ValueError(f"trainer.xla_flags={trainer.xla_flags!r}{where}: {problem}. XLA's flags are listed in "
-                         "xla/debug_options_flags.cc; every flag is --name=value")
+        raise ValueError(
+            f"trainer.xla_flags={trainer.xla_flags!r}{where}: {problem}. XLA's flags are listed in "
+            "xla/debug_options_flags.cc; every flag is --name=value"
+        )
 
 
 def check_checkpoint_dir(trainer: TrainerConfig, run_dir: str | os.PathLike) -> None:
@@ -70,13 +76,16 @@ def check_checkpoint_dir(trainer: TrainerConfig, run_dir: str | os.PathLike) -> 
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
-        raise ValueError(f"{where}: {ancestor} is a file, not a directory, so the run directory {path} "
-                         "cannot be made under it")
+        raise ValueError(
+            f"{where}: {ancestor} is a file, not a directory, so the run directory {path} cannot be made under it"
+        )
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".dew-probe-", dir=ancestor))
     except OSError as err:
-        raise ValueError(f"{where}: the run directory {path} cannot be made: {ancestor} takes no new "
-                         f"directory ({err.strerror}). Choose a writable trainer.checkpoint_dir") from None
+        raise ValueError(
+            f"{where}: the run directory {path} cannot be made: {ancestor} takes no new "
+            f"directory ({err.strerror}). Choose a writable trainer.checkpoint_dir"
+        ) from None
 
 
 def check_attention(run: RunConfig) -> None:
@@ -89,5 +98,7 @@ def check_attention(run: RunConfig) -> None:
     head_dim = getattr(fields, "head_dim", None) or fields.hidden_size // fields.num_heads
     obstacles = cudnn_obstacles(fields.dtype, head_dim)
     if obstacles:
-        raise ValueError(f"model.attention_impl='cudnn' cannot run: {'; '.join(obstacles)}. Use "
-                         "model.attention_impl=auto (cudnn where it can run, xla elsewhere) or xla")
+        raise ValueError(
+            f"model.attention_impl='cudnn' cannot run: {'; '.join(obstacles)}. Use "
+            "model.attention_impl=auto (cudnn where it can run, xla elsewhere) or xla"
+        )

@@ -20,8 +20,10 @@ def prepare_process(trainer: TrainerConfig) -> None:
         current = os.environ.get("XLA_FLAGS", "")
         if trainer.xla_flags not in current:
             if compat.jax_backends_started():  # a late flag is an error, not ignored
-                raise RuntimeError(f"trainer.xla_flags={trainer.xla_flags!r}: JAX already opened a backend in "
-                                   "this process, so XLA would ignore them; set XLA_FLAGS before starting")
+                raise RuntimeError(
+                    f"trainer.xla_flags={trainer.xla_flags!r}: JAX already opened a backend in "
+                    "this process, so XLA would ignore them; set XLA_FLAGS before starting"
+                )
             os.environ["XLA_FLAGS"] = f"{current} {trainer.xla_flags}".strip()
     if trainer.compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(trainer.compilation_cache_dir))

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from etils import epath
 
 from dew.contract.config import NoRunRecord, RunConfig, RunRecord, RunRecordError
-from dew.contract.objectives import summary_name
 from dew.contract.lock import RunLock, RunLockedError, describe, holder
+from dew.contract.objectives import summary_name
 from dew.contract.typed import differences
 
 if TYPE_CHECKING:
@@ -63,9 +63,16 @@ def run_dir(config: RunConfig, name: str) -> epath.Path:
 # ------------------------------------------------------------------------------ resume rules
 
 RESUME_FREE: tuple[str, ...] = (
-    "trainer.log_every", "trainer.eval_every", "trainer.checkpoint_every", "trainer.keep",
-    "trainer.profile", "trainer.wandb", "trainer.compilation_cache_dir", "trainer.multi_host",
-    "trainer.mesh", "trainer.layout",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.checkpoint_every",
+    "trainer.keep",
+    "trainer.profile",
+    "trainer.wandb",
+    "trainer.compilation_cache_dir",
+    "trainer.multi_host",
+    "trainer.mesh",
+    "trainer.layout",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
 reports and how the process starts, never what a step computes. (The best checkpoint is chosen among
@@ -75,7 +82,13 @@ the new layout (tests/training/mesh_runs.py), and only the order of floating-poi
 changes."""
 
 SAMPLING_KNOBS: tuple[str, ...] = (
-    "sampler", "sample_steps", "samples", "samples_per_class", "guidance_scale", "temperature", "top_k",
+    "sampler",
+    "sample_steps",
+    "samples",
+    "samples_per_class",
+    "guidance_scale",
+    "temperature",
+    "top_k",
 )
 """Knobs of an objective that only its sampler reads (the samples written at the end of a run):
 a resume may change them for the objective it trains."""
@@ -135,8 +148,10 @@ def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True, trains:
         if refused:
             raise RunDirError(
                 f"{path} already holds a run with a different config; nothing was changed. Fields that "
-                "differ (recorded -> requested):\n  " + "\n  ".join(refused)
-                + "\nResume it with the recorded config, or name a new run with trainer.name=...")
+                "differ (recorded -> requested):\n  "
+                + "\n  ".join(refused)
+                + "\nResume it with the recorded config, or name a new run with trainer.name=..."
+            )
         return path
     if write:
         config.save(os.fspath(path))
@@ -160,9 +175,11 @@ def refuse_if_held(path: str | os.PathLike) -> None:
     key = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
     who = holder(path, writer=True)  # a requeue of the same SLURM job takes its own lease
     if who is not None:
-        raise RunLockedError(f"{key} is in use by {describe(who)}; a run directory takes one writer "
-                             "at a time. Wait for it to finish or stop it, or name another run with "
-                             "trainer.name=...")
+        raise RunLockedError(
+            f"{key} is in use by {describe(who)}; a run directory takes one writer "
+            "at a time. Wait for it to finish or stop it, or name another run with "
+            "trainer.name=..."
+        )
 
 
 def write_hydra_record(path: epath.Path, cfg: DictConfig) -> None:

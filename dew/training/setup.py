@@ -19,7 +19,9 @@ from flax import nnx
 
 from dew.contract.config import STEP_LIMIT, RunConfig, TrainerConfig
 from dew.contract.data import Dataset
+from dew.contract.journal import JournalError, read
 from dew.contract.models import of
+from dew.contract.rundir import JOURNAL
 from dew.objectives.base import Objective
 from dew.training import adapt, preflight, sharding
 from dew.training.checkpointing import warmstart
@@ -28,11 +30,16 @@ from dew.training.optim.build import Optimizer, build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import tokens_seen_fn
-from dew.contract.journal import JournalError, read
-from dew.contract.rundir import JOURNAL
 from dew.training.reporting.tracker import tracking_dir
-from dew.training.run_directory import (RunDirError, hold, prepare_run_dir, read_record, resume_changes, run_dir,
-                                        trained_objective)
+from dew.training.run_directory import (
+    RunDirError,
+    hold,
+    prepare_run_dir,
+    read_record,
+    resume_changes,
+    run_dir,
+    trained_objective,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +72,9 @@ def start_process(t: TrainerConfig) -> None:
     prepare_process(t)
 
 
-def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
-          device_count: int | None = None) -> tuple[int, int | None, int | None]:
+def check(
+    run: RunConfig, objective: Objective, dataset: Dataset, *, device_count: int | None = None
+) -> tuple[int, int | None, int | None]:
     """Everything about a run that can fail before it starts, checked without touching the disk or
     allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
     mesh and the batch split, and the optimizer over the model's (abstract) parameters.
@@ -77,21 +85,29 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
     """
     t = run.trainer
     if dataset.batch_size != t.batch_size:
-        raise ValueError(f"the dataset was loaded at batch {dataset.batch_size}, but trainer.batch_size="
-                         f"{t.batch_size}: the run would train at a batch it does not report; load it at "
-                         "trainer.batch_size")
+        raise ValueError(
+            f"the dataset was loaded at batch {dataset.batch_size}, but trainer.batch_size="
+            f"{t.batch_size}: the run would train at a batch it does not report; load it at "
+            "trainer.batch_size"
+        )
     total_steps = t.total_steps(dataset)
     if total_steps > STEP_LIMIT:
-        raise ValueError(f"trainer.epochs={t.epochs} is {total_steps} steps at trainer.batch_size={t.batch_size}, "
-                         f"more than the {STEP_LIMIT} a run can take")
+        raise ValueError(
+            f"trainer.epochs={t.epochs} is {total_steps} steps at trainer.batch_size={t.batch_size}, "
+            f"more than the {STEP_LIMIT} a run can take"
+        )
     preflight.check_attention(run)
     from_config(t.hooks)  # each named hook is registered and takes its options
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
     for batch, _ in t.stages():
-        sharding.check_batch(batch // t.accumulation, mesh, t.layout,
-                             field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp")
+        sharding.check_batch(
+            batch // t.accumulation,
+            mesh,
+            t.layout,
+            field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp",
+        )
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides
@@ -102,9 +118,13 @@ def check(run: RunConfig, objective: Objective, dataset: Dataset, *,
 def run_optimizer(run: RunConfig, dataset: Dataset, params: nnx.State, total_steps: int) -> Optimizer:
     """The run's optimizer over ``params``, its schedule counting the tokens the batch ramp feeds."""
     tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
-    return build_optimizer(run.optim, params, total_steps=total_steps,
-                           tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record),
-                           architecture=of(run.model.architecture, run.model.fields()))
+    return build_optimizer(
+        run.optim,
+        params,
+        total_steps=total_steps,
+        tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record),
+        architecture=of(run.model.architecture, run.model.fields()),
+    )
 
 
 def check_setup(run: RunConfig, objective: Objective, dataset: Dataset, name: str, stop: StopSignals) -> Setup:
@@ -160,8 +180,13 @@ def alone(error: Exception | None) -> None:
     """The verdict of a process that needs no one's agreement: its own (``set_up``'s ``agree``)."""
 
 
-def set_up(trainer: TrainerConfig, held: contextlib.ExitStack, plan: Callable[[], Planned], *,
-           agree: Callable[[Exception | None], None] = alone) -> tuple[Planned, Setup]:
+def set_up(
+    trainer: TrainerConfig,
+    held: contextlib.ExitStack,
+    plan: Callable[[], Planned],
+    *,
+    agree: Callable[[Exception | None], None] = alone,
+) -> tuple[Planned, Setup]:
     """The whole set-up of a run, once, for ``RunConfig.train`` and ``dew-train`` alike: the process
     (XLA flags, the compilation cache, the pool) before any backend opens, the stop signals, then
     ``plan()`` (what the run trains: dew-train converts its config and loads the data here, once the

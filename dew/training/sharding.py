@@ -57,8 +57,10 @@ def check_batch(batch: int, mesh: Mesh | AbstractMesh, layout: Layout, *, field:
     """A (micro-)batch must split evenly over the batch axes' devices."""
     devices = math.prod(mesh.shape[a] for a in batch_axes(mesh, layout))
     if batch % devices:
-        raise ValueError(f"{field}: a batch of {batch} (per micro-batch) does not divide over the "
-                         f"{devices} devices of the batch axes {batch_axes(mesh, layout)}")
+        raise ValueError(
+            f"{field}: a batch of {batch} (per micro-batch) does not divide over the "
+            f"{devices} devices of the batch axes {batch_axes(mesh, layout)}"
+        )
 
 
 def logical_names(params: nnx.State) -> dict[str, tuple[str | None, ...] | None]:
@@ -88,8 +90,9 @@ def param_specs(params: nnx.State, mesh: Mesh | AbstractMesh, layout: Layout) ->
             specs[key] = P()
             continue
         if len(dims) != len(shape):
-            raise ValueError(f"parameter {key} of shape {shape} declares {len(dims)} logical axes "
-                             f"{dims}: one name per dimension")
+            raise ValueError(
+                f"parameter {key} of shape {shape} declares {len(dims)} logical axes {dims}: one name per dimension"
+            )
         spec = mesh_axes(dims, layout.table, mesh.shape)
         for dim, (size, axes) in enumerate(zip(shape, spec)):
             axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
@@ -99,7 +102,8 @@ def param_specs(params: nnx.State, mesh: Mesh | AbstractMesh, layout: Layout) ->
                     f"parameter {key} of shape {shape} (logical axes {dims}) does not divide over the "
                     f"mesh {dict(mesh.shape)}: dimension {dim} ({dims[dim]}={size}) splits over "
                     f"{'x'.join(axes)} = {devices} devices. Change trainer.mesh or "
-                    f"trainer.layout.rules.{dims[dim]}")
+                    f"trainer.layout.rules.{dims[dim]}"
+                )
         specs[key] = spec
     return specs
 
@@ -128,8 +132,9 @@ def state_sharding(state: TrainState, params: nnx.State, mesh: Mesh, layout: Lay
     ``NamedSharding``s (typed ``Any``: mypy does not see the ``replace`` that flax.struct gives it)."""
     specs = param_specs(params, mesh, layout)
     shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), follow_params(state, specs, shapes),
-                        is_leaf=lambda x: isinstance(x, P))
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec), follow_params(state, specs, shapes), is_leaf=lambda x: isinstance(x, P)
+    )
 
 
 def under_rules(mesh: Mesh, layout: Layout, fn: Callable[..., Any]) -> Callable[..., Any]:

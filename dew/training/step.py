@@ -42,16 +42,22 @@ class TrainState:
     rest: Any = struct.field(pytree_node=False, default=None)
 
     @classmethod
-    def create(cls, params: Any, tx: optax.GradientTransformation, *, seed: int, ema: bool,
-               dynamic_scale: bool) -> TrainState:
+    def create(
+        cls, params: Any, tx: optax.GradientTransformation, *, seed: int, ema: bool, dynamic_scale: bool
+    ) -> TrainState:
         """The state at step 0: the optimizer's initial state, the EMA (a copy of the parameters)
         when ``ema``, the per-step key from ``seed + 1`` (the initialisation drew from ``seed``) and
         the loss scale. Traceable: the trainer jits it to lay the state out on the mesh at once."""
-        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                   ema=jax.tree.map(jnp.copy, params) if ema else None,
-                   key=jax.random.PRNGKey(seed + 1),
-                   loss_scale=jnp.asarray(LOSS_SCALE_START if dynamic_scale else 1.0, jnp.float32),
-                   good_steps=jnp.zeros((), jnp.int32), nonfinite_step=jnp.full((), -1, jnp.int32))
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params),
+            ema=jax.tree.map(jnp.copy, params) if ema else None,
+            key=jax.random.PRNGKey(seed + 1),
+            loss_scale=jnp.asarray(LOSS_SCALE_START if dynamic_scale else 1.0, jnp.float32),
+            good_steps=jnp.zeros((), jnp.int32),
+            nonfinite_step=jnp.full((), -1, jnp.int32),
+        )
 
     def model(self, *, ema: bool = False) -> nnx.Module:
         """The trained module (with the EMA of its parameters when ``ema`` and the run kept one)."""
@@ -78,10 +84,17 @@ def next_loss_scale(scale: jax.Array, good_steps: jax.Array, finite: jax.Array) 
     return scale, jnp.where(finite & ~grow, good_steps + 1, 0)
 
 
-def make_train_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State, tx: optax.GradientTransformation,
-                    learning_rate: Callable[[jax.Array], jax.Array], *, accumulation: int,
-                    dynamic_scale: bool, extra_args: Sequence[str] = (),
-                    ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+def make_train_step(
+    objective: Objective,
+    graphdef: nnx.GraphDef,
+    rest: nnx.State,
+    tx: optax.GradientTransformation,
+    learning_rate: Callable[[jax.Array], jax.Array],
+    *,
+    accumulation: int,
+    dynamic_scale: bool,
+    extra_args: Sequence[str] = (),
+) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
     """The pure train step: micro-batches summed in one scan, one optimizer update.
 
     ``extra_args`` are what ``tx.update`` takes besides the gradients (``Optimizer.extra_args``).
@@ -94,7 +107,9 @@ def make_train_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.Stat
         raise ValueError(f"the optimizer asks for {unknown}; the step can give it max_logits")
     wants_logits = "max_logits" in extra_args
 
-    def loss_fn(params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array) -> tuple[jax.Array, Loss]:
+    def loss_fn(
+        params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array
+    ) -> tuple[jax.Array, Loss]:
         model = nnx.merge(graphdef, params, rest)
         out = objective.loss(model, batch, key, **({"max_logits": True} if wants_logits else {}))
         if wants_logits:
@@ -104,20 +119,7 @@ def make_train_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.Stat
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
-        key = jax.random.fold_in(state.key, state.step)
-        micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
-
-        def micro_step(grad_sum: Any, inputs: tuple[jax.Array, Any]) -> tuple[Any, Loss]:
-            i, mb = inputs
-            grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
-            return jax.tree.map(jnp.add, grad_sum, grads), out
-
-        if accumulation == 1:  # no scan of one: XLA fuses the step as a hand-written one
-            grad_sum, out = grad_fn(state.params, batch, jax.random.fold_in(key, 0), state.loss_scale)
-            outs = jax.tree.map(lambda x: x[None], out)
-        else:
-            zeros = jax.tree.map(jnp.zeros_like, state.params)
-            grad_sum, outs = jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
+        grad_sum, outs = summed_grads(grad_fn, state, batch, accumulation)
         # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
         total, count = outs.total.sum(), outs.count.sum()
         grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
@@ -137,23 +139,55 @@ def make_train_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.Stat
         ema = state.ema
         if ema is not None:
             ema = ema_update(ema, params, objective.ema_decay, state.step)
-        metrics = {"train/loss": total / count, "train/grad_norm": grad_norm,
-                   "train/lr": learning_rate(state.step),
-                   **{f"train/{k}": v.sum() / count for k, v in outs.sums.items()}}
+        metrics = {
+            "train/loss": total / count,
+            "train/grad_norm": grad_norm,
+            "train/lr": learning_rate(state.step),
+            **{f"train/{k}": v.sum() / count for k, v in outs.sums.items()},
+        }
         if dynamic_scale:
             metrics["train/loss_scale"] = loss_scale
         if wants_logits:
             metrics["train/max_logit"] = extra["max_logits"].max()
         metrics[NONFINITE] = nonfinite_step
-        new = dataclasses.replace(state, step=state.step + 1, params=params, opt_state=opt_state, ema=ema,
-                                  loss_scale=loss_scale, good_steps=good_steps, nonfinite_step=nonfinite_step)
+        new = dataclasses.replace(
+            state,
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            ema=ema,
+            loss_scale=loss_scale,
+            good_steps=good_steps,
+            nonfinite_step=nonfinite_step,
+        )
         return new, metrics
 
     return step
 
 
-def make_eval_step(objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State,
-                   metrics: Sequence[Metric] = ()) -> Callable[..., tuple[jax.Array, jax.Array, Any, Any]]:
+def summed_grads(
+    grad_fn: Callable[..., Any], state: TrainState, batch: Mapping[str, jax.Array], accumulation: int
+) -> tuple[Any, Loss]:
+    """The gradients summed over ``accumulation`` micro-batches of ``batch`` (one scan), and each
+    micro-batch's loss record, stacked."""
+    key = jax.random.fold_in(state.key, state.step)
+    if accumulation == 1:  # no scan of one: XLA fuses the step as a hand-written one
+        grad_sum, out = grad_fn(state.params, batch, jax.random.fold_in(key, 0), state.loss_scale)
+        return grad_sum, jax.tree.map(lambda x: x[None], out)
+    micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
+
+    def micro_step(grad_sum: Any, inputs: tuple[jax.Array, Any]) -> tuple[Any, Loss]:
+        i, mb = inputs
+        grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
+        return jax.tree.map(jnp.add, grad_sum, grads), out
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    return jax.lax.scan(micro_step, zeros, (jnp.arange(accumulation), micro))
+
+
+def make_eval_step(
+    objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State, metrics: Sequence[Metric] = ()
+) -> Callable[..., tuple[jax.Array, jax.Array, Any, Any]]:
     """The evaluation of one batch: the objective's loss (sum, count, sums) and each metric's
     (sum, count) by name, all in one compiled program."""
 

@@ -40,25 +40,34 @@ from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints
+from dew.training.checkpointing.saving import NonFiniteError, Saver
 from dew.training.evaluate import Evaluator, derived_metrics
+from dew.training.hooks import At, Hook, Hooks, Started, from_config
 from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopSignals
 from dew.training.process import compilation_cache_stats
-from dew.training.reporting.profiler import Profiler
 from dew.training.ramp import stage_at, tokens_seen_fn
-from dew.training.reporting.summary import RunReport, log_samples
 from dew.training.reporting.late_metrics import Reporter
+from dew.training.reporting.profiler import Profiler
+from dew.training.reporting.summary import RunReport, log_samples
+from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 from dew.training.run_directory import is_local
-from dew.training.checkpointing.saving import NonFiniteError, Saver
-from dew.training.hooks import At, Hook, Hooks, Started, from_config
 from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState, make_eval_step, make_train_step
-from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 
-__all__ = ["COMPILER_OPTIONS", "NonFiniteError", "Setup", "best_criterion", "check", "compile_train_step",
-           "stage_at", "tokens_seen_fn", "train"]
+__all__ = [
+    "COMPILER_OPTIONS",
+    "NonFiniteError",
+    "Setup",
+    "best_criterion",
+    "check",
+    "compile_train_step",
+    "stage_at",
+    "tokens_seen_fn",
+    "train",
+]
 
 log = logging.getLogger("dew")
 
@@ -75,16 +84,25 @@ def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
         raise ValueError(f"metrics: names must be unique and not 'loss' (eval/loss is the objective's); got {names}")
     best = [m for m in metrics if m.best]
     if len(best) > 1:
-        raise ValueError(f"metrics: {[m.name for m in best]} are all marked best; one metric chooses the best "
-                         "checkpoint")
+        raise ValueError(
+            f"metrics: {[m.name for m in best]} are all marked best; one metric chooses the best checkpoint"
+        )
     return (f"eval/{best[0].name}", best[0].higher_is_better) if best else (BEST_METRIC, False)
 
 
 # ------------------------------------------------------------------------------------------ train
 
 
-def train(run: RunConfig, objective: Objective, dataset: Dataset, *, name: str, metrics: Sequence[Metric] = (),
-          summary: Mapping[str, object] | None = None, setup: Setup | None = None) -> TrainState:
+def train(
+    run: RunConfig,
+    objective: Objective,
+    dataset: Dataset,
+    *,
+    name: str,
+    metrics: Sequence[Metric] = (),
+    summary: Mapping[str, object] | None = None,
+    setup: Setup | None = None,
+) -> TrainState:
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
     evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint.
 
@@ -153,15 +171,24 @@ class Samples(Hook):
         log_samples(self.tracker, self.objective, state, step, seed=self.seed)
 
 
-def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, *, metrics: Sequence[Metric],
-           summary: Mapping[str, object] | None, criterion: tuple[str, bool]) -> TrainState:
+def _train(
+    run: RunConfig,
+    objective: Objective,
+    dataset: Dataset,
+    setup: Setup,
+    *,
+    metrics: Sequence[Metric],
+    summary: Mapping[str, object] | None,
+    criterion: tuple[str, bool],
+) -> TrainState:
     t = run.trainer
     to_file = _log_to_file(setup.path)
     checkpoints = Checkpoints(setup.path, keep=t.keep, best_metric=criterion[0], higher_is_better=criterion[1])
     try:
         # (2) The model, the optimizer and the mesh; (3) the compiled step and evaluation.
         state, train_step, eval_step, mesh, batch_sharding = _build(
-            run, objective, dataset, setup, metrics, resuming=checkpoints.latest_step() is not None)
+            run, objective, dataset, setup, metrics, resuming=checkpoints.latest_step() is not None
+        )
         # (4) Resume from the latest checkpoint.
         iterator = dataset.iterator(jax.process_index(), jax.process_count())
         state, latest, records, wandb_id, fallbacks = _resume(checkpoints, state, iterator, setup.name)
@@ -169,19 +196,50 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
         if latest is not None and step >= setup.total_steps:  # a finished run launched again: nothing to do
             log.info("%s already completed its %d steps; nothing to train", setup.name, setup.total_steps)
             return state
-        tracker = Tracker(t, setup.name, record=run.to_dict(), summary=summary or {}, total_steps=setup.total_steps,
-                          resume_step=latest, wandb_id=wandb_id, is_main=jax.process_index() == 0,
-                          changed=setup.changed)
+        tracker = Tracker(
+            t,
+            setup.name,
+            record=run.to_dict(),
+            summary=summary or {},
+            total_steps=setup.total_steps,
+            resume_step=latest,
+            wandb_id=wandb_id,
+            is_main=jax.process_index() == 0,
+            changed=setup.changed,
+        )
         if latest is not None:  # the damaged steps walked past to the one restored
             for f in fallbacks:
-                tracker.event("checkpoint_fallback", step=latest, damaged_step=f.damaged_step, problem=f.problem,
-                              **({"moved_to": f.moved_to} if f.moved_to else {}))
-        story = RunReport(run, setup.name, setup.path, total_steps=setup.total_steps, samples=can_sample(objective),
-                          every=(setup.eval_every, setup.ckpt_every))
+                tracker.event(
+                    "checkpoint_fallback",
+                    step=latest,
+                    damaged_step=f.damaged_step,
+                    problem=f.problem,
+                    **({"moved_to": f.moved_to} if f.moved_to else {}),
+                )
+        story = RunReport(
+            run,
+            setup.name,
+            setup.path,
+            total_steps=setup.total_steps,
+            samples=can_sample(objective),
+            every=(setup.eval_every, setup.ckpt_every),
+        )
         story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
         place = functools.partial(_global, batch_sharding=batch_sharding)
-        parts = _parts(run, objective, dataset, setup, checkpoints, tracker, story, iterator, latest,
-                       train_step=train_step, eval_step=eval_step, place=place)
+        parts = _parts(
+            run,
+            objective,
+            dataset,
+            setup,
+            checkpoints,
+            tracker,
+            story,
+            iterator,
+            latest,
+            train_step=train_step,
+            eval_step=eval_step,
+            place=place,
+        )
         return _run(parts, setup, t, state, Position(step, records))
     finally:
         checkpoints.close()
@@ -190,8 +248,9 @@ def _train(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
             to_file.close()
 
 
-def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, metrics: Sequence[Metric], *,
-           resuming: bool) -> tuple[TrainState, Callable, Callable, Mesh, NamedSharding]:
+def _build(
+    run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, metrics: Sequence[Metric], *, resuming: bool
+) -> tuple[TrainState, Callable, Callable, Mesh, NamedSharding]:
     """The initial state laid out on the mesh (loaded from ``trainer.init_from`` for a new run),
     the compiled step and evaluation, the mesh and the batch's sharding."""
     t, total_steps, run_dir = run.trainer, setup.total_steps, setup.path
@@ -201,8 +260,9 @@ def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
     optimizer = run_optimizer(run, dataset, params, total_steps)
 
     def init_state(params: Any) -> TrainState:
-        return TrainState.create(params, optimizer.tx, seed=t.seed, ema=objective.ema_decay > 0,
-                                 dynamic_scale=t.dynamic_scale)
+        return TrainState.create(
+            params, optimizer.tx, seed=t.seed, ema=objective.ema_decay > 0, dynamic_scale=t.dynamic_scale
+        )
 
     # One compiled program lays the whole state out on the mesh (not one eager op per leaf), each
     # leaf as the logical axes of its parameter and trainer.layout.rules say.
@@ -211,29 +271,50 @@ def _build(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup,
     state_sharding = state_sharding.replace(graphdef=graphdef, rest=rest)
     batch_sharding = sharding.batch_sharding(mesh, t.layout)
     train_step = compile_train_step(objective, optimizer, t, mesh, state_sharding, batch_sharding)
-    eval_step = jax.jit(sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
-                        in_shardings=(state_sharding.params, batch_sharding, None),
-                        compiler_options=COMPILER_OPTIONS or None)
+    eval_step = jax.jit(
+        sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
+        in_shardings=(state_sharding.params, batch_sharding, None),
+        compiler_options=COMPILER_OPTIONS or None,
+    )
     return state, train_step, eval_step, mesh, batch_sharding
 
 
-def compile_train_step(objective: Objective, optimizer: Optimizer, t: TrainerConfig, mesh: Mesh,
-                       state_sharding: TrainState,
-                       batch_sharding: NamedSharding) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
+def compile_train_step(
+    objective: Objective,
+    optimizer: Optimizer,
+    t: TrainerConfig,
+    mesh: Mesh,
+    state_sharding: TrainState,
+    batch_sharding: NamedSharding,
+) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
     """The train step, jitted over the mesh with the state donated; traced under the layout's rules,
     so the models' activation constraints (dew.models.axes) apply."""
     graphdef, rest = state_sharding.graphdef, state_sharding.rest
     return jax.jit(
-        sharding.under_rules(mesh, t.layout, make_train_step(
-            objective, graphdef, rest, optimizer.tx, optimizer.learning_rate,
-            accumulation=t.accumulation, dynamic_scale=t.dynamic_scale, extra_args=optimizer.extra_args)),
-        in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
+        sharding.under_rules(
+            mesh,
+            t.layout,
+            make_train_step(
+                objective,
+                graphdef,
+                rest,
+                optimizer.tx,
+                optimizer.learning_rate,
+                accumulation=t.accumulation,
+                dynamic_scale=t.dynamic_scale,
+                extra_args=optimizer.extra_args,
+            ),
+        ),
+        in_shardings=(state_sharding, batch_sharding),
+        out_shardings=(state_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
-        donate_argnums=0)
+        donate_argnums=0,
+    )
 
 
-def _resume(checkpoints: Checkpoints, state: TrainState, iterator: BatchIterator,
-            name: str) -> tuple[TrainState, int | None, int, str | None, list]:
+def _resume(
+    checkpoints: Checkpoints, state: TrainState, iterator: BatchIterator, name: str
+) -> tuple[TrainState, int | None, int, str | None, list]:
     """The state, the step restored (None for a new run), the records consumed, the W&B run's id and
     the damaged checkpoints walked past; the data iterator is put where the checkpoint left it."""
     if checkpoints.latest_step() is None:
@@ -246,29 +327,70 @@ def _resume(checkpoints: Checkpoints, state: TrainState, iterator: BatchIterator
     return restored, latest, meta["records"], meta.get("wandb_id"), fallbacks
 
 
-def _parts(run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, checkpoints: Checkpoints,
-           tracker: Tracker, story: RunReport, iterator: BatchIterator, latest: int | None, *, train_step: Callable,
-           eval_step: Callable, place: Callable) -> Parts:
+def _parts(
+    run: RunConfig,
+    objective: Objective,
+    dataset: Dataset,
+    setup: Setup,
+    checkpoints: Checkpoints,
+    tracker: Tracker,
+    story: RunReport,
+    iterator: BatchIterator,
+    latest: int | None,
+    *,
+    train_step: Callable,
+    eval_step: Callable,
+    place: Callable,
+) -> Parts:
     """The loop's parts, each given what it reads, and its hooks in the order they run at a step."""
     t = run.trainer
     derive = functools.partial(derived_metrics, objective)
-    evaluator = Evaluator(eval_step, lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
-                          place, seed=t.seed, derive=derive)
-    meter = Throughput(flops_per_example=_flops_per_example(run), peak_flops=peak_flops(
-        jax.devices()[0].device_kind, run.model.dtype, jax.device_count()))
-    saver = Saver(checkpoints, tracker, data_state=lambda: iterator.get_state() if dataset.resumable else None,
-                  stages=t.stages(), total_steps=setup.total_steps, last_saved=latest, every=setup.ckpt_every)
+    evaluator = Evaluator(
+        eval_step,
+        lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
+        place,
+        seed=t.seed,
+        derive=derive,
+    )
+    meter = Throughput(
+        flops_per_example=_flops_per_example(run),
+        peak_flops=peak_flops(jax.devices()[0].device_kind, run.model.dtype, jax.device_count()),
+    )
+    saver = Saver(
+        checkpoints,
+        tracker,
+        data_state=lambda: iterator.get_state() if dataset.resumable else None,
+        stages=t.stages(),
+        total_steps=setup.total_steps,
+        last_saved=latest,
+        every=setup.ckpt_every,
+    )
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
     own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
     own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), evaluate, saver]
     if t.wandb is not None:
         own.append(Samples(tracker, objective, t.seed))
-    hooks = Hooks([*own, *from_config(t.hooks)], derive=derive, check_finite=saver.check_finite,
-                  restart=meter.restart, phase=story.phase)
+    hooks = Hooks(
+        [*own, *from_config(t.hooks)],
+        derive=derive,
+        check_finite=saver.check_finite,
+        restart=meter.restart,
+        phase=story.phase,
+    )
     evaluate.told = hooks.evaluated  # an evaluation tells every hook (the samples)
-    return Parts(train_step=train_step, place=place, iterator=iterator, stages=t.stages(), story=story,
-                 tracker=tracker, hooks=hooks, evaluate=evaluate, saver=saver, stop=setup.stop,
-                 started=Started(run, objective, tracker, latest or 0, setup.total_steps))
+    return Parts(
+        train_step=train_step,
+        place=place,
+        iterator=iterator,
+        stages=t.stages(),
+        story=story,
+        tracker=tracker,
+        hooks=hooks,
+        evaluate=evaluate,
+        saver=saver,
+        stop=setup.stop,
+        started=Started(run, objective, tracker, latest or 0, setup.total_steps),
+    )
 
 
 @dataclasses.dataclass
@@ -375,5 +497,3 @@ def _log_to_file(path: epath.Path) -> logging.Handler | None:
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     return handler
-
-

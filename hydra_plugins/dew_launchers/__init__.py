@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
 
 from dew import compat
 from dew.launching.launchers import CheckedLaunch
 from dew.launching.local_launcher import LocalLaunch
 from dew.launching.slurm_launcher import SlurmLaunch
+from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
 
 
 class BasicLauncher(CheckedLaunch, compat.hydra_basic_launcher()):  # type: ignore[misc]  # Hydra's, via compat

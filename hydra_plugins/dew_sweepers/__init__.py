@@ -55,7 +55,9 @@ def store_config(base: type, target: str) -> None:
 
     from hydra.core.config_store import ConfigStore
 
-    fields = [("_target_", str, dataclasses.field(default=target)),
-              ("max_failure_rate", float, dataclasses.field(default=1.0))]
+    fields = [
+        ("_target_", str, dataclasses.field(default=target)),
+        ("max_failure_rate", float, dataclasses.field(default=1.0)),
+    ]
     node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(base,))
     ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="dew")

@@ -11,8 +11,27 @@ bench = importlib.import_module("bench.mup_transfer")
 @pytest.mark.slow
 def test_the_sweep_runs_and_mup_at_its_base_width_is_the_standard_model(tmp_path):
     figure = tmp_path / "mup_transfer.png"
-    record = bench.main(["--widths", "16,32", "--base-width", "16", "--rates=-6,-4", "--steps", "8", "--batch", "2",
-                         "--seq-len", "8", "--eval-batches", "1", "--heads", "2", "--figure", str(figure)])
+    record = bench.main(
+        [
+            "--widths",
+            "16,32",
+            "--base-width",
+            "16",
+            "--rates=-6,-4",
+            "--steps",
+            "8",
+            "--batch",
+            "2",
+            "--seq-len",
+            "8",
+            "--eval-batches",
+            "1",
+            "--heads",
+            "2",
+            "--figure",
+            str(figure),
+        ]
+    )
     assert record["bench"] == "mup_transfer" and record["rates"] == [2.0**-6, 2.0**-4]
     sp, mup = record["sp"], record["mup"]
     # at the base width every muP multiplier and group is the standard one: the same losses (with

@@ -107,7 +107,7 @@ def collect(page: str, text: str) -> list[Command]:
         if fence.group(1) not in SHELL_FENCES:
             continue
         start = text.count("\n", 0, fence.start()) + 1  # the fence's line
-        before = text[:fence.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: fence.start()].rstrip("\n").rsplit("\n", 1)[-1]
         block_skip = BLOCK_SKIP.search(before)
         found += _block_commands(page, start + 1, fence.group(2), block_skip.group(1) if block_skip else None)
     return found
@@ -145,7 +145,7 @@ def _parts(line: str) -> list[str]:
             depth -= 1
         elif char in "&|;" and not depth:
             parts.append(line[start:i])
-            i += 1 if line[i:i + 2] not in ("&&", "||") else 2
+            i += 1 if line[i : i + 2] not in ("&&", "||") else 2
             start = i
             continue
         i += 1
@@ -187,7 +187,7 @@ def _drop_comment(line: str) -> str:
     cut = len(line)
     for match in re.finditer(r"\s#", line):
         try:
-            shlex.split(line[:match.start()])
+            shlex.split(line[: match.start()])
         except ValueError:
             continue  # inside quotes
         cut = match.start()

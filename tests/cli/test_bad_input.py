@@ -12,10 +12,16 @@ pytestmark = pytest.mark.slow
 
 CASES = [
     # (overrides, what the message must say)
-    (["trainer.nope=1"], "trainer.nope: unknown field of trainer (TrainerConfig); its fields are name, checkpoint_dir, keep"),
+    (
+        ["trainer.nope=1"],
+        "trainer.nope: unknown field of trainer (TrainerConfig); its fields are name, checkpoint_dir, keep",
+    ),
     (["trainer.batch_size=many"], "trainer.batch_size"),
     (["model=resnet"], "model/resnet"),
-    (["optim.optimizer=sgd"], "optim.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'"),
+    (
+        ["optim.optimizer=sgd"],
+        "optim.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'",
+    ),
     (["+model.nope=1"], "model.nope: unknown field of ModelConfig"),
     (["+trainer.mesh.pipeline=2"], "trainer.mesh.pipeline: unknown field of MeshSpec"),
     (["trainer.eval_every=weekly"], "trainer.eval_every: expected int or one of 'epoch' or null, found str 'weekly'"),
@@ -25,11 +31,15 @@ CASES = [
     (["model.config={num_classes: 7}", "trainer.steps=2"], "model.config.num_classes=7 conflicts with the data"),
     (["trainer.steps=2", "trainer.batch_size=30", "trainer.accumulation=4"], "trainer.batch_size=30 does not divide"),
     (["data=token_windows", "data.path=/nonexistent/tokens.bin", "trainer.steps=2"], "/nonexistent/tokens.bin"),
-    (["data=token_windows", "trainer.steps=2"],
-     "data.path is empty: give a token file or a glob over shards; make one from text files with: "
-     "dew-prepare --out data/tiny corpus/*.txt (then data.path=data/tiny/train.bin)"),
-    (["model.dtype=bfloat16", "model.config={dtype: float32}", "trainer.steps=2"],
-     "model.config.dtype='float32' disagrees with model.dtype='bfloat16'"),
+    (
+        ["data=token_windows", "trainer.steps=2"],
+        "data.path is empty: give a token file or a glob over shards; make one from text files with: "
+        "dew-prepare --out data/tiny corpus/*.txt (then data.path=data/tiny/train.bin)",
+    ),
+    (
+        ["model.dtype=bfloat16", "model.config={dtype: float32}", "trainer.steps=2"],
+        "model.config.dtype='float32' disagrees with model.dtype='bfloat16'",
+    ),
 ]
 
 
@@ -40,10 +50,19 @@ DEW_CASES = [
     (["optim.clip_grads=nan", "trainer.steps=2"], "optim.clip_grads: expected a finite float, found float nan"),
     (["optim.weight_decay=-inf", "trainer.steps=2"], "optim.weight_decay: expected a finite float, found float -inf"),
     (["trainer.steps=99999999999999999999"], "trainer.steps=99999999999999999999 exceeds 2147483647"),
-    (["trainer.steps=2", "model.attention_impl=cudnn"], "model.attention_impl='cudnn' cannot run: the backend is 'cpu'"),
-    (["trainer.steps=2", "trainer.xla_flags=--bogus"], "trainer.xla_flags='--bogus': XLA does not know the flag --bogus"),
+    (
+        ["trainer.steps=2", "model.attention_impl=cudnn"],
+        "model.attention_impl='cudnn' cannot run: the backend is 'cpu'",
+    ),
+    (
+        ["trainer.steps=2", "trainer.xla_flags=--bogus"],
+        "trainer.xla_flags='--bogus': XLA does not know the flag --bogus",
+    ),
     (["model.config={depth: "], "model.config: cannot parse the value '{depth: '"),
-    (["trainer.mesh.nope=1"], "trainer.mesh.nope: unknown field of trainer.mesh (MeshSpec); its fields are data, fsdp, tensor"),
+    (
+        ["trainer.mesh.nope=1"],
+        "trainer.mesh.nope: unknown field of trainer.mesh (MeshSpec); its fields are data, fsdp, tensor",
+    ),
 ]
 CASES += DEW_CASES
 
@@ -87,14 +106,34 @@ def test_a_run_record_that_is_not_utf8_is_named(workdir):
 
 
 def test_a_changed_config_is_refused_and_nothing_changes(workdir):
-    first = dew("experiment=digits", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-                "optim.schedule.warmup_steps=1", "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1",
-                "flow_matching.sample_steps=2", "model.config.depth=1", cwd=workdir, env=fast_env())
+    first = dew(
+        "experiment=digits",
+        "trainer.steps=2",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=null",
+        "optim.schedule.warmup_steps=1",
+        "trainer.checkpoint_dir=ck",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=2",
+        "model.config.depth=1",
+        cwd=workdir,
+        env=fast_env(),
+    )
     assert first.returncode == 0, first.stderr
     before = {p: (workdir / p).stat().st_mtime_ns for p in tree(workdir) if (workdir / p).is_file()}
-    second = dew("experiment=digits", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-                 "optim.schedule.warmup_steps=1", "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1",
-                 "flow_matching.sample_steps=2", "model.config.depth=1", "optim.learning_rate=0.5", cwd=workdir)
+    second = dew(
+        "experiment=digits",
+        "trainer.steps=2",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=null",
+        "optim.schedule.warmup_steps=1",
+        "trainer.checkpoint_dir=ck",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=2",
+        "model.config.depth=1",
+        "optim.learning_rate=0.5",
+        cwd=workdir,
+    )
     assert second.returncode != 0
     assert "optim.learning_rate: 0.001 -> 0.5" in second.stderr and "Traceback" not in second.stderr
     assert second.returncode == EXIT_REFUSED
@@ -103,8 +142,14 @@ def test_a_changed_config_is_refused_and_nothing_changes(workdir):
 
 
 def test_no_network_and_no_files_says_what_to_download(workdir, tmp_path):
-    result = dew("data=oxford_flowers102", f"data.cache_dir={tmp_path / 'cache'}", "trainer.steps=2",
-                 "trainer.checkpoint_dir=ck", cwd=workdir, timeout=300)
+    result = dew(
+        "data=oxford_flowers102",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "trainer.steps=2",
+        "trainer.checkpoint_dir=ck",
+        cwd=workdir,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "Without network, download 102flowers.tgz, imagelabels.mat and setid.mat" in result.stderr
     assert "Traceback" not in result.stderr

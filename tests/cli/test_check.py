@@ -21,8 +21,10 @@ def errors(stderr: str) -> list[str]:
 def test_a_run_that_passes_is_one_line_and_leaves_nothing(workdir: Path):
     result = dew("--check", *TINY, "trainer.steps=4", "trainer.name=fine", cwd=workdir)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == ("dew-train: check: the run passes every check a launch makes; nothing was "
-                                     f"written (its directory would be {workdir / 'checkpoints' / 'fine'})")
+    assert result.stdout.strip() == (
+        "dew-train: check: the run passes every check a launch makes; nothing was "
+        f"written (its directory would be {workdir / 'checkpoints' / 'fine'})"
+    )
     assert tree(workdir) == []
 
 
@@ -31,8 +33,9 @@ def test_a_bad_run_fails_the_check_as_it_fails_its_launch(workdir: Path):
     args = ["experiment=digits", "trainer.steps=20", "trainer.name=short"]
     check, launch = dew("--check", *args, cwd=workdir), dew(*args, cwd=workdir)
     assert check.returncode == launch.returncode == 2, (check.stderr, launch.stderr)
-    assert errors(check.stderr) == errors(launch.stderr) == [
-        "optim.schedule.warmup_steps=100 exceeds the run's 20 steps"]
+    assert (
+        errors(check.stderr) == errors(launch.stderr) == ["optim.schedule.warmup_steps=100 exceeds the run's 20 steps"]
+    )
     assert "Traceback" not in check.stderr and tree(workdir) == []
 
 
@@ -55,8 +58,10 @@ def test_a_grid_sweep_is_checked_job_by_job_with_the_launchs_messages(workdir: P
     assert tree(workdir) == []
     good = dew("--check", "-m", *TINY, "trainer.steps=4,5", cwd=workdir)
     assert good.returncode == 0, good.stderr
-    assert good.stdout.strip().splitlines()[-1] == ("dew-train: check: 2 jobs pass every check a launch makes (for a "
-                                                     "search: its first trials); nothing was started or written")
+    assert good.stdout.strip().splitlines()[-1] == (
+        "dew-train: check: 2 jobs pass every check a launch makes (for a "
+        "search: its first trials); nothing was started or written"
+    )
     assert tree(workdir) == []
 
 
@@ -65,8 +70,15 @@ def test_a_study_checks_its_first_trials_drawn_from_its_space(workdir: Path):
     nothing (no study.db): a space Hydra cannot merge into its field (floats for an int) is refused
     before any trial, and a drawn value dew refuses is one line per trial that draws it."""
     tiny = [a for a in TINY if not a.startswith("optim.schedule.warmup_steps=")]  # searched here
-    search = ["-m", *tiny, "trainer.steps=40", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=8",
-              "hydra.sweeper.n_jobs=3", "hydra.sweeper.sampler.seed=0"]
+    search = [
+        "-m",
+        *tiny,
+        "trainer.steps=40",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=8",
+        "hydra.sweeper.n_jobs=3",
+        "hydra.sweeper.sampler.seed=0",
+    ]
     bad = dew("--check", *search, "optim.schedule.warmup_steps=interval(0, 30)", cwd=workdir)
     assert bad.returncode == 2 and len(errors(bad.stderr)) == 1, bad.stderr  # the space itself, before any trial
     assert "could not be converted to Integer" in bad.stderr and "int(interval(a, b))" in bad.stderr, bad.stderr

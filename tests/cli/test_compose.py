@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from dew.cli.train import conf_dir, register_configs
 from dew.contract.data import datasets
-from dew.recipe import Recipe
 from dew.contract.schedules import schedules
+from dew.recipe import Recipe
 
 CONF = Path(conf_dir())
 GROUPS = ["model", "data", "optim", "optim/schedule", "trainer", "experiment"]
@@ -61,14 +61,19 @@ def test_every_option_composes_and_converts(group, option):
 
 
 def test_overrides_reach_the_typed_fields():
-    recipe = compose_recipe("optim/schedule=power", "optim.schedule.decay_fraction=0.2",
-                            "model.config={depth: 3, num_heads: 2, hidden_size: 64}", "trainer.eval_every=epoch",
-                            "trainer.checkpoint_every=7", "trainer.batch_ramp={start: 8, increment: 8, records: 64}")
+    recipe = compose_recipe(
+        "optim/schedule=power",
+        "optim.schedule.decay_fraction=0.2",
+        "model.config={depth: 3, num_heads: 2, hidden_size: 64}",
+        "trainer.eval_every=epoch",
+        "trainer.checkpoint_every=7",
+        "trainer.batch_ramp={start: 8, increment: 8, records: 64}",
+    )
     assert recipe.optim.schedule.decay_fraction == 0.2  # type: ignore[union-attr]
     assert recipe.model.config == {"depth": 3, "num_heads": 2, "hidden_size": 64}
     assert recipe.trainer.checkpoint_every == 7 and recipe.trainer.eval_every == "epoch"
     assert recipe.trainer.batch_ramp.start == 8  # type: ignore[union-attr]
-    json_string = compose_recipe("model.config='{\"depth\": 3, \"num_heads\": 2, \"hidden_size\": 64}'")
+    json_string = compose_recipe('model.config=\'{"depth": 3, "num_heads": 2, "hidden_size": 64}\'')
     assert json_string.model.config == recipe.model.config
 
 
@@ -78,16 +83,19 @@ def test_the_digits_experiment_states_only_differences():
     assert recipe.trainer.steps and recipe.model.dtype == "float32"
 
 
-@pytest.mark.parametrize("overrides, architecture", [
-    ((), "simple_dit"),
-    (("data=token_windows",), "transformer"),            # tokens bring the causal LM ...
-    (("data=text_stream",), "transformer"),
-    (("data=token_windows", "model=simple_dit"), "simple_dit"),  # ... unless the model is chosen
-    (("model=dit_s2", "data=token_windows"), "simple_dit"),
-    (("experiment=tiny_mdlm",), "simple_dit"),           # an experiment's choice wins over the data's
-    (("experiment=tiny_lm",), "transformer"),
-    (("data=oxford_flowers102",), "simple_dit"),
-])
+@pytest.mark.parametrize(
+    "overrides, architecture",
+    [
+        ((), "simple_dit"),
+        (("data=token_windows",), "transformer"),  # tokens bring the causal LM ...
+        (("data=text_stream",), "transformer"),
+        (("data=token_windows", "model=simple_dit"), "simple_dit"),  # ... unless the model is chosen
+        (("model=dit_s2", "data=token_windows"), "simple_dit"),
+        (("experiment=tiny_mdlm",), "simple_dit"),  # an experiment's choice wins over the data's
+        (("experiment=tiny_lm",), "transformer"),
+        (("data=oxford_flowers102",), "simple_dit"),
+    ],
+)
 def test_the_default_model_follows_the_data(overrides, architecture):
     """docs/data.md: a token dataset with no model chosen trains the transformer (next-token), not
     the image default's DiT."""

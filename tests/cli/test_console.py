@@ -13,9 +13,18 @@ import pytest
 
 from tests.conftest import REPO, cli_env, dew
 
-TINY_DIGITS = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
-               "optim.schedule.warmup_steps=0", "trainer.log_every=2", "trainer.compilation_cache_dir=null",
-               "trainer.checkpoint_dir=ck", "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1"]
+TINY_DIGITS = [
+    "experiment=digits",
+    "model.config.depth=1",
+    "model.config.hidden_size=32",
+    "model.config.num_heads=2",
+    "optim.schedule.warmup_steps=0",
+    "trainer.log_every=2",
+    "trainer.compilation_cache_dir=null",
+    "trainer.checkpoint_dir=ck",
+    "flow_matching.samples_per_class=1",
+    "flow_matching.sample_steps=1",
+]
 
 
 def plain_env() -> dict[str, str]:
@@ -32,17 +41,32 @@ def one_line_error(result: subprocess.CompletedProcess, prog: str = "dew-train")
 
 # ------------------------------------------------------------------------------ a closed pipe
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [
-    ["dew.cli.train", "--help"], ["dew.cli.train", "--hydra-help"], ["dew.cli.plan", "--help"],
-    ["dew.cli.runs", "--help"], ["dew.cli.sample", "--help"], ["dew.cli.runs", "."], ["dew.cli.train", "--cfg", "job"],
-], ids=" ".join)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["dew.cli.train", "--help"],
+        ["dew.cli.train", "--hydra-help"],
+        ["dew.cli.plan", "--help"],
+        ["dew.cli.runs", "--help"],
+        ["dew.cli.sample", "--help"],
+        ["dew.cli.runs", "."],
+        ["dew.cli.train", "--cfg", "job"],
+    ],
+    ids=" ".join,
+)
 def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path: Path, command: list[str]):
     """``dew-train --help | head -1``, the reader gone before the command writes: no BrokenPipeError,
     exit 141 (what a shell reports for a command SIGPIPE ended). The read end is closed before the
     interpreter has even started, so every write meets the closed pipe (not only a long one)."""
     (tmp_path / "ck").mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *command],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     proc.stdout.close()
     stderr = proc.stderr.read()
     proc.wait(timeout=120)
@@ -51,6 +75,7 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path: Path, com
 
 
 # ------------------------------------------------------------------------------ -m with --cfg
+
 
 @pytest.mark.slow
 def test_cfg_under_multirun_prints_the_sweeps_config(workdir: Path):
@@ -66,12 +91,14 @@ def test_cfg_under_multirun_prints_the_sweeps_config(workdir: Path):
 
     sampled = dew("-m", "experiment=digits", "optim.learning_rate=interval(1e-3,3e-3)", "--cfg", "job", cwd=workdir)
     assert sampled.returncode == 2 and sampled.stdout == ""
-    assert one_line_error(sampled).startswith("dew-train: error: optim.learning_rate=interval(1e-3,3e-3): the "
-                                              "sweeper samples this value")
+    assert one_line_error(sampled).startswith(
+        "dew-train: error: optim.learning_rate=interval(1e-3,3e-3): the sweeper samples this value"
+    )
     assert list(workdir.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------- help
+
 
 @pytest.mark.slow
 def test_hydra_help_names_the_launchers_as_the_docs_do(workdir: Path):
@@ -81,7 +108,9 @@ def test_hydra_help_names_the_launchers_as_the_docs_do(workdir: Path):
     groups = dict(re.findall(r"^(hydra/[\w/]+): (.*)$", shown.stdout, re.M))
     assert groups["hydra/launcher"] == "dew_basic (default), local, slurm"
     assert groups["hydra/sweeper"] == "basic (default), optuna"
-    docs = "\n".join(p.read_text() for p in [REPO / "README.md", REPO / "launch" / "README.md", *REPO.glob("docs/*.md")])
+    docs = "\n".join(
+        p.read_text() for p in [REPO / "README.md", REPO / "launch" / "README.md", *REPO.glob("docs/*.md")]
+    )
     for name in ("local", "slurm", "optuna"):
         assert re.search(rf"hydra/(launcher|sweeper)=\b{name}\b", docs), name
     # An app's overrides (which Hydra's own help cannot compose) and a profile of launch/ are taken.
@@ -102,6 +131,7 @@ def test_the_help_names_files_that_declare_the_fields(workdir: Path):
 
 # ------------------------------------------------------------------------------------- quiet
 
+
 @pytest.mark.slow
 def test_a_run_its_resume_and_a_warm_start_print_no_orbax_warnings(workdir: Path):
     """A checkpoint where the run does not evaluate (no metric for orbax to rank it by), the same run
@@ -118,8 +148,13 @@ def test_a_run_its_resume_and_a_warm_start_print_no_orbax_warnings(workdir: Path
     assert "checkpointing every 2" in outputs[0] and "already completed its 4 steps" in outputs[1]
     assert sorted(p.name for p in (workdir / "ck" / "a").iterdir() if p.name.isdigit()) == ["2", "4"]
     for out in outputs:
-        for noise in ("Given directory is read only", "Metadata file does not exist", "tracked_metric",
-                      "read_only=True", "[absl]"):
+        for noise in (
+            "Given directory is read only",
+            "Metadata file does not exist",
+            "tracked_metric",
+            "read_only=True",
+            "[absl]",
+        ):
             assert noise not in out, out[-3000:]
 
 
@@ -146,8 +181,17 @@ def test_optuna_lines_carry_no_colour_codes_into_a_pipe(workdir: Path):
     """A one-trial study, its output captured through a pipe: Optuna's lines (colorlog) arrive as
     plain text. (The trial fails its checks, so nothing trains: the study is created, the trial
     recorded, the sweep ends.)"""
-    result = dew("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1",
-                 "model.dtype=choice(float33)", *TINY_DIGITS, "trainer.steps=2", cwd=workdir, env=plain_env())
+    result = dew(
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.n_jobs=1",
+        "model.dtype=choice(float33)",
+        *TINY_DIGITS,
+        "trainer.steps=2",
+        cwd=workdir,
+        env=plain_env(),
+    )
     out = result.stdout + result.stderr
     assert "A new study created" in out, out[-3000:]
     assert re.search(r"^\[I \d{4}-\d\d-\d\d", out, re.M), out[-3000:]  # an Optuna line, uncoloured
@@ -156,23 +200,26 @@ def test_optuna_lines_carry_no_colour_codes_into_a_pipe(workdir: Path):
 
 # ------------------------------------------------------------------------------ help without JAX
 
+
 def test_sample_export_and_plan_answer_help_and_bad_options_without_jax():
     """In a fresh interpreter: importing dew-sample's, dew-export's and dew-plan's modules, and their
     ``--help`` and argument errors (dew-plan's help is Hydra's), load no JAX library: JAX loads only
     once the arguments are good."""
-    code = "\n".join([
-        "import contextlib, io, sys",
-        "import dew.cli.sample, dew.cli.export, dew.cli.plan",
-        "codes = []",
-        "for main, argv in [(dew.cli.sample.main, ['--help']), (dew.cli.sample.main, ['run', '--count', '0']),",
-        "                   (dew.cli.export.main, ['--help']), (dew.cli.export.main, ['run'])]:",
-        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):",
-        "        try:",
-        "            main(argv)",
-        "        except SystemExit as exit:",
-        "            codes.append(exit.code)",
-        "print(codes, sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'grain')))",
-    ])
+    code = "\n".join(
+        [
+            "import contextlib, io, sys",
+            "import dew.cli.sample, dew.cli.export, dew.cli.plan",
+            "codes = []",
+            "for main, argv in [(dew.cli.sample.main, ['--help']), (dew.cli.sample.main, ['run', '--count', '0']),",
+            "                   (dew.cli.export.main, ['--help']), (dew.cli.export.main, ['run'])]:",
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):",
+            "        try:",
+            "            main(argv)",
+            "        except SystemExit as exit:",
+            "            codes.append(exit.code)",
+            "print(codes, sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'flax', 'optax', 'orbax', 'grain')))",  # noqa: E501
+        ]
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=cli_env())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[0, 2, 0, 2] []"

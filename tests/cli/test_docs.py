@@ -39,11 +39,13 @@ INFO_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help", "--check"
 def documented_commands() -> list[tuple[str, str]]:
     """(page file name, command) for every ``dew-train`` command the docs show (tests/cli/test_search.py
     and test_slurm.py read them)."""
-    return sorted({(Path(c.page).name, c.text[c.text.index("dew-train"):])
-                   for c in documented() if c.program == "dew-train"})
+    return sorted(
+        {(Path(c.page).name, c.text[c.text.index("dew-train") :]) for c in documented() if c.program == "dew-train"}
+    )
 
 
 # --- the check: everything a launch checks, nothing trained ---------------------------------------
+
 
 def _check(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
     """``dew-train --check <args>``, as a user runs it: (exit status, stderr). Everything a launch
@@ -77,6 +79,7 @@ def _jobs(args: list[str]) -> list[list[str]]:
 
 # --- the user's directory: the files the pages say to have -----------------------------------------
 
+
 @pytest.fixture(scope="module")
 def user_template(tmp_path_factory) -> Path:
     """A corpus (``corpus/*.txt``, ``held_out.txt``), the token directory dew-prepare makes of it
@@ -107,18 +110,26 @@ def _user_dir(template: Path, tmp_path: Path) -> Path:
 
 # --- running a page --------------------------------------------------------------------------------
 
+
 def _bash(command: Command, variables: dict[str, str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """``command`` as a user's shell runs it, the page's earlier variables set, dew's scripts on PATH."""
     env = cli_env(**variables)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run(["bash", "-c", command.text], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", "-c", command.text], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _words(command: Command, variables: dict[str, str], cwd: Path) -> list[str]:
     """The command's words after the shell's expansions (``$sweep``, ``$(...)``, globs left to dew)."""
-    result = subprocess.run(["bash", "-c", f"set -f; printf '%s\\0' {command.text}"], cwd=cwd,
-                            env=cli_env(**variables), capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["bash", "-c", f"set -f; printf '%s\\0' {command.text}"],
+        cwd=cwd,
+        env=cli_env(**variables),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return result.stdout.split("\0")[:-1]
 
 
@@ -141,11 +152,13 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
         if how == "skip":
             print(f"not run: {command} ({command.skip})")
         elif how == "unmarked":
-            problems.append(f"{command}: not a dew command, and the page gives no reason not to run it "
-                            f"(<!-- dew-docs: skip REASON --> before the fence, or # not run: REASON)")
+            problems.append(
+                f"{command}: not a dew command, and the page gives no reason not to run it "
+                f"(<!-- dew-docs: skip REASON --> before the fence, or # not run: REASON)"
+            )
         elif command.program == "variable":
             name, _, _ = command.text.partition("=")
-            result = _bash(Command(command.page, command.line, f"{command.text}; printf %s \"${name}\""), variables, cwd)
+            result = _bash(Command(command.page, command.line, f'{command.text}; printf %s "${name}"'), variables, cwd)
             variables[name] = result.stdout
             if result.returncode or not result.stdout:
                 problems.append(f"{command}: set nothing ({result.stderr.strip()})")
@@ -153,7 +166,7 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
             problems += _full(command, variables, cwd)
         else:
             words = _words(command, variables, cwd)
-            args = words[words.index("dew-train") + 1:]
+            args = words[words.index("dew-train") + 1 :]
             # A SLURM launch is checked where sbatch exists (the stand-in's: a check submits nothing).
             status, stderr = _check(args, cwd, install(cwd.parent / "slurm").env(cli_env(**command.env())))
             if status:
@@ -164,6 +177,7 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
 
 
 # --- runs a later command reads: trained small ------------------------------------------------------
+
 
 def _run_path(args: list[str]) -> str | None:
     """Where the command's run goes, as later commands name it: ``checkpoints/<trainer.name>`` (the
@@ -189,7 +203,7 @@ def _read_later(command: Command, commands: list[Command]) -> tuple[bool, bool] 
         return None
     path = re.compile(rf"{re.escape(run)}{'' if run.endswith('-') else r'(?=/|\s|$)'}(/\d+)?")
     reads, starts = [], False
-    for other in commands[commands.index(command) + 1:]:
+    for other in commands[commands.index(command) + 1 :]:
         if mode(other) == "check" and _run_path(other.argv()) == run and not reads:
             return None  # a later command trains that run again: it is the one read
         if mode(other) != "skip":
@@ -204,17 +218,28 @@ def _train_small(command: Command, args: list[str], steps_named: bool, shapes_ke
     from tests.conftest import dew
     from tests.training.conftest import fast_env
 
-    tail = ["trainer.compilation_cache_dir=null", "flow_matching.samples_per_class=1",
-            "flow_matching.sample_steps=1", "trainer.batch_size=8", "trainer.log_every=1"]
+    tail = [
+        "trainer.compilation_cache_dir=null",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=1",
+        "trainer.batch_size=8",
+        "trainer.log_every=1",
+    ]
     if not shapes_kept and not any(a.startswith("model.config=") for a in args):
         tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
     if not steps_named:
-        tail += ["trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=null",
-                 "optim.schedule.warmup_steps=0"]
+        tail += [
+            "trainer.steps=2",
+            "trainer.eval_every=2",
+            "trainer.checkpoint_every=null",
+            "optim.schedule.warmup_steps=0",
+        ]
     result = dew(*args, *tail, cwd=cwd, env=fast_env(**command.env()), timeout=600)
     if result.returncode:
-        return [f"{command}: trained small (for the commands after it), exit {result.returncode}: "
-                f"{result.stderr.strip()[-2000:]}"]
+        return [
+            f"{command}: trained small (for the commands after it), exit {result.returncode}: "
+            f"{result.stderr.strip()[-2000:]}"
+        ]
     return []
 
 
@@ -249,17 +274,23 @@ def test_every_command_of_a_page_runs(page, user_template, tmp_path):
     counts = {how: sum(mode(c) == how for c in commands) for how in ("full", "check", "skip")}
     print(f"{page}: {len(commands)} commands: {counts}")
     assert not problems, "\n".join(problems)
-    writers = [c for c in commands if (mode(c) == "full" and c.program not in ("dew-train", "variable"))
-               or (mode(c) == "check" and _read_later(c, commands))]
+    writers = [
+        c
+        for c in commands
+        if (mode(c) == "full" and c.program not in ("dew-train", "variable"))
+        or (mode(c) == "check" and _read_later(c, commands))
+    ]
     if not writers:
         assert tree(work) == before  # a check writes nothing
 
 
 def test_the_collector_finds_every_kind_of_command():
-    text = ("Text.\n\n```bash\n$ dew-train --help\nusage: ...\n$ dew-runs \\\n  ck\n```\n\n"
-            "<!-- dew-docs: skip needs a GPU -->\n```\npython bench/gpu.py\n```\n\n"
-            "```\nsweep=$(ls -d ck/*)   # the sweep\nJAX_PLATFORMS=cpu dew-plan model=dit_xl2 # not run: slow\n"
-            "ck/run/  a tree line, not a command\n```\n\n```python\ndew-train x=1\n```\n")
+    text = (
+        "Text.\n\n```bash\n$ dew-train --help\nusage: ...\n$ dew-runs \\\n  ck\n```\n\n"
+        "<!-- dew-docs: skip needs a GPU -->\n```\npython bench/gpu.py\n```\n\n"
+        "```\nsweep=$(ls -d ck/*)   # the sweep\nJAX_PLATFORMS=cpu dew-plan model=dit_xl2 # not run: slow\n"
+        "ck/run/  a tree line, not a command\n```\n\n```python\ndew-train x=1\n```\n"
+    )
     found = collect("page.md", text)
     assert [(c.line, c.text, c.program, c.skip, c.output) for c in found] == [
         (4, "dew-train --help", "dew-train", None, ["usage: ..."]),

@@ -31,32 +31,60 @@ from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import host_params
 
 STEPS, CKPT, EVAL = 80, 10, 20
-LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
-         f"trainer.eval_every={EVAL}", f"trainer.checkpoint_every={CKPT}", "trainer.checkpoint_dir=ck",
-         "trainer.compilation_cache_dir=cache"]  # later launches reuse what the first compiled
+LOCAL = [
+    "-m",
+    "hydra/launcher=local",
+    "hydra.launcher.tasks_per_node=2",
+    *TINY[:-1],
+    f"trainer.steps={STEPS}",
+    f"trainer.eval_every={EVAL}",
+    f"trainer.checkpoint_every={CKPT}",
+    "trainer.checkpoint_dir=ck",
+    "trainer.compilation_cache_dir=cache",
+]  # later launches reuse what the first compiled
 
 # (phase, trigger, second Ctrl-C): a trigger is seconds after the launch, or what the launch's rank-0
 # log shows: a line, "+k" (k steps after the step it resumed from), "ckpt"/"eval" (the line of the
 # next step that saves / evaluates, written just before it does), "end" (the last step's line).
 CHAINS = {
-    "a": [("before the pool", 0.3, True), ("set-up", "Loading pickle", False),
-          ("compilation", "compiling the train step", True), ("mid-step", "+3", False),
-          ("set-up", "joined the JAX process pool", True), ("checkpoint", "ckpt", False),
-          ("mid-step", "+4", True), ("evaluation", "eval", False), ("before the pool", 2.5, True),
-          ("end", "end", False)],
-    "b": [("before the pool", 1.5, True), ("set-up", "Starting with JobEnvironment", False),
-          ("compilation", "compiling the train step", True), ("mid-step", "+2", False),
-          ("checkpoint", "ckpt", True), ("compilation", "compiling the train step", False),
-          ("evaluation", "eval", True), ("checkpoint", "ckpt", False), ("mid-step", "+3", True),
-          ("end", "end", False)],
+    "a": [
+        ("before the pool", 0.3, True),
+        ("set-up", "Loading pickle", False),
+        ("compilation", "compiling the train step", True),
+        ("mid-step", "+3", False),
+        ("set-up", "joined the JAX process pool", True),
+        ("checkpoint", "ckpt", False),
+        ("mid-step", "+4", True),
+        ("evaluation", "eval", False),
+        ("before the pool", 2.5, True),
+        ("end", "end", False),
+    ],
+    "b": [
+        ("before the pool", 1.5, True),
+        ("set-up", "Starting with JobEnvironment", False),
+        ("compilation", "compiling the train step", True),
+        ("mid-step", "+2", False),
+        ("checkpoint", "ckpt", True),
+        ("compilation", "compiling the train step", False),
+        ("evaluation", "eval", True),
+        ("checkpoint", "ckpt", False),
+        ("mid-step", "+3", True),
+        ("end", "end", False),
+    ],
 }
 
 
 def launch(workdir: Path, name: str, log: Path) -> subprocess.Popen:
     """The sweep launched as from a terminal: its own process group, the foreground job."""
-    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}"], cwd=workdir,
-                            env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(log, "w"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}"],
+        cwd=workdir,
+        env=fast_env(JAX_NUM_CPU_DEVICES="1"),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
@@ -94,7 +122,9 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bo
     try:
         while proc.poll() is None and not reached(trigger, began, rank0):
             time.sleep(0.01)
-            rank0 = "".join(t for p, t in task_logs(workdir, name).items() if p not in before and "_0_log.out" in p.name)
+            rank0 = "".join(
+                t for p, t in task_logs(workdir, name).items() if p not in before and "_0_log.out" in p.name
+            )
         with contextlib.suppress(ProcessLookupError):  # a launch that ended first fails below
             os.killpg(proc.pid, signal.SIGINT)
             if double:
@@ -121,7 +151,7 @@ def landed(rank0: str) -> str:
 def chain(workdir: Path, name: str, failures: list[str], phases: collections.Counter) -> None:
     try:
         interrupt_ten_times(workdir, name, failures, phases)
-    except Exception as err:  # noqa: BLE001 - a thread's error fails the test, not only its thread
+    except Exception as err:
         failures.append(f"{name}: {type(err).__name__}: {err}")
 
 

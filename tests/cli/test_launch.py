@@ -19,8 +19,12 @@ from dew.recipe import Recipe
 from tests.conftest import REPO, cli_env, dew
 from tests.training.conftest import TINY, fast_env
 
-LAUNCH_FILES = ["dew/launch/hydra/launcher/slurm.yaml", "dew/launch/hydra/launcher/local.yaml",
-                "dew/launch/README.md", "hydra_plugins/dew_launchers/__init__.py"]
+LAUNCH_FILES = [
+    "dew/launch/hydra/launcher/slurm.yaml",
+    "dew/launch/hydra/launcher/local.yaml",
+    "dew/launch/README.md",
+    "hydra_plugins/dew_launchers/__init__.py",
+]
 
 
 def launcher(*overrides: str):
@@ -31,8 +35,13 @@ def launcher(*overrides: str):
 
 
 def test_slurm_profile_is_set_up_for_jax_and_overridable():
-    slurm = launcher("hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "hydra.launcher.nodes=2",
-                     "hydra.launcher.partition=gpu", "+hydra.launcher.additional_parameters.mail-type=END")
+    slurm = launcher(
+        "hydra/launcher=slurm",
+        "hydra.launcher.gpus_per_node=4",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.partition=gpu",
+        "+hydra.launcher.additional_parameters.mail-type=END",
+    )
     assert slurm._target_ == "hydra_plugins.dew_launchers.SlurmLauncher"
     assert (slurm.nodes, slurm.gpus_per_node, slurm.tasks_per_node) == (2, 4, None)  # None: one task per GPU
     assert slurm.partition == "gpu" and slurm.additional_parameters == {"mail-type": "END"}
@@ -53,24 +62,54 @@ def test_dew_train_shows_the_slurm_profile(workdir: Path):
 def test_an_installed_wheel_finds_the_profiles(tmp_path: Path):
     """Build the wheel, install it alone into a fresh venv (its dependencies from this one), and
     compose the SLURM profile from a directory that holds no dew: about 40 s on two busy cores."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path / "wheel"), str(REPO)], check=True, timeout=300)
-    wheel, = (tmp_path / "wheel").glob("dew-*.whl")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = (tmp_path / "wheel").glob("dew-*.whl")
     assert set(LAUNCH_FILES) <= set(zipfile.ZipFile(wheel).namelist())
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     site = next(Path(p) for p in sys.path if p.endswith("site-packages"))
-    (venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages" / "deps.pth").write_text(f"{site}\n")
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300)
+    (venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages" / "deps.pth").write_text(
+        f"{site}\n"
+    )
+    subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300
+    )
     env = {k: v for k, v in cli_env().items() if k != "PYTHONPATH"}
     empty = tmp_path / "elsewhere"
     empty.mkdir()
-    result = subprocess.run([venv / "bin" / "dew-train", "hydra/launcher=slurm", "--cfg", "hydra"], cwd=empty,
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [venv / "bin" / "dew-train", "hydra/launcher=slurm", "--cfg", "hydra"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "_target_: hydra_plugins.dew_launchers.SlurmLauncher" in result.stdout
-    where = subprocess.run([venv / "bin" / "python", "-c", "import dew; print(dew.__file__)"], cwd=empty, env=env,
-                           capture_output=True, text=True, timeout=300).stdout
+    where = subprocess.run(
+        [venv / "bin" / "python", "-c", "import dew; print(dew.__file__)"],
+        cwd=empty,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     assert where.startswith(str(venv))  # the wheel's dew, not this checkout's
 
 
@@ -98,12 +137,22 @@ def test_a_slurm_job_runs_as_submitit_runs_it(workdir: Path):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = fast_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    result = dew("-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=1", *TINY, "trainer.steps=2",
-                 "trainer.eval_every=null", "trainer.checkpoint_dir=ck", "trainer.name=slurm",
-                 "trainer.multi_host=true", cwd=workdir, env=env)
+    result = dew(
+        "-m",
+        "hydra/launcher=slurm",
+        "hydra.launcher.gpus_per_node=1",
+        *TINY,
+        "trainer.steps=2",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_dir=ck",
+        "trainer.name=slurm",
+        "trainer.multi_host=true",
+        cwd=workdir,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr + "".join(p.read_text() for p in workdir.rglob("sbatch.out"))
-    run, = (p.parent for p in (workdir / "ck").rglob("run.json"))
-    sweep, = (workdir / "ck").glob("slurm-sweep-*")  # <name>-sweep-<digest of the command>
+    (run,) = (p.parent for p in (workdir / "ck").rglob("run.json"))
+    (sweep,) = (workdir / "ck").glob("slurm-sweep-*")  # <name>-sweep-<digest of the command>
     assert run.parent == sweep and (run / "2").is_dir() and (run / ".hydra").is_dir()
     assert Recipe.load(str(run)).trainer.multi_host is True
     log = (sweep / ".submitit" / "sbatch.out").read_text()  # what the stand-ins ran

@@ -12,8 +12,12 @@ import pytest
 
 from tests.conftest import REPO, dew, tree
 
-TINY_LM = ["model=transformer", "model.config={vocab_size: 64, seq_len: 16, hidden_size: 32, depth: 2, num_heads: 4}",
-           "trainer.batch_size=16", "trainer.layout.min_shard_size=0"]
+TINY_LM = [
+    "model=transformer",
+    "model.config={vocab_size: 64, seq_len: 16, hidden_size: 32, depth: 2, num_heads: 4}",
+    "trainer.batch_size=16",
+    "trainer.layout.min_shard_size=0",
+]
 
 
 def compose(*overrides: str):
@@ -33,8 +37,11 @@ def test_dew_plan_prints_each_parameter_on_a_mesh_it_does_not_have(workdir: Path
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "mesh data=2 x fsdp=2 x tensor=2 (8 devices)" in out
-    row = re.search(r"\| blocks/mlp_up/kernel \| \(2, 32, 128\) \| layers, embed, mlp \| P\(None, 'fsdp', 'tensor'\) \| "
-                    r"([0-9.]+) \|", out)
+    row = re.search(
+        r"\| blocks/mlp_up/kernel \| \(2, 32, 128\) \| layers, embed, mlp \| P\(None, 'fsdp', 'tensor'\) \| "
+        r"([0-9.]+) \|",
+        out,
+    )
     assert row and float(row.group(1)) == pytest.approx(2 * 32 * 128 * 4 / 4 / 2**20, abs=0.01), out
     assert "activations, batch 4 per device" in out and "| total |" in out
     assert tree(workdir) == []  # writes nothing

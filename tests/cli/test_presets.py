@@ -19,8 +19,13 @@ from tests.training.conftest import dew_train, fast_env
 
 CONF = REPO / "conf"
 MODEL = ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
-SHRUNK = {"model.config.depth", "model.config.hidden_size", "model.config.num_heads", "trainer.steps",
-          "hydra.sweeper.n_trials"}
+SHRUNK = {
+    "model.config.depth",
+    "model.config.hidden_size",
+    "model.config.num_heads",
+    "trainer.steps",
+    "hydra.sweeper.n_trials",
+}
 """The keys a preset sets that these tests override, each to shrink the run: a width-32, one-block
 model instead of the preset's; the shortest run its warmup allows; a few trials instead of 20."""
 SAMPLES = ["flow_matching.samples_per_class=1", "flow_matching.sample_steps=1"]
@@ -66,14 +71,26 @@ def largest_warmup(group: str, name: str) -> int:
 
 
 def experiment_command(name: str) -> list[str]:
-    return [f"experiment={name}", *MODEL, f"trainer.steps={largest_warmup('experiment', name) + 1}",
-            *EXPERIMENTS[name], "trainer.checkpoint_dir=ck"]
+    return [
+        f"experiment={name}",
+        *MODEL,
+        f"trainer.steps={largest_warmup('experiment', name) + 1}",
+        *EXPERIMENTS[name],
+        "trainer.checkpoint_dir=ck",
+    ]
 
 
 def search_command(name: str) -> list[str]:
     extra, trials = SEARCHES[name]
-    return ["-m", f"hparams_search={name}", *extra, *MODEL, f"hydra.sweeper.n_trials={trials}",
-            f"trainer.steps={largest_warmup('hparams_search', name) + 1}", "trainer.checkpoint_dir=ck"]
+    return [
+        "-m",
+        f"hparams_search={name}",
+        *extra,
+        *MODEL,
+        f"hydra.sweeper.n_trials={trials}",
+        f"trainer.steps={largest_warmup('hparams_search', name) + 1}",
+        "trainer.checkpoint_dir=ck",
+    ]
 
 
 def test_every_preset_is_run_here():
@@ -81,12 +98,19 @@ def test_every_preset_is_run_here():
     assert set(SEARCHES) == {p.stem for p in (CONF / "hparams_search").glob("*.yaml")}
 
 
-@pytest.mark.parametrize("group,name,command", [
-    *(("experiment", n, experiment_command(n)) for n in EXPERIMENTS),
-    *(("hparams_search", n, search_command(n)) for n in SEARCHES)])
+@pytest.mark.parametrize(
+    "group,name,command",
+    [
+        *(("experiment", n, experiment_command(n)) for n in EXPERIMENTS),
+        *(("hparams_search", n, search_command(n)) for n in SEARCHES),
+    ],
+)
 def test_a_preset_is_overridden_only_where_it_is_shrunk(group, name, command):
-    keys = {a.split("=", 1)[0].lstrip("+") for a in command if "=" in a and not a.startswith(("experiment=",
-                                                                                               "hparams_search="))}
+    keys = {
+        a.split("=", 1)[0].lstrip("+")
+        for a in command
+        if "=" in a and not a.startswith(("experiment=", "hparams_search="))
+    }
     overridden = keys & flat(preset(group, name))
     assert overridden <= SHRUNK, overridden - SHRUNK
     if group == "hparams_search":  # the experiment it pairs with, shrunk only in its sizes
@@ -159,7 +183,7 @@ def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir
     lines = text.splitlines()
     trials_done = SEARCHES[name][1]
     assert lines[0] == f"study {sweep.name} (minimize): {trials_done} trials, {trials_done} complete"
-    rows = [line.split() for line in lines[4:4 + trials_done]]
+    rows = [line.split() for line in lines[4 : 4 + trials_done]]
     assert sorted(int(r[0]) for r in rows) == list(range(trials_done))
     warmups = {t.number: t.params["optim.schedule.warmup_steps"] for t in trials}
     column = lines[3].split().index("optim.schedule.warmup_steps")

@@ -7,17 +7,29 @@ from pathlib import Path
 
 import pytest
 
-from dew.recipe import Recipe
 from dew.contract.journal import read_journal
+from dew.recipe import Recipe
 from tests.conftest import dew, tree
 from tests.training.conftest import fast_env
 
 pytestmark = pytest.mark.slow
 
-TINY = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
-        "trainer.batch_size=32", "trainer.steps=4", "trainer.log_every=2", "trainer.eval_every=2",
-        "trainer.checkpoint_every=2", "optim.schedule.warmup_steps=1", "flow_matching.samples_per_class=2",
-        "flow_matching.sample_steps=2", "trainer.compilation_cache_dir=null", "trainer.checkpoint_dir=ck"]
+TINY = [
+    "experiment=digits",
+    "model.config.depth=1",
+    "model.config.hidden_size=32",
+    "model.config.num_heads=2",
+    "trainer.batch_size=32",
+    "trainer.steps=4",
+    "trainer.log_every=2",
+    "trainer.eval_every=2",
+    "trainer.checkpoint_every=2",
+    "optim.schedule.warmup_steps=1",
+    "flow_matching.samples_per_class=2",
+    "flow_matching.sample_steps=2",
+    "trainer.compilation_cache_dir=null",
+    "trainer.checkpoint_dir=ck",
+]
 
 
 def test_pulse(workdir: Path):
@@ -47,17 +59,23 @@ def test_cfg_job_prints_the_composed_config(workdir: Path):
 def test_help_lists_groups_and_options(workdir: Path):
     result = dew("--help", cwd=workdir)
     assert result.returncode == 0
-    for line in ["model: dit_b2, dit_l2, dit_s2, dit_xl2, simple_dit, transformer",
-                 "data: digits, oxford_flowers102, text_stream, token_windows",
-                 "optim/schedule: cosine, linear, power", "optim: adam, adamw, lamb, muon, muonclip"]:
+    for line in [
+        "model: dit_b2, dit_l2, dit_s2, dit_xl2, simple_dit, transformer",
+        "data: digits, oxford_flowers102, text_stream, token_windows",
+        "optim/schedule: cosine, linear, power",
+        "optim: adam, adamw, lamb, muon, muonclip",
+    ]:
         assert line in result.stdout, result.stdout
     assert "schema/" not in result.stdout  # dew's plumbing is not a choice
     assert tree(workdir) == []
 
 
 def test_multirun_gives_each_job_its_own_run(workdir: Path):
-    sweep = [a for a in TINY if not a.startswith("trainer.name")] + ["trainer.name=null", "trainer.steps=2",
-                                                                     "trainer.eval_every=null"]
+    sweep = [a for a in TINY if not a.startswith("trainer.name")] + [
+        "trainer.name=null",
+        "trainer.steps=2",
+        "trainer.eval_every=null",
+    ]
     sweep.append(f"trainer.compilation_cache_dir={workdir / 'cache'}")  # job 1 loads what job 0 compiled
     journals = []
     for _ in range(2):  # the same command again: the same sweep, whose finished jobs are left alone

@@ -42,11 +42,13 @@ def runs_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def _train_in_process(tmp: Path, name: str, data=None) -> BaseException | None:
     from dew.build import build_run
 
-    recipe = compose(f"trainer.checkpoint_dir={tmp / 'ck'}", *SETTINGS, f"optim.learning_rate={RATES[name.split('-', 1)[1]]}")
+    recipe = compose(
+        f"trainer.checkpoint_dir={tmp / 'ck'}", *SETTINGS, f"optim.learning_rate={RATES[name.split('-', 1)[1]]}"
+    )
     recipe, objective, dataset = build_run(recipe)
     try:  # named as a Hydra sweep names its jobs: trainer.name is the sweep, the job a directory in it
         recipe.train(objective, data(dataset) if data else dataset, name=f"{_sweep(tmp)}/{name}")
-    except Exception as err:  # noqa: BLE001 - the run's failure is the point; its kind is checked by the caller
+    except Exception as err:
         return err
     return None
 
@@ -54,10 +56,23 @@ def _train_in_process(tmp: Path, name: str, data=None) -> BaseException | None:
 def _sigterm_run(tmp: Path) -> int:
     """A real one-job sweep of dew-train, sent SIGTERM once its first checkpoint is on disk; its exit
     status."""
-    out = open(tmp / "dew-train.out", "w")  # noqa: SIM115 - a file, not a pipe: a chatty run never blocks
-    proc = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", *TINY, *SETTINGS,
-                             f"trainer.checkpoint_dir={tmp / 'ck'}", f"optim.learning_rate={RATES['sigterm']}"],
-                            cwd=tmp, env=fast_env(), stdout=out, stderr=subprocess.STDOUT)
+    out = open(tmp / "dew-train.out", "w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dew.cli.train",
+            "-m",
+            *TINY,
+            *SETTINGS,
+            f"trainer.checkpoint_dir={tmp / 'ck'}",
+            f"optim.learning_rate={RATES['sigterm']}",
+        ],
+        cwd=tmp,
+        env=fast_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
@@ -90,11 +105,24 @@ def sweep(tmp_path_factory):
         crash = _train_in_process(tmp, "3-running", lambda d: wrappers.Data(d, crash_at=25))
         assert isinstance(crash, wrappers.Crash), crash
     run_dir = tmp / "ck" / _sweep(tmp) / "3-running"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.contract.lock import RunLock; "
-                               "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(900)",
-                               str(run_dir)], stdout=subprocess.PIPE, text=True, env=fast_env())
-    names = {"sigterm": next((tmp / "ck" / _sweep(tmp)).glob("0*")).name, "finished": "1-finished",
-             "bad-data": "2-bad-data", "running": "3-running"}
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from dew.contract.lock import RunLock; "
+            "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(900)",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=fast_env(),
+    )
+    names = {
+        "sigterm": next((tmp / "ck" / _sweep(tmp)).glob("0*")).name,
+        "finished": "1-finished",
+        "bad-data": "2-bad-data",
+        "running": "3-running",
+    }
     try:
         assert holder.stdout.readline().strip() == "locked"
         yield tmp, tmp / "ck" / _sweep(tmp), holder, names
@@ -164,15 +192,27 @@ def test_json_round_trips(sweep):
 
 def test_sort_and_where(sweep):
     tmp, root, _, names = sweep
-    result = runs_cli(str(root), "--where", "optim.learning_rate<0.0035", "--sort", "optim.learning_rate",
-                      "--reverse", "--json", cwd=tmp)
+    result = runs_cli(
+        str(root),
+        "--where",
+        "optim.learning_rate<0.0035",
+        "--sort",
+        "optim.learning_rate",
+        "--reverse",
+        "--json",
+        cwd=tmp,
+    )
     assert result.returncode == 0, result.stderr
     assert [d["name"] for d in json.loads(result.stdout)] == ["2-bad-data", names["sigterm"], "1-finished"]
     result = runs_cli(str(root), "--where", "status=finished", "--json", cwd=tmp)
     assert [d["name"] for d in json.loads(result.stdout)] == ["1-finished"]
     for bad in (["--where", "learning_rate~1"], ["--sort", "no.such.field"]):
         result = runs_cli(str(root), *bad, cwd=tmp)
-        assert result.returncode == 2 and result.stderr.startswith("dew-runs: error: --") and "Traceback" not in result.stderr
+        assert (
+            result.returncode == 2
+            and result.stderr.startswith("dew-runs: error: --")
+            and "Traceback" not in result.stderr
+        )
 
 
 def test_diff_shows_exactly_the_changed_field(sweep):
@@ -210,8 +250,9 @@ def test_plot_values_and_picture(sweep):
     evals = [r["eval/loss"] for r in _journal(tmp, "1-finished") if "eval/loss" in r]
     assert final[("1-finished", "eval/loss")] == (0.001, evals[-1])
 
-    result = runs_cli("plot", str(root), "--metric", "train/loss,eval/loss", "--smooth", "0.5", "-o", "sweep.png",
-                      cwd=tmp)
+    result = runs_cli(
+        "plot", str(root), "--metric", "train/loss,eval/loss", "--smooth", "0.5", "-o", "sweep.png", cwd=tmp
+    )
     assert result.returncode == 0, result.stderr
     image = np.asarray(Image.open(tmp / "sweep.png").convert("RGB"))
     assert image.shape == (800, 1120, 3)  # two metric columns; a curve row and a row against the swept rate
@@ -235,7 +276,7 @@ def test_show_lists_checkpoints_events_and_record(sweep):
 
 
 def test_damaged_run_directories_are_listed_with_their_problem(sweep, tmp_path):
-    tmp, root, _, _ = sweep
+    _tmp, root, _, _ = sweep
     other = tmp_path / "ck"
     shutil.copytree(root / "1-finished", other / "cut")
     (other / "cut" / "run.json").write_text('{"model": {"architecture": "simp')  # cut off mid-write

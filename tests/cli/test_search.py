@@ -14,8 +14,8 @@ import pytest
 
 from dew.cli.overrides import check_unset_records, nullable_record, unset_record
 from dew.cli.trial import TrialFailed, selection_value
-from dew.recipe import Recipe
 from dew.contract import journal as journals
+from dew.recipe import Recipe
 from tests.conftest import dew
 from tests.training.conftest import TINY, dew_train
 
@@ -50,8 +50,12 @@ def _journal(tmp_path: Path, records: list[dict]) -> Path:
 
 
 def test_the_selection_value_is_the_best_of_the_metric_else_the_last_train_loss(tmp_path):
-    records = [{"step": 1, "train/loss": 2.0}, {"step": 2, "eval/loss": 1.5, "eval/acc": 0.6},
-               {"step": 3, "train/loss": 1.2}, {"step": 4, "eval/loss": 1.7, "eval/acc": 0.7, "train/loss": 1.1}]
+    records = [
+        {"step": 1, "train/loss": 2.0},
+        {"step": 2, "eval/loss": 1.5, "eval/acc": 0.6},
+        {"step": 3, "train/loss": 1.2},
+        {"step": 4, "eval/loss": 1.7, "eval/acc": 0.7, "train/loss": 1.1},
+    ]
     path = _journal(tmp_path, records)
     assert selection_value(path, "eval/loss", False) == 1.5
     assert selection_value(path, "eval/acc", True) == 0.7  # a metric marked best, higher is better
@@ -64,17 +68,19 @@ def test_the_selection_value_is_the_best_of_the_metric_else_the_last_train_loss(
 
 def test_a_sweeper_direction_against_the_metric_fails_the_trial():
     from hydra.core.hydra_config import HydraConfig
-    from hydra_plugins.hydra_optuna_sweeper.config import Direction
     from omegaconf import OmegaConf
 
     from dew.cli.trial import check_direction
+    from hydra_plugins.hydra_optuna_sweeper.config import Direction
 
     try:
         for direction in (Direction.minimize, "minimize"):  # as the plugin's schema stores it, and as text
             HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": direction}}})
             check_direction("eval/loss", False)
-            with pytest.raises(TrialFailed, match="the best eval/accuracy, is higher for better runs: set "
-                                                  "hydra.sweeper.direction=maximize"):
+            with pytest.raises(
+                TrialFailed,
+                match="the best eval/accuracy, is higher for better runs: set hydra.sweeper.direction=maximize",
+            ):
                 check_direction("eval/accuracy", True)
         HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": Direction.maximize}}})
         check_direction("eval/accuracy", True)
@@ -117,12 +123,14 @@ def test_a_launch_that_raises_fails_its_trials_with_the_reason(tmp_path):
     assert [(t.state.name, t.user_attrs) for t in study.trials] == [("FAIL", {STUDY_FAIL_REASON: reason})] * 2
 
 
-UNSET = {"optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
-         "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
-         "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
-         "trainer.profile.steps=3": "trainer.profile='{steps: 3}' (its fields: warmup, steps, directory)",
-         "trainer.wandb.project=p": "trainer.wandb='{project: p}' (its fields: project, entity, offline)",
-         "trainer.quantization.weight_qtype=int8": "trainer.quantization='{weight_qtype: int8}'"}
+UNSET = {
+    "optim.schedule.warmup_steps=15": "optim/schedule=cosine (options: cosine, linear, power)",
+    "trainer.batch_ramp.start=16": "trainer.batch_ramp='{start: 16}' (its fields: start, increment, records)",
+    "lora.rank=4": "lora='{rank: 4}' (its fields: rank, alpha, targets)",
+    "trainer.profile.steps=3": "trainer.profile='{steps: 3}' (its fields: warmup, steps, directory)",
+    "trainer.wandb.project=p": "trainer.wandb='{project: p}' (its fields: project, entity, offline)",
+    "trainer.quantization.weight_qtype=int8": "trainer.quantization='{weight_qtype: int8}'",
+}
 
 
 @pytest.fixture(scope="module")
@@ -157,10 +165,13 @@ def test_the_command_line_check_composes_what_the_command_chooses():
 
     register_configs()
     assert check_unset_records(["optim.schedule.warmup_steps=15"], Recipe, conf_dir()).startswith(
-        "optim.schedule.warmup_steps: optim.schedule is unset")
+        "optim.schedule.warmup_steps: optim.schedule is unset"
+    )
     assert check_unset_records(["experiment=digits", "optim.schedule.warmup_steps=15"], Recipe, conf_dir()) is None
-    assert check_unset_records(["optim/schedule=linear,cosine", "optim.schedule.warmup_steps=1"], Recipe,
-                               conf_dir()) is None  # a sweep over the group chooses one
+    assert (
+        check_unset_records(["optim/schedule=linear,cosine", "optim.schedule.warmup_steps=1"], Recipe, conf_dir())
+        is None
+    )  # a sweep over the group chooses one
     assert nullable_record("optim.learning_rate", Recipe) is None and nullable_record("lora", Recipe) is None
     chosen = OmegaConf.create({"optim": {"schedule": {"warmup_steps": 1}}})
     assert unset_record("optim.schedule.warmup_steps", chosen, Recipe) is None
@@ -173,7 +184,8 @@ def test_dew_train_names_the_unset_schedule_and_writes_nothing(workdir: Path):
     assert result.stderr.strip().splitlines() == [
         "dew-train: error: optim.schedule.warmup_steps: optim.schedule is unset in this run (null), so it has no "
         "field to set; choose one first, e.g. optim/schedule=cosine (options: cosine, linear, power), then set "
-        "its fields"]
+        "its fields"
+    ]
     assert list(workdir.iterdir()) == []
 
 
@@ -198,8 +210,7 @@ def interrupted_study(tmp_path_factory, xla_cache):
     def third_trial_saved_step_2(cwd: Path) -> bool:  # then it trains step 3 and evaluates: ~1 s to catch it
         return any((job / "2" / "_CHECKPOINT_METADATA").exists() for job in cwd.glob("ck/*/2-*"))
 
-    killed = dew_train(*SEARCH, *SHORT, xla_cache, cwd=work, kill_when=third_trial_saved_step_2, poll=0.01,
-                       timeout=600)
+    killed = dew_train(*SEARCH, *SHORT, xla_cache, cwd=work, kill_when=third_trial_saved_step_2, poll=0.01, timeout=600)
     assert killed is None, killed.stdout[-3000:]
     [sweep] = list((work / "ck").glob("digits-sweep-*"))
     states = [t.state.name for t in study_of(sweep).trials]
@@ -223,7 +234,10 @@ def test_an_interrupted_study_continues_to_the_trials_asked_for(interrupted_stud
         assert (work / "tracking" / sweep.name / names[n] / "journal.jsonl").read_text() == before[n]
     resumed = journals.read(work / "tracking" / sweep.name / names[2] / "journal.jsonl")
     assert [(e["event"], e["step"]) for e in resumed.events if e["event"] in ("start", "resume", "end")] == [
-        ("start", 0), ("resume", 2), ("end", 3)]  # trial 2 went on from its checkpoint
+        ("start", 0),
+        ("resume", 2),
+        ("end", 3),
+    ]  # trial 2 went on from its checkpoint
 
 
 @pytest.mark.slow
@@ -268,14 +282,23 @@ def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(w
 
     # The preset's TPE sampler (seed 0) draws 0.001, 1e6, 0.001, 0.001 from this choice: the second
     # trial of the first batch of two diverges, and the second batch runs all the same.
-    local = ["hydra/launcher=local", "hydra.launcher.tasks_per_node=1", "hydra.sweeper.n_jobs=2",
-             "optim.learning_rate=choice(1e6,0.001)", "optim.weight_decay=0.05"]
+    local = [
+        "hydra/launcher=local",
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.sweeper.n_jobs=2",
+        "optim.learning_rate=choice(1e6,0.001)",
+        "optim.weight_decay=0.05",
+    ]
     result = dew_train(*SEARCH, *local, *SHORT, xla_cache, cwd=workdir, timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
     study = study_of(sweep)
     assert [(t.state.name, t.params["optim.learning_rate"]) for t in study.trials] == [
-        ("COMPLETE", 0.001), ("FAIL", 1e6), ("COMPLETE", 0.001), ("COMPLETE", 0.001)]
+        ("COMPLETE", 0.001),
+        ("FAIL", 1e6),
+        ("COMPLETE", 0.001),
+        ("COMPLETE", 0.001),
+    ]
     names = jobs(sweep)
     assert sorted(names) == [0, 1, 2, 3]
     for t in study.trials:
@@ -293,13 +316,10 @@ PRESETS = "tests/cli/test_presets.py::test_a_search_preset_completes_its_trials_
 DOCUMENTED = {
     "dew-train -m experiment=digits hparams_search=digits": PRESETS,
     "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=40": "interrupted_study",
-    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1":
-        "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",
-    "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'":
-        "test_the_documented_search_without_a_preset_runs",
+    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1": "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",  # noqa: E501
+    "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'": "test_the_documented_search_without_a_preset_runs",  # noqa: E501
     "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin": PRESETS,
-    "dew-train --check -m experiment=digits hparams_search=digits":
-        "tests/cli/test_docs.py runs it as written (a check trains nothing)",
+    "dew-train --check -m experiment=digits hparams_search=digits": "tests/cli/test_docs.py runs it as written (a check trains nothing)",  # noqa: E501
 }
 """Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
 same overrides plus a tiny model, a few steps and a few trials; the presets with what they set kept,
@@ -317,13 +337,30 @@ def test_every_documented_search_is_run_by_a_test():
 def test_the_documented_search_without_a_preset_runs(workdir: Path):
     import shlex
 
-    one = ["hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1", "trainer.steps=2", "trainer.eval_every=2",
-           "trainer.checkpoint_every=null", "trainer.log_every=1", "trainer.compilation_cache_dir=null",
-           "trainer.checkpoint_dir=ck", "model.config.depth=1", "model.config.hidden_size=32",
-           "model.config.num_heads=2"]
+    one = [
+        "hydra.sweeper.n_trials=1",
+        "hydra.sweeper.n_jobs=1",
+        "trainer.steps=2",
+        "trainer.eval_every=2",
+        "trainer.checkpoint_every=null",
+        "trainer.log_every=1",
+        "trainer.compilation_cache_dir=null",
+        "trainer.checkpoint_dir=ck",
+        "model.config.depth=1",
+        "model.config.hidden_size=32",
+        "model.config.num_heads=2",
+    ]
     digits = shlex.split(next(c for c in DOCUMENTED if "tag(log" in c))[1:]
-    result = dew_train(*digits, *one, "trainer.batch_size=32", "optim.schedule.warmup_steps=1",
-                       "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", cwd=workdir, timeout=600)
+    result = dew_train(
+        *digits,
+        *one,
+        "trainer.batch_size=32",
+        "optim.schedule.warmup_steps=1",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=1",
+        cwd=workdir,
+        timeout=600,
+    )
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
     [trial] = study_of(sweep).trials
@@ -343,8 +380,14 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
     from dew.contract.rundir import STUDY_FAIL_REASON
 
     key = "optim.schedule.warmup_steps"
-    command = ["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=grid", "hydra.sweeper.n_jobs=3",
-               f"{key}=choice(1,2.5,-1)", *[a for a in SHORT if not a.startswith(f"{key}=")]]
+    command = [
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.n_jobs=3",
+        f"{key}=choice(1,2.5,-1)",
+        *[a for a in SHORT if not a.startswith(f"{key}=")],
+    ]
     out = dew_train(*command, "hydra.sweeper.n_trials=3", cwd=workdir)
     assert out.returncode == 0, out.stdout[-3000:]
     assert f"{key}=-1 must be >= 0: the trial fails and the search goes on" in out.stdout
@@ -359,8 +402,9 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
     # As an older dew left a trial whose float it could not merge: running, with no job of its own.
     study = study_of(sweep)
     space = trials[2.5].distributions
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params={key: 2.5},
-                                              distributions=space))
+    study.add_trial(
+        optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params={key: 2.5}, distributions=space)
+    )
     again = dew_train(*command, "hydra.sweeper.n_trials=4", cwd=workdir)
     assert again.returncode == 0, again.stdout[-3000:]
     assert "resuming trial(s) [3]" in again.stdout
@@ -379,14 +423,21 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
 def test_a_float_interval_for_an_int_field_is_refused_before_any_trial(workdir: Path):
     """The presets' old ``interval(0, 300)`` for the warmup: every trial would fail, so the search is
     refused at once, with the fix, and nothing is written (no sweep directory, no study)."""
-    result = dew("-m", "experiment=digits", "hparams_search=digits", "optim.schedule.warmup_steps=interval(0, 300)",
-                 "trainer.checkpoint_dir=ck", cwd=workdir)
+    result = dew(
+        "-m",
+        "experiment=digits",
+        "hparams_search=digits",
+        "optim.schedule.warmup_steps=interval(0, 300)",
+        "trainer.checkpoint_dir=ck",
+        cwd=workdir,
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.strip().splitlines() == [
         "dew-train: error: hydra.sweeper.params: Error merging override optim.schedule.warmup_steps=0.0: Value "
         "'0.0' of type 'float' could not be converted to Integer; optim.schedule.warmup_steps is searched as "
         "floats (interval(a, b) samples floats, even between integer bounds): an int field needs "
-        "int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"]
+        "int(interval(a, b)), range(a, b) or choice(...) (docs/search.md)"
+    ]
     assert list(workdir.iterdir()) == []
 
 

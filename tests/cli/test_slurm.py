@@ -35,18 +35,32 @@ from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
 
 STEPS = 16
-RUN = [*TINY, f"trainer.steps={STEPS}", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-       "trainer.checkpoint_dir=ck"]
-SLURM = ["hydra/launcher=slurm", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=2",
-         "hydra.launcher.gpus_per_node=0", "hydra.launcher.cpus_per_task=2", "hydra.launcher.timeout_min=60",
-         "+hydra.launcher.additional_parameters.export=NONE"]
+RUN = [
+    *TINY,
+    f"trainer.steps={STEPS}",
+    "trainer.eval_every=null",
+    "trainer.checkpoint_every=null",
+    "trainer.checkpoint_dir=ck",
+]
+SLURM = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.nodes=2",
+    "hydra.launcher.tasks_per_node=2",
+    "hydra.launcher.gpus_per_node=0",
+    "hydra.launcher.cpus_per_task=2",
+    "hydra.launcher.timeout_min=60",
+    "+hydra.launcher.additional_parameters.export=NONE",
+]
 
 
 def setup_lines(env: dict[str, str]) -> str:
     """``hydra.launcher.setup``: the exports a job under ``--export=NONE`` needs (this checkout on
     the path, CPU devices, the tests' compiler flags), as a user writes them for a real cluster."""
-    wanted = {k: env[k] for k in ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "WANDB_MODE", "HOME",
-                                  "DEW_SIM_FLOCK_ERRNO") if k in env}
+    wanted = {
+        k: env[k]
+        for k in ("PYTHONPATH", "XLA_FLAGS", "JAX_PLATFORMS", "WANDB_MODE", "HOME", "DEW_SIM_FLOCK_ERRNO")
+        if k in env
+    }
     wanted |= {"JAX_NUM_CPU_DEVICES": "1", "DEW_HEARTBEAT_TIMEOUT_S": "30"}
     lines = ",".join(f'"export {k}={shlex.quote(v)}"' for k, v in wanted.items())
     return f"hydra.launcher.setup=[{lines}]"
@@ -63,44 +77,69 @@ def no_flock(env: dict[str, str]) -> dict[str, str] | None:
 
 
 @pytest.mark.slow
-def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):  # noqa: F811
+def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):
     env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20")
     env = slurm_cluster.env(no_flock(env) or env)
     # One compilation cache for every start: the requeued job loads what job 0 compiled (the same config).
     cache = f"trainer.compilation_cache_dir={workdir / 'cache'}"
-    alone = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *RUN, cache, "trainer.name=alone"], cwd=workdir,
-                             env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "alone.out", "w"),
-                             stderr=subprocess.STDOUT)
-    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", *SLURM, setup_lines(env), *RUN, cache,
-                              "trainer.name=sl", "trainer.seed=0,0"], cwd=workdir, env=env,
-                             stdout=open(workdir / "sweep.out", "w"), stderr=subprocess.STDOUT)
+    alone = subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *RUN, cache, "trainer.name=alone"],
+        cwd=workdir,
+        env=fast_env(JAX_NUM_CPU_DEVICES="4"),
+        stdout=open(workdir / "alone.out", "w"),
+        stderr=subprocess.STDOUT,
+    )
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dew.cli.train",
+            "-m",
+            *SLURM,
+            setup_lines(env),
+            *RUN,
+            cache,
+            "trainer.name=sl",
+            "trainer.seed=0,0",
+        ],
+        cwd=workdir,
+        env=env,
+        stdout=open(workdir / "sweep.out", "w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def journal(n: int) -> Path | None:
             return next(iter(sorted((workdir / "tracking").glob(f"sl-sweep-*/{n}-*/journal.jsonl"))), None)
-        until(lambda: journal(1) is not None and logged(journal(1), 3) or sweep.poll() is not None, timeout=400)
-        job1, = [j["key"] for j in slurm_cluster.jobs() if j["key"].endswith("_1")]
+
+        until(lambda: (journal(1) is not None and logged(journal(1), 3)) or sweep.poll() is not None, timeout=400)
+        (job1,) = [j["key"] for j in slurm_cluster.jobs() if j["key"].endswith("_1")]
         sent = slurm_cluster.preempt(job1)
         until(lambda: len(slurm_cluster.job(job1)["starts"]) == 2 or sweep.poll() is not None, timeout=300)
         restarted = slurm_cluster.job(job1)["starts"][-1] - sent
-        until(lambda: ("resume" in [e for e, _ in events(read_journal(journal(1)))]) or sweep.poll() is not None,
-              timeout=300)
+        until(
+            lambda: ("resume" in [e for e, _ in events(read_journal(journal(1)))]) or sweep.poll() is not None,
+            timeout=300,
+        )
         resumed = time.time() - sent
         assert wait([sweep], timeout=600) == [0], (workdir / "sweep.out").read_text()
         assert wait([alone], timeout=300) == [0], (workdir / "alone.out").read_text()
     finally:
         wait([sweep, alone], timeout=1)
-    print(f"SIGUSR2 to the requeued job's script starting again: {restarted:.1f} s; "
-          f"to its resume event: {resumed:.1f} s")
+    print(
+        f"SIGUSR2 to the requeued job's script starting again: {restarted:.1f} s; to its resume event: {resumed:.1f} s"
+    )
 
     # The sweep's directory and job names are the launching process's, though no variable of its
     # environment reached the jobs (--export=NONE).
-    sweep_dir, = (workdir / "ck").glob("sl-sweep-*")
+    (sweep_dir,) = (workdir / "ck").glob("sl-sweep-*")
     runs = sorted(p.parent for p in sweep_dir.rglob("run.json"))
     assert [r.name for r in runs] == ["0-trainer.seed=0", "1-trainer.seed=0"], runs
 
     # 2 nodes x 2 tasks train the run one process of 4 devices trains.
-    ref, uninterrupted, requeued = (read_journal(j) for j in (workdir / "tracking" / "alone" / "journal.jsonl",
-                                                               journal(0), journal(1)))
+    ref, uninterrupted, requeued = (
+        read_journal(j) for j in (workdir / "tracking" / "alone" / "journal.jsonl", journal(0), journal(1))
+    )
     a, b = losses(ref), losses(uninterrupted)
     assert a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]) for s in a), (a, b)
     # Every task joined one pool of 4, with the 2 CPUs the job asked for (srun was told: SRUN_CPUS_PER_TASK).
@@ -125,14 +164,22 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
 @pytest.mark.slow
 def test_outside_an_srun_step_a_process_trains_alone_or_says_how_to_launch(workdir: Path):
     """A batch script that runs dew-train itself, or an salloc shell: SLURM_NTASKS > 1, no step."""
-    batch = fast_env(SLURM_JOB_ID="41", SLURM_NTASKS="4", SLURM_JOB_NUM_NODES="2", SLURM_PROCID="0",
-                     SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_JOB_NODELIST="127.0.0.[1-2]")
+    batch = fast_env(
+        SLURM_JOB_ID="41",
+        SLURM_NTASKS="4",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_PROCID="0",
+        SLURM_LOCALID="0",
+        SLURM_NODEID="0",
+        SLURM_JOB_NODELIST="127.0.0.[1-2]",
+    )
     refused = dew(*RUN, "trainer.steps=1", "trainer.name=refused", "trainer.multi_host=true", cwd=workdir, env=batch)
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.strip().splitlines()[-1] == (
         "dew-train: error: trainer.multi_host=true: this process runs in SLURM job 41 of 4 tasks but outside an "
         "srun step; JAX finds the other processes only inside `srun`: run `srun dew-train ...` in the "
-        "allocation, or submit with `dew-train -m hydra/launcher=slurm ...`")
+        "allocation, or submit with `dew-train -m hydra/launcher=slurm ...`"
+    )
     assert not (workdir / "ck" / "refused").exists()
     alone = dew(*RUN, "trainer.steps=1", "trainer.name=alone", cwd=workdir, env=batch)
     assert alone.returncode == 0, alone.stderr
@@ -141,14 +188,22 @@ def test_outside_an_srun_step_a_process_trains_alone_or_says_how_to_launch(workd
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("options", "expected"), [
-    ({"slurm_gres": "gpu:4", "tasks_per_node": 2}, [[0, 1], [2, 3], [0, 1], [2, 3]]),  # --gres, 2 GPUs a task
-    ({"gpus_per_node": 2, "tasks_per_node": 1}, [[0, 1], [0, 1]]),  # one task per node: all its GPUs
-    ({"gpus_per_node": 2, "tasks_per_node": 2}, [[0], [1], [0], [1]]),  # one task per GPU
-    ({"slurm_gpus_per_task": 1, "tasks_per_node": 2}, [[0], [0], [0], [0]]),  # each sees its own, as 0
-])
-def test_each_task_gets_its_own_gpus_through_the_stand_in(slurm_cluster, monkeypatch, tmp_path, options,  # noqa: F811
-                                                          expected):
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"slurm_gres": "gpu:4", "tasks_per_node": 2}, [[0, 1], [2, 3], [0, 1], [2, 3]]),  # --gres, 2 GPUs a task
+        ({"gpus_per_node": 2, "tasks_per_node": 1}, [[0, 1], [0, 1]]),  # one task per node: all its GPUs
+        ({"gpus_per_node": 2, "tasks_per_node": 2}, [[0], [1], [0], [1]]),  # one task per GPU
+        ({"slurm_gpus_per_task": 1, "tasks_per_node": 2}, [[0], [0], [0], [0]]),  # each sees its own, as 0
+    ],
+)
+def test_each_task_gets_its_own_gpus_through_the_stand_in(
+    slurm_cluster,
+    monkeypatch,
+    tmp_path,
+    options,
+    expected,
+):
     """The variables the stand-in's srun sets for each GPU option, read by dew's mapping in each task."""
     import submitit
 
@@ -168,8 +223,19 @@ def test_the_profile_real_sites_need():
     assert (composed.gpus_per_node, composed.gres, composed.tasks_per_node) == (None, "gpu:8", None)
     assert (composed.wckey, composed.requeue, composed.dry_run, composed.name) == (None, True, False, None)
 
-    base = {"nodes": 2, "gpus_per_node": 8, "tasks_per_node": None, "cpus_per_task": 8, "gres": None, "wckey": None,
-            "requeue": True, "name": None, "setup": ["module load cuda"], "additional_parameters": {}, "dry_run": False}
+    base = {
+        "nodes": 2,
+        "gpus_per_node": 8,
+        "tasks_per_node": None,
+        "cpus_per_task": 8,
+        "gres": None,
+        "wckey": None,
+        "requeue": True,
+        "name": None,
+        "setup": ["module load cuda"],
+        "additional_parameters": {},
+        "dry_run": False,
+    }
     default = slurm_parameters(base, "/ck/lm-sweep-abc")
     assert (default["gpus_per_node"], default["tasks_per_node"], default["name"]) == (8, 8, "lm-sweep-abc")
     assert default["additional_parameters"] == {"requeue": True} and default["wckey"] is None
@@ -188,7 +254,8 @@ def test_a_launcher_without_multirun_is_refused_with_the_fix(workdir: Path):
     result = dew("hydra/launcher=slurm", "trainer.steps=2", cwd=workdir)
     assert result.returncode == 2 and result.stderr.strip() == (
         "dew-train: error: hydra/launcher=slurm takes effect only on a multirun: without -m Hydra ignores the "
-        "launcher and trains in this process; run: dew-train -m hydra/launcher=slurm trainer.steps=2")
+        "launcher and trains in this process; run: dew-train -m hydra/launcher=slurm trainer.steps=2"
+    )
     assert list(workdir.iterdir()) == []
 
 
@@ -223,8 +290,12 @@ def test_every_command_of_the_cluster_guide_runs(workdir: Path):
             assert not list(workdir.rglob(".submitit")) and not (workdir / "checkpoints").exists()  # no trace
             if "hydra.launcher.nodes=2" in args and "hydra.launcher.gpus_per_node=8" in args:
                 print(f"$ {command}\n{result.stdout}")
-                for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                             "#SBATCH --job-name=lm-16gpu-sweep-"):
+                for line in (
+                    "#SBATCH --nodes=2",
+                    "#SBATCH --ntasks-per-node=8",
+                    "#SBATCH --gpus-per-node=8",
+                    "#SBATCH --job-name=lm-16gpu-sweep-",
+                ):
                     assert line in result.stdout, line
             continue
         for job in _jobs(args) if "--cfg" not in args else [args]:
@@ -235,16 +306,28 @@ def test_every_command_of_the_cluster_guide_runs(workdir: Path):
 def test_a_dry_run_checks_the_jobs_as_a_launch_does(workdir: Path):
     """A dry run of a sweep with a bad job prints no script: exit 2 naming the job and the field, and
     nothing left in the working directory (not even Hydra's multirun.yaml)."""
-    bad = dew("-m", "hydra/launcher=slurm", "experiment=digits", "model.dtype=float16,float33",
-              "hydra.launcher.dry_run=true", cwd=workdir)
+    bad = dew(
+        "-m",
+        "hydra/launcher=slurm",
+        "experiment=digits",
+        "model.dtype=float16,float33",
+        "hydra.launcher.dry_run=true",
+        cwd=workdir,
+    )
     assert bad.returncode == 2 and "#!/bin/bash" not in bad.stdout, bad.stdout + bad.stderr
     assert "job 1 (experiment=digits model.dtype=float33): model.dtype: expected one of" in bad.stderr, bad.stderr
     assert "nothing was started: 1 of 2 jobs would fail" in bad.stderr and not list(workdir.iterdir())
 
 
 # The dry run is the submission: the script the dry run prints is, byte for byte, the one sbatch receives.
-HELD = [*TINY, "trainer.steps=4", "trainer.checkpoint_dir=ck", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0",
-        "hydra.launcher.timeout_min=5"]
+HELD = [
+    *TINY,
+    "trainer.steps=4",
+    "trainer.checkpoint_dir=ck",
+    "hydra/launcher=slurm",
+    "hydra.launcher.gpus_per_node=0",
+    "hydra.launcher.timeout_min=5",
+]
 
 
 def printed_script(stdout: str) -> str:
@@ -258,8 +341,14 @@ def submitted_script(workdir: Path, cluster, *args: str) -> str:
     """Launch ``dew-train -m args`` on the stand-in with its jobs held (never run), and return the one
     script sbatch received; the launcher, waiting on held jobs, is killed."""
     env = cluster.env(fast_env(SLURM_STANDIN_HOLD="1"))
-    launcher = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", *args], cwd=workdir, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", "-m", *args],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         until(lambda: list((cluster.state / "scripts").glob("*.sh")) or launcher.poll() is not None, timeout=120)
     finally:
@@ -272,13 +361,24 @@ def submitted_script(workdir: Path, cluster, *args: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, args", [
-    ("one run", ["trainer.name=one"]),
-    ("a 4-job array", ["trainer.name=four", "trainer.seed=0,1,2,3", "hydra.launcher.wckey=proj"]),
-    ("a study's first batch", ["trainer.name=study", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6",
-                               "hydra.sweeper.n_jobs=2", "optim.learning_rate=tag(log, interval(1e-4, 1e-2))"]),
-])
-def test_the_dry_run_prints_the_script_sbatch_receives(workdir: Path, slurm_cluster, kind, args):  # noqa: F811
+@pytest.mark.parametrize(
+    "kind, args",
+    [
+        ("one run", ["trainer.name=one"]),
+        ("a 4-job array", ["trainer.name=four", "trainer.seed=0,1,2,3", "hydra.launcher.wckey=proj"]),
+        (
+            "a study's first batch",
+            [
+                "trainer.name=study",
+                "hydra/sweeper=optuna",
+                "hydra.sweeper.n_trials=6",
+                "hydra.sweeper.n_jobs=2",
+                "optim.learning_rate=tag(log, interval(1e-4, 1e-2))",
+            ],
+        ),
+    ],
+)
+def test_the_dry_run_prints_the_script_sbatch_receives(workdir: Path, slurm_cluster, kind, args):
     env = slurm_cluster.env(fast_env())
     dry = dew("-m", *HELD, *args, "hydra.launcher.dry_run=true", cwd=workdir, env=env)
     assert dry.returncode == 0, dry.stderr[-3000:]
@@ -286,7 +386,9 @@ def test_the_dry_run_prints_the_script_sbatch_receives(workdir: Path, slurm_clus
     assert tree(workdir) == [] and slurm_cluster.jobs() == [], "a dry run submits and writes nothing"
     jobs = {"one run": 1, "a 4-job array": 4, "a study's first batch": 2}[kind]
     assert dry.stdout.count("\n# job ") == jobs, dry.stdout
-    assert ("#SBATCH --wckey=proj" in printed) == ("hydra.launcher.wckey=proj" in args) and "--wckey=submitit" not in printed
+    assert ("#SBATCH --wckey=proj" in printed) == (
+        "hydra.launcher.wckey=proj" in args
+    ) and "--wckey=submitit" not in printed
     assert ("#SBATCH --array=0-3%4" in printed) == (jobs == 4) and ("#SBATCH --array=0-1%2" in printed) == (jobs == 2)
     assert submitted_script(workdir, slurm_cluster, *HELD, *args) == printed
 
@@ -296,5 +398,6 @@ def test_a_slurm_launch_without_slurm_is_one_line(workdir: Path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.strip() == (
         "dew-train: error: hydra/launcher=slurm: sbatch and srun not found on PATH: this machine is not a SLURM "
-        "login node. Submit from one, or see the batch script with hydra.launcher.dry_run=true")
+        "login node. Submit from one, or see the batch script with hydra.launcher.dry_run=true"
+    )
     assert tree(workdir) == []

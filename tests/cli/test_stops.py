@@ -36,7 +36,9 @@ def test_divergence_then_damaged_checkpoints(workdir: Path):
     before = tree(workdir)
     sample = dew(str(run), "--step", "2", cwd=workdir, script="dew.cli.sample")
     assert sample.returncode == 2 and "Traceback" not in sample.stderr, sample.stderr
-    assert f"dew-sample: error: --step 2: checkpoint step 2 in {run / '2'} is damaged: FileNotFoundError" in sample.stderr
+    assert (
+        f"dew-sample: error: --step 2: checkpoint step 2 in {run / '2'} is damaged: FileNotFoundError" in sample.stderr
+    )
     sample = dew(str(run), cwd=workdir, script="dew.cli.sample")
     assert sample.returncode == 2 and f"no checkpoint in {str(run)!r} can be read: step 2: " in sample.stderr
     assert tree(workdir) == before

@@ -28,8 +28,15 @@ def test_artifact_names_are_valid_recognisable_and_distinct():
 
 
 def test_job_names_show_the_swept_values(monkeypatch):
-    fixed = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "trainer.steps=2",
-             "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", "trainer.compilation_cache_dir=null"]
+    fixed = [
+        "experiment=digits",
+        "model.config.depth=1",
+        "model.config.hidden_size=32",
+        "trainer.steps=2",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=1",
+        "trainer.compilation_cache_dir=null",
+    ]
     monkeypatch.setenv(SWEEP_ENV, json.dumps({"dir": "s", "swept": ["optim.learning_rate", "trainer.seed"]}))
     a = job_dirname(0, [*fixed, "optim.learning_rate=0.001", "trainer.seed=1"])
     b = job_dirname(1, [*fixed, "optim.learning_rate=0.003", "trainer.seed=1"])
@@ -60,9 +67,14 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
     work.mkdir()
     # The named run, with the model, the param groups and the optimizer options as JSON strings.
     tiny = [a for a in TINY if not a.startswith("model.config.")]
-    single = dew_train(*tiny, *SHORT, 'model.config={"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": 2}',
-                       'optim.param_groups=[{"pattern": "bias", "weight_decay": 0.0}]', 'optim.optimizer_opts={"b1": 0.8}',
-                       cwd=work)
+    single = dew_train(
+        *tiny,
+        *SHORT,
+        'model.config={"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": 2}',
+        'optim.param_groups=[{"pattern": "bias", "weight_decay": 0.0}]',
+        'optim.optimizer_opts={"b1": 0.8}',
+        cwd=work,
+    )
     assert single is not None and single.returncode == 0, single.stdout[-3000:]
     record = json.loads((work / "ck" / "digits" / "run.json").read_text())
     assert record["model"]["config"]["depth"] == 1 and record["model"]["config"]["hidden_size"] == 32
@@ -71,8 +83,15 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
     before = sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in (work / "ck" / "digits").rglob("*"))
 
     # Job 1 loads the initialisation, evaluation and sampling programs job 0 compiled (a cache in the work dir).
-    sweep = dew_train("-m", *TINY, *SHORT, "optim.learning_rate=1e-3,3e-3", "trainer.wandb={project: p, offline: true}",
-                      f"trainer.compilation_cache_dir={work / 'cache'}", cwd=work)
+    sweep = dew_train(
+        "-m",
+        *TINY,
+        *SHORT,
+        "optim.learning_rate=1e-3,3e-3",
+        "trainer.wandb={project: p, offline: true}",
+        f"trainer.compilation_cache_dir={work / 'cache'}",
+        cwd=work,
+    )
     assert sweep is not None and sweep.returncode == 0, sweep.stdout[-3000:]
     assert sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in (work / "ck" / "digits").rglob("*")) == before
     [folder] = list((work / "ck").glob("digits-sweep-*"))

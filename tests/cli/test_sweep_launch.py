@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.launching.sweep_lock import SWEEP_LOCK_DIR
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
-from dew.contract.lock import holder
 from dew.contract.journal import read_journal
+from dew.contract.lock import holder
+from dew.launching.sweep_lock import SWEEP_LOCK_DIR
 from tests.conftest import dew, tree
 from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import descendants, events, host_params, logged, until
@@ -54,8 +54,16 @@ def test_a_bad_job_submits_nothing(workdir: Path):
     calls = recording_slurm(workdir.parent / "bin")
     env = fast_env(PATH=f"{calls.parent}{os.pathsep}{os.environ['PATH']}")
     began, cpu = time.monotonic(), _children_cpu()
-    bad = dew("-m", "hydra/launcher=slurm", *TINY, "trainer.checkpoint_dir=ck", "model.dtype=float33",
-              "optim.learning_rate=0.001,0.002", cwd=workdir, env=env)
+    bad = dew(
+        "-m",
+        "hydra/launcher=slurm",
+        *TINY,
+        "trainer.checkpoint_dir=ck",
+        "model.dtype=float33",
+        "optim.learning_rate=0.001,0.002",
+        cwd=workdir,
+        env=env,
+    )
     took, cpu = time.monotonic() - began, _children_cpu() - cpu
     print(f"refused in {took:.1f} s ({cpu:.1f} s of CPU)")
     assert bad.returncode == EXIT_BAD_INPUT and "Traceback" not in bad.stderr, bad.stderr
@@ -67,24 +75,50 @@ def test_a_bad_job_submits_nothing(workdir: Path):
     assert cpu < 5 and took < 20  # under 5 s on a quiet machine; the wall time grows with other work
 
     # The mesh against the devices the job asks for: 1 node x 8 GPUs splits no batch of 36.
-    odd = dew("-m", "hydra/launcher=slurm", *TINY, "trainer.checkpoint_dir=ck", "trainer.batch_size=32,36",
-              cwd=workdir, env=env)
+    odd = dew(
+        "-m",
+        "hydra/launcher=slurm",
+        *TINY,
+        "trainer.checkpoint_dir=ck",
+        "trainer.batch_size=32,36",
+        cwd=workdir,
+        env=env,
+    )
     assert odd.returncode == EXIT_BAD_INPUT and not calls.exists() and tree(workdir) == [], odd.stderr
     assert "job 1 (" in odd.stderr and "job 0 (" not in odd.stderr
     assert "trainer.batch_size: a batch of 36 (per micro-batch) does not divide over the 8 devices" in odd.stderr
 
     # The basic launcher runs its jobs here one after another: job 1's mistake stops job 0 too.
-    basic = dew("-m", *TINY, "trainer.checkpoint_dir=ck", "trainer.steps=2", "optim.learning_rate=0.001,-1",
-                cwd=workdir, env=env)
+    basic = dew(
+        "-m",
+        *TINY,
+        "trainer.checkpoint_dir=ck",
+        "trainer.steps=2",
+        "optim.learning_rate=0.001,-1",
+        cwd=workdir,
+        env=env,
+    )
     assert basic.returncode == EXIT_BAD_INPUT and tree(workdir) == [], basic.stderr
     assert "job 1 (" in basic.stderr and "optim.learning_rate" in basic.stderr and "Traceback" not in basic.stderr
 
 
 def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path):
-    args = ["-m", *TINY, "trainer.checkpoint_dir=ck", "trainer.name=twice", "trainer.steps=100000",
-            "trainer.eval_every=null", "optim.learning_rate=0.001,0.002"]
-    first = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=workdir, env=fast_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [
+        "-m",
+        *TINY,
+        "trainer.checkpoint_dir=ck",
+        "trainer.name=twice",
+        "trainer.steps=100000",
+        "trainer.eval_every=null",
+        "optim.learning_rate=0.001,0.002",
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *args],
+        cwd=workdir,
+        env=fast_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         held = lambda: any(holder(p / SWEEP_LOCK_DIR) for p in (workdir / "ck").glob("twice-sweep-*"))  # noqa: E731
         until(lambda: held() or first.poll() is not None, 300)
@@ -93,7 +127,7 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
     assert again.returncode == EXIT_BUSY and "Traceback" not in again.stderr, again.stderr
-    sweep, = (workdir / "ck").glob("twice-sweep-*")
+    (sweep,) = (workdir / "ck").glob("twice-sweep-*")
     assert f"the sweep ck/{sweep.name} is being run by process {first.pid} on " in again.stderr
     assert "the same command run again would start them twice" in again.stderr
 
@@ -104,18 +138,32 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
 # 40 steps a fresh-clone CI run reached the end before the Ctrl-C's stop landed). 100 steps cost a
 # second or two more where steps are that fast.
 STEPS = 100
-LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *TINY[:-1], f"trainer.steps={STEPS}",
-         "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck",
-         "trainer.compilation_cache_dir=cache"]  # later launches reuse what the first compiled
+LOCAL = [
+    "-m",
+    "hydra/launcher=local",
+    "hydra.launcher.tasks_per_node=2",
+    *TINY[:-1],
+    f"trainer.steps={STEPS}",
+    "trainer.eval_every=null",
+    "trainer.checkpoint_every=null",
+    "trainer.checkpoint_dir=ck",
+    "trainer.compilation_cache_dir=cache",
+]  # later launches reuse what the first compiled
 assert TINY[-1] == "trainer.compilation_cache_dir=null"
 
 
 def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
     """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group
     (as a terminal's foreground job)."""
-    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra],
-                            cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="1"), stdout=open(workdir / log, "a"),
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra],
+        cwd=workdir,
+        env=fast_env(JAX_NUM_CPU_DEVICES="1"),
+        stdout=open(workdir / log, "a"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
@@ -194,18 +242,18 @@ def test_a_killed_launcher_takes_its_local_tasks_with_it(workdir: Path):
     proc, ranks = launch(workdir, "orphan", "orphan.out", "trainer.steps=100000"), []
     journal = lambda: next((workdir / "tracking").glob("orphan-sweep-*/*/journal.jsonl"), None)  # noqa: E731
     try:
-        until(lambda: journal() is not None and logged(journal(), 2) or proc.poll() is not None)
+        until(lambda: (journal() is not None and logged(journal(), 2)) or proc.poll() is not None)
         ranks = tasks(proc)
         os.kill(proc.pid, signal.SIGKILL)  # the launching process alone
         proc.wait()
         killed = time.monotonic()
-        until(lambda: not any(Path(f"/proc/{pid}").exists() and b"Z" != _state(pid) for pid in ranks), 300)
+        until(lambda: not any(Path(f"/proc/{pid}").exists() and _state(pid) != b"Z" for pid in ranks), 300)
         print(f"tasks gone {time.monotonic() - killed:.1f} s after the launcher")
     finally:
         for pid in [proc.pid, *ranks]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    run, = (p.parent for p in (workdir / "ck").rglob("run.json"))
+    (run,) = (p.parent for p in (workdir / "ck").rglob("run.json"))
     assert holder(run) is None  # nothing holds the run's lock
     stop = [s for kind, s in events(read_journal(journal())) if kind == "stop"]
     assert len(stop) == 1 and (run / str(stop[0])).is_dir()  # the tasks saved before they ended

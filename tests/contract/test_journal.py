@@ -28,14 +28,17 @@ def lines(*records: dict) -> list[str]:
 
 
 def test_a_resume_supersedes_what_the_lost_process_logged_past_its_step():
-    view = journals.parse(lines(
-        {"event": "start", "step": 0, "time": 100.0, "journal": 1, "total_steps": 6},
-        *({"step": s, "time": 100.0 + s, "train/loss": 10.0 - s} for s in range(1, 6)),
-        {"event": "eval", "step": 4, "eval/loss": 3.0},
-        {"event": "stop", "step": 5, "time": 105.5, "reason": "preempted", "message": "SIGTERM"},
-        {"event": "resume", "step": 3, "time": 200.0, "journal": 1, "total_steps": 6},
-        *({"step": s, "time": 200.0 + s, "train/loss": 20.0 + s} for s in range(4, 7)),
-        {"event": "end", "step": 6, "time": 207.0}))
+    view = journals.parse(
+        lines(
+            {"event": "start", "step": 0, "time": 100.0, "journal": 1, "total_steps": 6},
+            *({"step": s, "time": 100.0 + s, "train/loss": 10.0 - s} for s in range(1, 6)),
+            {"event": "eval", "step": 4, "eval/loss": 3.0},
+            {"event": "stop", "step": 5, "time": 105.5, "reason": "preempted", "message": "SIGTERM"},
+            {"event": "resume", "step": 3, "time": 200.0, "journal": 1, "total_steps": 6},
+            *({"step": s, "time": 200.0 + s, "train/loss": 20.0 + s} for s in range(4, 7)),
+            {"event": "end", "step": 6, "time": 207.0},
+        )
+    )
     assert view.series("train/loss") == ([1, 2, 3, 4, 5, 6], [9.0, 8.0, 7.0, 24.0, 25.0, 26.0])
     assert [e["event"] for e in view.events] == ["start", "stop", "resume", "end"]  # eval at 4 was lost
     assert view.lifecycle()["event"] == "end" and view.total_steps() == 6
@@ -71,31 +74,57 @@ def write_run(root: Path, name: str, records: list[dict] | None, *, record: bool
 START = {"event": "start", "step": 0, "time": 0.0, "journal": 1, "total_steps": 10}
 
 
-@pytest.mark.parametrize(("ending", "status", "reason"), [
-    ({"event": "end", "step": 10}, "finished", None),
-    ({"event": "stop", "step": 4, "reason": "preempted", "message": "SIGTERM at step 4"}, "stopped",
-     "preempted: SIGTERM at step 4"),
-    ({"event": "stop", "step": 4, "reason": "interrupted"}, "stopped", "interrupted"),
-    ({"event": "stop", "step": 4, "reason": "nonfinite", "message": "loss nan at step 4"}, "failed",
-     "nonfinite: loss nan at step 4"),
-    ({"event": "stop", "step": 4, "reason": "error", "message": "OSError: disk full"}, "failed", "error: OSError: disk full"),
-    ({"step": 4, "train/loss": 1.0}, "stopped", "no end recorded"),  # SIGKILL: no word at all
-])
+@pytest.mark.parametrize(
+    ("ending", "status", "reason"),
+    [
+        ({"event": "end", "step": 10}, "finished", None),
+        (
+            {"event": "stop", "step": 4, "reason": "preempted", "message": "SIGTERM at step 4"},
+            "stopped",
+            "preempted: SIGTERM at step 4",
+        ),
+        ({"event": "stop", "step": 4, "reason": "interrupted"}, "stopped", "interrupted"),
+        (
+            {"event": "stop", "step": 4, "reason": "nonfinite", "message": "loss nan at step 4"},
+            "failed",
+            "nonfinite: loss nan at step 4",
+        ),
+        (
+            {"event": "stop", "step": 4, "reason": "error", "message": "OSError: disk full"},
+            "failed",
+            "error: OSError: disk full",
+        ),
+        ({"step": 4, "train/loss": 1.0}, "stopped", "no end recorded"),  # SIGKILL: no word at all
+    ],
+)
 def test_state_from_the_journal(tmp_path, ending, status, reason):
     run = write_run(tmp_path, "sweep/r", [START, {"step": 2, "train/loss": 2.0}, ending])
     summary = read_run(epath.Path(run), "r").summary
     assert summary.status == status
-    assert summary.reason == reason if reason is None or status != "stopped" or "no end" not in reason \
+    assert (
+        summary.reason == reason
+        if reason is None or status != "stopped" or "no end" not in reason
         else summary.reason.startswith(reason)
-    assert summary.total_steps == 10 and summary.journal == os.fspath(tmp_path / "tracking" / "sweep" / "r" / "journal.jsonl")
+    )
+    assert summary.total_steps == 10 and summary.journal == os.fspath(
+        tmp_path / "tracking" / "sweep" / "r" / "journal.jsonl"
+    )
 
 
 def test_never_started_running_and_journal_elsewhere(tmp_path):
     assert read_run(epath.Path(write_run(tmp_path, "fresh", None)), "fresh").summary.status == "never started"
     run = write_run(tmp_path, "held", [START])
-    child = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.contract.lock import RunLock; "
-                              "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)", str(run)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from dew.contract.lock import RunLock; "
+            "RunLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "locked"
         summary = read_run(epath.Path(run), "held").summary
@@ -124,8 +153,10 @@ def test_discovery_skips_steps_and_tracking_and_reports_runs_without_a_record(tm
 
 
 def test_where_expressions(tmp_path):
-    runs = [read_run(epath.Path(write_run(tmp_path, f"r{i}", [START, {"step": 3, "train/loss": float(i)}])), f"r{i}")
-            for i in range(3)]
+    runs = [
+        read_run(epath.Path(write_run(tmp_path, f"r{i}", [START, {"step": 3, "train/loss": float(i)}])), f"r{i}")
+        for i in range(3)
+    ]
     assert [r.summary.name for r in runs if parse_where("train/loss>=1", runs)(r)] == ["r1", "r2"]
     assert [r.summary.name for r in runs if parse_where("optim.learning_rate = 0.1", runs)(r)] == ["r0", "r1", "r2"]
     with pytest.raises(RunsError, match="expected KEY OP VALUE"):
@@ -175,10 +206,12 @@ READS = {"loads", "load", "read_text", "read_bytes", "readlines", "readline", "s
 def _mentions_journal(fn: ast.AST, owner: str) -> bool:
     if "journal" in (getattr(fn, "name", "") + owner).lower():
         return True
-    return any((isinstance(n, ast.Name) and "journal" in n.id.lower())
-               or (isinstance(n, ast.Attribute) and "journal" in n.attr.lower())
-               or (isinstance(n, ast.Constant) and isinstance(n.value, str) and "journal.jsonl" in n.value)
-               for n in ast.walk(fn))
+    return any(
+        (isinstance(n, ast.Name) and "journal" in n.id.lower())
+        or (isinstance(n, ast.Attribute) and "journal" in n.attr.lower())
+        or (isinstance(n, ast.Constant) and isinstance(n.value, str) and "journal.jsonl" in n.value)
+        for n in ast.walk(fn)
+    )
 
 
 def _reads_a_file(fn: ast.AST) -> bool:
@@ -202,8 +235,11 @@ def second_readers(root: Path) -> list[str]:
         tree = ast.parse(path.read_text())
         for owner in [tree, *(c for c in ast.walk(tree) if isinstance(c, ast.ClassDef))]:
             for fn in ast.walk(owner):
-                if (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and _mentions_journal(fn, getattr(owner, "name", "")) and _reads_a_file(fn)):
+                if (
+                    isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and _mentions_journal(fn, getattr(owner, "name", ""))
+                    and _reads_a_file(fn)
+                ):
                     found.append(f"{path.relative_to(root).as_posix()}:{fn.lineno} {fn.name}")
     return sorted(set(found))
 
@@ -215,5 +251,6 @@ def test_dew_reads_journals_in_one_place_only(tmp_path):
     (tmp_path / "contract").mkdir()
     (tmp_path / "status.py").write_text(
         "import json\n\ndef last_loss(run):\n"
-        "    return [json.loads(x) for x in (run / 'journal.jsonl').read_text().splitlines()][-1]\n")
+        "    return [json.loads(x) for x in (run / 'journal.jsonl').read_text().splitlines()][-1]\n"
+    )
     assert second_readers(tmp_path) == ["status.py:3 last_loss"]

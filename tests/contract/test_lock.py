@@ -19,8 +19,15 @@ from dew.contract.lock import holder
 from tests.training.conftest import TINY, dew_train, fast_env
 
 # Long enough to still be running while the second start is refused.
-ARGS = [*TINY, "trainer.name=r", "trainer.steps=1000000", "trainer.log_every=100", "trainer.eval_every=null",
-        "trainer.checkpoint_every=20", "trainer.checkpoint_dir=ck"]
+ARGS = [
+    *TINY,
+    "trainer.name=r",
+    "trainer.steps=1000000",
+    "trainer.log_every=100",
+    "trainer.eval_every=null",
+    "trainer.checkpoint_every=20",
+    "trainer.checkpoint_dir=ck",
+]
 
 
 def _wait(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -34,16 +41,27 @@ def _wait(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
 @pytest.mark.slow
 def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(workdir: Path):
     run = workdir / "ck" / "r"
-    log = open(workdir / "first.out", "w")  # noqa: SIM115 - a file, not a pipe: a chatty run never blocks
-    first = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *ARGS], cwd=workdir, env=fast_env(),
-                             stdout=log, stderr=subprocess.STDOUT)
+    log = open(workdir / "first.out", "w")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *ARGS],
+        cwd=workdir,
+        env=fast_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         _wait(lambda: (run / "20").is_dir(), first)  # it holds the lock and has a checkpoint
         assert holder(run) == {"host": socket.gethostname(), "pid": first.pid, "started": holder(run)["started"]}
 
         started = time.monotonic()
-        second = subprocess.run([sys.executable, "-m", "dew.cli.train", *ARGS], cwd=workdir, env=fast_env(),
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [sys.executable, "-m", "dew.cli.train", *ARGS],
+            cwd=workdir,
+            env=fast_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         elapsed = time.monotonic() - started
         assert first.poll() is None  # refused while the first still runs, not after orbax's barrier
         assert second.returncode == EXIT_BUSY, second.stderr
@@ -72,9 +90,16 @@ def test_run_config_train_refuses_a_held_run_directory(tmp_path: Path):
     from tests.training.conftest import train_tiny
 
     run = tmp_path / "ck" / "run"
-    holding = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.contract.lock import RunLock; "
-                                f"RunLock({str(run)!r}).acquire(); print('held', flush=True); time.sleep(600)"],
-                               stdout=subprocess.PIPE, text=True)
+    holding = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from dew.contract.lock import RunLock; "
+            f"RunLock({str(run)!r}).acquire(); print('held', flush=True); time.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holding.stdout.readline().strip() == "held"
         with pytest.raises(RunLockedError, match=f"{run} is in use by process {holding.pid} on"):
@@ -120,8 +145,16 @@ def _write_lease(run: Path, **fields) -> None:
     import json
 
     run.mkdir(parents=True, exist_ok=True)
-    record = {"host": "node-17", "pid": 4242, "started": time.time() - 3600, "slurm_job_id": None,
-              "lease": "theirs", "stale_after": 60.0, "heartbeat": time.time(), **fields}
+    record = {
+        "host": "node-17",
+        "pid": 4242,
+        "started": time.time() - 3600,
+        "slurm_job_id": None,
+        "lease": "theirs",
+        "stale_after": 60.0,
+        "heartbeat": time.time(),
+        **fields,
+    }
     (run / ".lock").write_text(json.dumps(record))
 
 
@@ -157,18 +190,33 @@ def test_a_second_process_is_refused_by_a_live_lease(tmp_path: Path, no_flock):
     from dew.contract.lock import RunLock
     from tests.fs_sim import noflock_env
 
-    code = ("import sys; from dew.contract.lock import RunLock, RunLockedError\n"
-            "try: RunLock(sys.argv[1]).acquire()\nexcept RunLockedError as err: sys.exit(str(err))")
+    code = (
+        "import sys; from dew.contract.lock import RunLock, RunLockedError\n"
+        "try: RunLock(sys.argv[1]).acquire()\nexcept RunLockedError as err: sys.exit(str(err))"
+    )
     with RunLock(tmp_path):
-        other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                               env=noflock_env(dict(os.environ), no_flock), timeout=60)
+        other = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            env=noflock_env(dict(os.environ), no_flock),
+            timeout=60,
+        )
     assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr
     assert f"{tmp_path} is in use by process {os.getpid()} on {socket.gethostname()}" in other.stderr
     # and the other way round: a lease held by another process refuses this one
-    holding = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.contract.lock import RunLock; "
-                                "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)",
-                                str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                               env=noflock_env(dict(os.environ), no_flock))
+    holding = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from dew.contract.lock import RunLock; "
+            "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=noflock_env(dict(os.environ), no_flock),
+    )
     try:
         assert holding.stdout.readline().strip() == "held"
         assert holder(tmp_path)["pid"] == holding.pid
@@ -189,7 +237,10 @@ def test_a_stale_lease_is_taken_over_with_a_line(tmp_path: Path, no_flock, caplo
     assert holder(tmp_path) is None  # stale reads as not running
     with caplog.at_level("WARNING", logger="dew"), RunLock(tmp_path):
         assert _lease(tmp_path)["pid"] == os.getpid()
-    assert "taking over the run lock of process 4242 on node-17" in caplog.text and "heartbeat is 120 s old (a lease is stale after 60 s" in caplog.text
+    assert (
+        "taking over the run lock of process 4242 on node-17" in caplog.text
+        and "heartbeat is 120 s old (a lease is stale after 60 s" in caplog.text
+    )
     # a fresh one from another host is not
     _write_lease(tmp_path, heartbeat=time.time() - 30)
     with pytest.raises(RuntimeError, match="in use by process 4242 on node-17"):
@@ -255,8 +306,15 @@ def test_dew_train_on_a_filesystem_whose_flock_fails(workdir: Path):
     from tests.fs_sim import noflock_env
 
     env = noflock_env(fast_env())
-    args = [*TINY, "trainer.name=r", "trainer.steps=20", "trainer.eval_every=null", "trainer.checkpoint_every=10",
-            "trainer.checkpoint_dir=ck", f"trainer.compilation_cache_dir={workdir / 'cache'}"]  # the resume loads
+    args = [
+        *TINY,
+        "trainer.name=r",
+        "trainer.steps=20",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=10",
+        "trainer.checkpoint_dir=ck",
+        f"trainer.compilation_cache_dir={workdir / 'cache'}",
+    ]  # the resume loads
     run = workdir / "ck" / "r"
     assert dew_train(*args, cwd=workdir, env=env, kill_when=lambda w: (run / "10").is_dir()) is None
     killed = _lease(run)
@@ -282,14 +340,24 @@ def test_one_of_several_racing_processes_takes_a_stale_lease(tmp_path: Path, no_
 
     run, go = tmp_path / "run", tmp_path / "go"
     _write_lease(run, heartbeat=time.time() - 120)
-    code = ("import os, sys, time; from dew.contract.lock import RunLock, RunLockedError\n"
-            "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
-            "try: RunLock(sys.argv[1]).acquire()\n"
-            "except RunLockedError as err: print('refused', err, flush=True); sys.exit(0)\n"
-            "print('took', flush=True); sys.stdin.read()")  # held until every process has answered
+    code = (
+        "import os, sys, time; from dew.contract.lock import RunLock, RunLockedError\n"
+        "while not os.path.exists(sys.argv[2]): time.sleep(0.001)\n"
+        "try: RunLock(sys.argv[1]).acquire()\n"
+        "except RunLockedError as err: print('refused', err, flush=True); sys.exit(0)\n"
+        "print('took', flush=True); sys.stdin.read()"
+    )  # held until every process has answered
     env = noflock_env(dict(os.environ), no_flock)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(run), str(go)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(run), str(go)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(4)
+    ]
     try:
         time.sleep(0.3)  # most started and waiting (one that starts late finds the winner's lease)
         go.touch()
@@ -357,9 +425,18 @@ def test_a_requeued_job_takes_over_a_flock_its_earlier_run_left(tmp_path: Path, 
     from dew.training.run_directory import refuse_if_held
 
     run = tmp_path / "run"
-    holding = subprocess.Popen([sys.executable, "-c", "import sys, time; from dew.contract.lock import RunLock; "
-                                "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)",
-                                str(run)], stdout=subprocess.PIPE, text=True, env={**os.environ, "SLURM_JOB_ID": "55"})
+    holding = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from dew.contract.lock import RunLock; "
+            "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(600)",
+            str(run),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "SLURM_JOB_ID": "55"},
+    )
     try:
         assert holding.stdout.readline().strip() == "held"
         monkeypatch.setenv("SLURM_JOB_ID", "56")
@@ -372,8 +449,11 @@ def test_a_requeued_job_takes_over_a_flock_its_earlier_run_left(tmp_path: Path, 
         assert holder(run)["pid"] == holding.pid  # a reader still sees the earlier run
         with caplog.at_level("WARNING", logger="dew"), RunLock(run):
             assert holder(run)["pid"] == os.getpid()
-            assert f"taking over the run lock of process {holding.pid} on {socket.gethostname()} in SLURM job 55" \
-                   in caplog.text and "an earlier run of this SLURM job, now requeued, whose flock outlived it" in caplog.text
+            assert (
+                f"taking over the run lock of process {holding.pid} on {socket.gethostname()} in SLURM job 55"
+                in caplog.text
+                and "an earlier run of this SLURM job, now requeued, whose flock outlived it" in caplog.text
+            )
             monkeypatch.setenv("SLURM_JOB_ID", "56")
             with pytest.raises(RunLockedError, match=f"in use by process {os.getpid()} on"):
                 RunLock(run).acquire()

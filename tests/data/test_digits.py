@@ -39,25 +39,26 @@ def test_registered_and_fields(ds):
     assert ds.model_fields() == {"input_size": 8, "in_channels": 1, "num_classes": 10}
     assert ds.num_records == 1617 and ds.num_eval_records == 180  # 1797 - 180 held out
     assert ds.resumable and ds.seed == SEED and ds.batch_size == 32
-    assert ds.batch_spec() == {"image": ((32, 8, 8, 1), np.dtype("float32")),
-                               "label": ((32,), np.dtype("int32"))}
+    assert ds.batch_spec() == {"image": ((32, 8, 8, 1), np.dtype("float32")), "label": ((32,), np.dtype("int32"))}
 
 
 def test_held_out_split_is_stratified_and_fixed(raw):
     from dew.data.digits import split_digits
+
     _, labels = raw
     train, held = split_digits(0.1)
     assert len(np.intersect1d(train, held)) == 0 and len(train) + len(held) == len(labels)
     per_class = np.bincount(labels[held], minlength=10)
     expected = np.bincount(labels, minlength=10) * 0.1
     assert np.all(np.abs(per_class - expected) <= 1), per_class
-    again_train, again_held = split_digits(0.1)
+    _again_train, again_held = split_digits(0.1)
     np.testing.assert_array_equal(held, again_held)
 
 
 def test_batches_equal_numpy_reference(ds, raw):
     images, labels = raw
     from dew.data.digits import split_digits
+
     train_idx, _ = split_digits(0.1)
     it = ds.iterator()
     got = [it.next() for _ in range(60)]  # 60 * 32 = 1920 > 1617: crosses an epoch boundary
@@ -75,7 +76,10 @@ def test_epoch_visits_every_record_once(ds):
     it = ds.iterator()
     # A batch of exactly n records is one whole epoch; two of them are two different orders.
     first, second = it.next(batch_size=n), it.next(batch_size=n)
-    ids = lambda b: [tuple(x) for x in np.c_[b["label"], b["image"].reshape(n, -1)]]
+
+    def ids(b):
+        return [tuple(x) for x in np.c_[b["label"], b["image"].reshape(n, -1)]]
+
     assert sorted(ids(first)) == sorted(ids(second))
     assert not np.array_equal(first["label"], second["label"])
     assert it.position == 2 * n
@@ -107,8 +111,9 @@ def test_resume_from_saved_position_is_exact(ds):
 
 
 def test_resume_through_grain_checkpoint_handler(ds, tmp_path):
-    from etils import epath
     import grain
+    from etils import epath
+
     it = ds.iterator()
     for _ in range(3):
         it.next()
@@ -130,12 +135,14 @@ def test_batch_ramp_keeps_its_place(ds):
     for s in sizes:
         np.testing.assert_array_equal(
             np.concatenate([a.next(batch_size=s)["label"], b.next(batch_size=s)["label"]]),
-            flat[a.position - s:a.position])
+            flat[a.position - s : a.position],
+        )
 
 
 def test_eval_batches_fixed_full_and_masked(ds, raw):
-    images, labels = raw
+    _images, labels = raw
     from dew.data.digits import split_digits
+
     _, held = split_digits(0.1)
     batches = list(ds.eval_batches())
     assert len(batches) == 6  # ceil(180 / 32)
@@ -157,10 +164,13 @@ def test_seed_changes_order_only(raw):
     assert not np.array_equal(a["label"], b["label"])
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(batch_size=30, process_count=4), "batch_size=30 does not divide over 4 processes"),
-    (dict(batch_size=0, process_count=1), "batch_size=0"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(batch_size=30, process_count=4), "batch_size=30 does not divide over 4 processes"),
+        (dict(batch_size=0, process_count=1), "batch_size=0"),
+    ],
+)
 def test_bad_batch_sizes(bad, message):
     with pytest.raises(ValueError, match=message):
         ds = Digits().load(batch_size=bad["batch_size"], seed=0)
@@ -198,15 +208,19 @@ def test_the_arrays_are_kept_whole_and_a_later_process_loads_them_without_scikit
     from dew.data.digits import FIELDS, cached_path, digits_arrays, split_digits
 
     env = {**os.environ, "DEW_DATA_DIR": str(tmp_path / "data")}
-    code = ("import sys, numpy as np\n"
-            "from dew.data.digits import FIELDS, digits_arrays\n"
-            "a = digits_arrays(0.1)\n"
-            "np.savez(sys.argv[1], **a)\n"
-            "print('sklearn' in sys.modules)")
-    first = subprocess.run([sys.executable, "-c", code, str(tmp_path / "first.npz")], env=env,
-                           capture_output=True, text=True, timeout=120)
-    again = subprocess.run([sys.executable, "-c", code, str(tmp_path / "again.npz")], env=env,
-                           capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, numpy as np\n"
+        "from dew.data.digits import FIELDS, digits_arrays\n"
+        "a = digits_arrays(0.1)\n"
+        "np.savez(sys.argv[1], **a)\n"
+        "print('sklearn' in sys.modules)"
+    )
+    first = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "first.npz")], env=env, capture_output=True, text=True, timeout=120
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "again.npz")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert (first.stdout.strip(), again.stdout.strip()) == ("True", "False"), first.stderr + again.stderr
     images, labels = raw
     train, held = split_digits(0.1)

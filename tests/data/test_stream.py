@@ -21,6 +21,7 @@ def corpus(tmp_path):
 def reference(texts, seed, passes):
     """The packed stream as plain Python: grain's shuffled file order per pass, bytes + 256."""
     import grain
+
     order = grain.MapDataset.range(len(texts)).shuffle(seed=seed).repeat()
     ids = []
     for i in range(passes * len(texts)):
@@ -48,7 +49,8 @@ def test_stream_resume_shards_and_ramp(corpus):
     for size in (2, 4, 8):
         g = whole.next(batch_size=size)["tokens"]
         np.testing.assert_array_equal(
-            np.concatenate([a.next(batch_size=size)["tokens"], b.next(batch_size=size)["tokens"]]), g)
+            np.concatenate([a.next(batch_size=size)["tokens"], b.next(batch_size=size)["tokens"]]), g
+        )
     state = json.loads(json.dumps(whole.get_state()))
     want = [whole.next()["tokens"] for _ in range(5)]
     fresh = ds.iterator()
@@ -59,9 +61,9 @@ def test_stream_resume_shards_and_ramp(corpus):
 
 def test_stream_eval_and_epoch_rules(corpus):
     from dew.config import TrainerConfig
+
     root, texts = corpus
-    ds = TextStream(path=str(root / "doc*.txt"), val_path=str(root / "doc0.txt"),
-                    seq_len=4).load(batch_size=2, seed=0)
+    ds = TextStream(path=str(root / "doc*.txt"), val_path=str(root / "doc0.txt"), seq_len=4).load(batch_size=2, seed=0)
     ids = list(texts[0].encode()) + [256]
     assert ds.num_eval_records == (len(ids) - 1) // 4
     batches = list(ds.eval_batches())

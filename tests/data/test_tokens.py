@@ -24,7 +24,7 @@ def tokens():
 
 
 def windows_ref(tokens, idx):
-    return np.stack([tokens[i * L:i * L + L + 1] for i in idx]).astype(np.int32)
+    return np.stack([tokens[i * L : i * L + L + 1] for i in idx]).astype(np.int32)
 
 
 def reference_order(n, seed, count):
@@ -85,18 +85,21 @@ def test_sharding_resume_and_ramp(tmp_path, tokens):
 
 def test_val_fraction_and_val_file(tmp_path, tokens):
     tokens.tofile(tmp_path / "t.bin")
-    ds = TokenWindows(path=str(tmp_path / "t.bin"), seq_len=L, vocab_size=1000,
-                      val_fraction=0.1).load(batch_size=4, seed=0)
+    ds = TokenWindows(path=str(tmp_path / "t.bin"), seq_len=L, vocab_size=1000, val_fraction=0.1).load(
+        batch_size=4, seed=0
+    )
     assert ds.num_records == 90 and ds.num_eval_records == 10
     train = ds.iterator().next(batch_size=90)["tokens"]
-    np.testing.assert_array_equal(np.sort(train[:, 0]), np.sort(tokens[:90 * L:L].astype(np.int32)))
+    np.testing.assert_array_equal(np.sort(train[:, 0]), np.sort(tokens[: 90 * L : L].astype(np.int32)))
     evals = list(ds.eval_batches())
     assert len(evals) == 3 and [b["mask"].sum() for b in evals] == [4, 4, 2]
-    np.testing.assert_array_equal(np.concatenate([b["tokens"] for b in evals])[:10],
-                                  windows_ref(tokens, range(90, 100)))
+    np.testing.assert_array_equal(
+        np.concatenate([b["tokens"] for b in evals])[:10], windows_ref(tokens, range(90, 100))
+    )
     tokens[:161].tofile(tmp_path / "v.bin")
-    ds = TokenWindows(path=str(tmp_path / "t.bin"), val_path=str(tmp_path / "v.bin"), seq_len=L,
-                      vocab_size=1000).load(batch_size=4, seed=0)
+    ds = TokenWindows(path=str(tmp_path / "t.bin"), val_path=str(tmp_path / "v.bin"), seq_len=L, vocab_size=1000).load(
+        batch_size=4, seed=0
+    )
     assert ds.num_records == 100 and ds.num_eval_records == 20
 
 
@@ -108,8 +111,9 @@ def test_prepare_byte_then_load_with_sidecar(tmp_path, capsys):
     assert "train.bin" in capsys.readouterr().out
     sidecar = json.loads((tmp_path / "out" / "tokens.json").read_text())
     assert sidecar["vocab_size"] == 257 and sidecar["tokenizer"] == {"kind": "byte", "eos_id": 256}
-    ds = TokenWindows(path=str(tmp_path / "out" / "train.bin"),
-                      val_path=str(tmp_path / "out" / "val.bin"), seq_len=L).load(4, 0)
+    ds = TokenWindows(
+        path=str(tmp_path / "out" / "train.bin"), val_path=str(tmp_path / "out" / "val.bin"), seq_len=L
+    ).load(4, 0)
     assert ds.model_fields()["vocab_size"] == 257 and ds.tokenizer["kind"] == "byte"
     raw = np.fromfile(tmp_path / "out" / "train.bin", "<u2", offset=1024)
     expected = list(("héllo dew\n" * 30).encode()) + [256]
@@ -119,10 +123,10 @@ def test_prepare_byte_then_load_with_sidecar(tmp_path, capsys):
 
 def test_prepare_bpe_roundtrips_text(tmp_path):
     from dew.data.tokenizer import from_sidecar
+
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    prepare_main(["--out", str(tmp_path / "o"), "--tokenizer", "bpe", "--vocab-size", "300",
-                  str(corpus)])
+    prepare_main(["--out", str(tmp_path / "o"), "--tokenizer", "bpe", "--vocab-size", "300", str(corpus)])
     sidecar = json.loads((tmp_path / "o" / "tokens.json").read_text())
     tok = from_sidecar(str(tmp_path / "o" / "tokens.json"))
     # The trainer stops early when the corpus runs out of merges; the sidecar states what it got.
@@ -145,23 +149,28 @@ def test_prepare_missing_input_exits_with_message(tmp_path, capsys):
 def test_out_of_vocabulary_names_file_and_offset(tmp_path, tokens):
     tokens[537] = 1000
     tokens.tofile(tmp_path / "t.bin")
-    with pytest.raises(ValueError, match=r"t\.bin: token id 1000 at token offset 537 lies outside "
-                                         r"the vocabulary \[0, 1000\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"t\.bin: token id 1000 at token offset 537 lies outside "
+        r"the vocabulary \[0, 1000\)",
+    ):
         TokenWindows(path=str(tmp_path / "t.bin"), seq_len=L, vocab_size=1000).load(4, 0)
 
 
-@pytest.mark.parametrize("content, fmt, message", [
-    (llmc_bytes(np.arange(100), version=7), "auto", "llm.c header version 7"),
-    (llmc_bytes(np.arange(100), count=200), "auto", "header says 200 tokens .* truncated"),
-    (llmc_bytes(np.arange(100))[:600], "auto", "llm.c header truncated"),
-    (llmc_bytes(np.arange(100), magic=1234), "llmc", "wrong header: magic 1234"),
-    (b"\x01\x02\x03", "raw", "3 bytes is not a whole number of uint16"),
-])
+@pytest.mark.parametrize(
+    "content, fmt, message",
+    [
+        (llmc_bytes(np.arange(100), version=7), "auto", "llm.c header version 7"),
+        (llmc_bytes(np.arange(100), count=200), "auto", "header says 200 tokens .* truncated"),
+        (llmc_bytes(np.arange(100))[:600], "auto", "llm.c header truncated"),
+        (llmc_bytes(np.arange(100), magic=1234), "llmc", "wrong header: magic 1234"),
+        (b"\x01\x02\x03", "raw", "3 bytes is not a whole number of uint16"),
+    ],
+)
 def test_bad_files(tmp_path, content, fmt, message):
     (tmp_path / "t.bin").write_bytes(content)
     with pytest.raises(ValueError, match=message):
-        TokenWindows(path=str(tmp_path / "t.bin"), seq_len=L, vocab_size=70000,
-                     format=fmt).load(4, 0)
+        TokenWindows(path=str(tmp_path / "t.bin"), seq_len=L, vocab_size=70000, format=fmt).load(4, 0)
 
 
 def test_missing_things(tmp_path, tokens):
@@ -173,7 +182,8 @@ def test_missing_things(tmp_path, tokens):
     with pytest.raises(ValueError, match="holds no training window of data.seq_len=1000"):
         TokenWindows(path=str(tmp_path / "t.bin"), seq_len=1000, vocab_size=1000).load(4, 0)
     with pytest.raises(ValueError, match="both choose the held-out windows"):
-        TokenWindows(path=str(tmp_path / "t.bin"), val_path=str(tmp_path / "t.bin"),
-                     val_fraction=0.1, vocab_size=1000).load(4, 0)
+        TokenWindows(
+            path=str(tmp_path / "t.bin"), val_path=str(tmp_path / "t.bin"), val_fraction=0.1, vocab_size=1000
+        ).load(4, 0)
     with pytest.raises(ValueError, match="data.dtype='int8'"):
         TokenWindows(path="x", dtype="int8")

@@ -55,8 +55,7 @@ def test_xla_attention_matches_naive_softmax(case):
     q = jax.random.normal(kq, (2, 7, N, 8))
     k, v = jax.random.normal(kk, (2, 7, K, 8)), jax.random.normal(kv, (2, 7, K, 8))
     kv_lengths = None if lengths is None else jnp.array(lengths, jnp.int32)
-    out = attend(q, k, v, scale=0.3, causal=causal, kv_lengths=kv_lengths, impl="xla",
-                 matmul_precision="highest")
+    out = attend(q, k, v, scale=0.3, causal=causal, kv_lengths=kv_lengths, impl="xla", matmul_precision="highest")
     np.testing.assert_allclose(out, naive_attention(q, k, v, 0.3, causal, kv_lengths), atol=1e-5)
     got = max_logits(q, k, scale=0.3, causal=causal, kv_lengths=kv_lengths, matmul_precision="highest")
     want = naive_logits(q, k, 0.3, causal, kv_lengths).max(axis=(0, 2, 3))

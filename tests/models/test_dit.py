@@ -11,8 +11,16 @@ from dew.models import build, flops_per_example
 from dew.models.dit import patchify, unpatchify
 from dew.models.simple_dit import DIT_PRESETS
 
-TINY = dict(input_size=8, in_channels=1, patch_size=2, hidden_size=32, depth=2, num_heads=4,
-            num_classes=10, matmul_precision="highest")
+TINY = dict(
+    input_size=8,
+    in_channels=1,
+    patch_size=2,
+    hidden_size=32,
+    depth=2,
+    num_heads=4,
+    num_classes=10,
+    matmul_precision="highest",
+)
 
 
 def paper_fields(preset):
@@ -61,7 +69,7 @@ def test_every_block_is_the_identity_at_init():
     x = jax.random.normal(jax.random.key(2), (3, 16, 32))
     c = jax.random.normal(jax.random.key(3), (3, 32))
     for i in range(TINY["depth"]):
-        block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
         out, _ = block(x, c, False)
         np.testing.assert_array_equal(out, x)
 
@@ -104,11 +112,10 @@ def test_max_logits_equal_an_explicit_computation_per_block(jitted):
     c = model.t_embedder(t) + model.y_embedder(y)
     graphdef, state = nnx.split(model.blocks)
     for i in range(TINY["depth"]):
-        block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
         shift, scale = jnp.split(block.adaLN_modulation(jax.nn.silu(c)), 6, axis=-1)[:2]
         a = block.norm1(h) * (1 + scale[:, None]) + shift[:, None]
-        logits = jnp.einsum("btnh,bsnh->bnts", block.attn.q(a), block.attn.k(a),
-                            precision="highest") * block.attn.scale
+        logits = jnp.einsum("btnh,bsnh->bnts", block.attn.q(a), block.attn.k(a), precision="highest") * block.attn.scale
         np.testing.assert_allclose(got[i], logits.max(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
         h, _ = block(h, c, False)
 

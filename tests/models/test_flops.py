@@ -14,10 +14,13 @@ def matmul_weights(model):
     return sum(int(np.prod(v.shape)) for path, v in flat if path[-1] == "kernel")
 
 
-@pytest.mark.parametrize("values", [
-    dict(input_size=8, in_channels=3, patch_size=2, hidden_size=32, depth=3, num_heads=4, learn_sigma=True),
-    dict(input_size=12, vocab_size=50, hidden_size=32, depth=2, num_heads=4),
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        dict(input_size=8, in_channels=3, patch_size=2, hidden_size=32, depth=3, num_heads=4, learn_sigma=True),
+        dict(input_size=12, vocab_size=50, hidden_size=32, depth=2, num_heads=4),
+    ],
+)
 def test_simple_dit_counts_its_own_matmul_weights(values):
     model = nnx.eval_shape(lambda: build("simple_dit", values, nnx.Rngs(0)))
     per_token, per_example, tokens = of("simple_dit", values).matmul_params()
@@ -27,8 +30,9 @@ def test_simple_dit_counts_its_own_matmul_weights(values):
 
 
 def test_transformer_counts_its_own_matmul_weights_and_the_tied_head():
-    values = dict(vocab_size=64, seq_len=16, hidden_size=32, depth=2, num_heads=4, num_kv_heads=2,
-                  head_dim=16, mlp_hidden=48)
+    values = dict(
+        vocab_size=64, seq_len=16, hidden_size=32, depth=2, num_heads=4, num_kv_heads=2, head_dim=16, mlp_hidden=48
+    )
     model = nnx.eval_shape(lambda: build("transformer", values, nnx.Rngs(0)))
     per_token, _, tokens = of("transformer", values).matmul_params()
     assert per_token == matmul_weights(model) and tokens == 16

@@ -13,12 +13,18 @@ from flax import nnx
 from dew.models import build
 
 MODELS = {
-    "simple_dit": (dict(input_size=8, in_channels=1, hidden_size=32, depth=2, num_heads=4, num_classes=10),
-                   lambda: (jnp.zeros((2, 8, 8, 1)), jnp.zeros(2), jnp.zeros(2, jnp.int32))),
-    "simple_dit tokens": (dict(input_size=8, vocab_size=16, hidden_size=32, depth=2, num_heads=4),
-                          lambda: (jnp.zeros((2, 8), jnp.int32), jnp.zeros(2))),
-    "transformer": (dict(vocab_size=16, seq_len=8, hidden_size=32, depth=2, num_heads=4, qk_norm=True,
-                         tie_embeddings=True), lambda: (jnp.zeros((2, 8), jnp.int32),)),
+    "simple_dit": (
+        dict(input_size=8, in_channels=1, hidden_size=32, depth=2, num_heads=4, num_classes=10),
+        lambda: (jnp.zeros((2, 8, 8, 1)), jnp.zeros(2), jnp.zeros(2, jnp.int32)),
+    ),
+    "simple_dit tokens": (
+        dict(input_size=8, vocab_size=16, hidden_size=32, depth=2, num_heads=4),
+        lambda: (jnp.zeros((2, 8), jnp.int32), jnp.zeros(2)),
+    ),
+    "transformer": (
+        dict(vocab_size=16, seq_len=8, hidden_size=32, depth=2, num_heads=4, qk_norm=True, tie_embeddings=True),
+        lambda: (jnp.zeros((2, 8), jnp.int32),),
+    ),
 }
 DTYPES = ["float32", "bfloat16"]
 
@@ -27,8 +33,10 @@ def architecture(name):
     return name.split()[0]
 
 
-@pytest.mark.parametrize("name, dtype, param_dtype", [
-    (n, d, p) for n, (d, p) in itertools.product(MODELS, itertools.product(DTYPES, DTYPES))])
+@pytest.mark.parametrize(
+    "name, dtype, param_dtype",
+    [(n, d, p) for n, (d, p) in itertools.product(MODELS, itertools.product(DTYPES, DTYPES))],
+)
 def test_output_and_parameter_dtypes(name, dtype, param_dtype):
     fields, inputs = MODELS[name]
     fields = {**fields, "dtype": dtype, "param_dtype": param_dtype}
@@ -36,7 +44,8 @@ def test_output_and_parameter_dtypes(name, dtype, param_dtype):
     assert {a.dtype for a in jax.tree.leaves(nnx.state(model, nnx.Param))} == {jnp.dtype(param_dtype)}
     graphdef, state = nnx.split(model)
     out, max_logits = jax.eval_shape(
-        lambda state, *args: nnx.merge(graphdef, state)(*args, return_max_logits=True), state, *inputs())
+        lambda state, *args: nnx.merge(graphdef, state)(*args, return_max_logits=True), state, *inputs()
+    )
     assert out.dtype == jnp.dtype(dtype)
     assert max_logits.dtype == jnp.float32 and max_logits.shape == (2, 4)
 
@@ -58,11 +67,11 @@ def dot_precisions(jaxpr):
 @pytest.mark.parametrize("name", MODELS)
 def test_every_matmul_asks_for_the_matmul_precision(name):
     fields, inputs = MODELS[name]
-    model = nnx.eval_shape(lambda: build(architecture(name), {**fields, "matmul_precision": "highest"},
-                                         nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: build(architecture(name), {**fields, "matmul_precision": "highest"}, nnx.Rngs(0)))
     graphdef, state = nnx.split(model)
-    jaxpr = jax.make_jaxpr(
-        lambda state, *args: nnx.merge(graphdef, state)(*args, return_max_logits=True))(state, *inputs())
+    jaxpr = jax.make_jaxpr(lambda state, *args: nnx.merge(graphdef, state)(*args, return_max_logits=True))(
+        state, *inputs()
+    )
     precisions = dot_precisions(jaxpr.jaxpr)
     assert len(precisions) >= 8
     highest = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
@@ -71,8 +80,9 @@ def test_every_matmul_asks_for_the_matmul_precision(name):
 
 @pytest.mark.slow
 def test_parameters_stay_in_param_dtype_after_an_optimizer_step():
-    model = build("transformer", {**MODELS["transformer"][0], "dtype": "bfloat16",
-                                  "param_dtype": "bfloat16"}, nnx.Rngs(0))
+    model = build(
+        "transformer", {**MODELS["transformer"][0], "dtype": "bfloat16", "param_dtype": "bfloat16"}, nnx.Rngs(0)
+    )
     graphdef, params = nnx.split(model)
     optimizer = optax.adamw(1e-2)
     tokens = jax.random.randint(jax.random.key(0), (2, 8), 0, 16)
@@ -82,6 +92,7 @@ def test_parameters_stay_in_param_dtype_after_an_optimizer_step():
         def loss(params):
             logits = nnx.merge(graphdef, params)(tokens).astype(jnp.float32)
             return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
         grads = jax.grad(loss)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state

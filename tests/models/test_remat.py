@@ -11,9 +11,10 @@ from dew.contract.models import build
 from dew.contract.typed import ConfigError
 
 FAST = {"xla_backend_optimization_level": 0}
-TINY = {"transformer": dict(vocab_size=64, seq_len=64, hidden_size=32, depth=2, num_heads=2),
-        "simple_dit": dict(input_size=16, in_channels=4, hidden_size=32, depth=2, num_heads=2,
-                           num_classes=10)}
+TINY = {
+    "transformer": dict(vocab_size=64, seq_len=64, hidden_size=32, depth=2, num_heads=2),
+    "simple_dit": dict(input_size=16, in_channels=4, hidden_size=32, depth=2, num_heads=2, num_classes=10),
+}
 
 
 def compiled_grad(arch: str, **fields):

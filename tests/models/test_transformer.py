@@ -10,8 +10,16 @@ from flax import nnx
 from dew.models import build
 from dew.models.attention import apply_rope, rope_tables
 
-TINY = dict(vocab_size=32, seq_len=8, hidden_size=32, depth=2, num_heads=4, num_kv_heads=2,
-            qk_norm=True, matmul_precision="highest")
+TINY = dict(
+    vocab_size=32,
+    seq_len=8,
+    hidden_size=32,
+    depth=2,
+    num_heads=4,
+    num_kv_heads=2,
+    qk_norm=True,
+    matmul_precision="highest",
+)
 
 
 def tiny(**overrides):
@@ -28,7 +36,7 @@ def test_an_early_output_has_no_gradient_from_a_later_token():
         return nnx.merge(graphdef, state)(tokens)[0].sum(-1)
 
     for i in (0, 4):  # output i is moved by the tokens at positions 0..i, and by no later one
-        grad = jax.jit(jax.grad(lambda state: outputs(state)[i]))(state)["embed"]["embedding"][...]
+        grad = jax.jit(jax.grad(lambda state, i=i: outputs(state)[i]))(state)["embed"]["embedding"][...]
         seen_J = np.abs(np.asarray(grad)[:8]).sum(-1)
         np.testing.assert_array_equal(seen_J > 0, np.arange(8) <= i)
 
@@ -68,7 +76,7 @@ def explicit_max_logits(model, tokens):
     graphdef, state = nnx.split(model.blocks)
     maxima = []
     for i in range(2):
-        block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        block = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
         h = block.attn_norm(x)
         q = apply_rope(block.attn.q_norm(block.attn.q(h)), rope)
         k = jnp.repeat(apply_rope(block.attn.k_norm(block.attn.k(h)), rope), 2, axis=2)
@@ -98,13 +106,16 @@ def test_mup_divides_logits_by_the_width_multiplier(jitted):
     np.testing.assert_allclose(jitted(narrow)(tokens), jitted(wide)(tokens) / 2, rtol=1e-6)
 
 
-@pytest.mark.parametrize("fields, scale", [
-    ({}, 1 / 8 ** 0.5),  # standard: 1/sqrt(head_dim), head_dim 32/4
-    ({"mup": True, "mup_base_width": 32}, 1 / 8 ** 0.5),  # muP at its base width: the standard model
-    ({"mup": True, "mup_base_width": 8}, 2 ** 0.5 / 8),  # width x4, head_dim x4: sqrt(base head_dim 2)/8
-    ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 8}, 1 / 8 ** 0.5),  # heads grew instead
-    ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 1}, 1 / 8),  # lm-engine's plain 1/head_dim
-])
+@pytest.mark.parametrize(
+    "fields, scale",
+    [
+        ({}, 1 / 8**0.5),  # standard: 1/sqrt(head_dim), head_dim 32/4
+        ({"mup": True, "mup_base_width": 32}, 1 / 8**0.5),  # muP at its base width: the standard model
+        ({"mup": True, "mup_base_width": 8}, 2**0.5 / 8),  # width x4, head_dim x4: sqrt(base head_dim 2)/8
+        ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 8}, 1 / 8**0.5),  # heads grew instead
+        ({"mup": True, "mup_base_width": 8, "mup_base_head_dim": 1}, 1 / 8),  # lm-engine's plain 1/head_dim
+    ],
+)
 def test_mups_attention_scale_is_the_standard_one_at_the_base_head_dim(fields, scale):
     from dew.models.decoder import attention_scale
     from dew.models.transformer import TransformerFields

@@ -12,16 +12,26 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.models.kv_cache import KVCache
+from dew.objectives.autoregressive import NextToken
 from dew.objectives.decoding import context_start, generate
 from dew.objectives.next_token import NextTokenKnobs
-from dew.objectives.autoregressive import NextToken
 
 V, L = 32, 8
 # A larger init than the default 0.02 spreads the logits, so greedy decoding does not just repeat a token.
-TINY = dict(vocab_size=V, seq_len=L, hidden_size=32, depth=2, num_heads=4, qk_norm=True, init_std=0.3,
-            matmul_precision="highest")
-SHAPES = {"gqa-scan": dict(num_kv_heads=2, scan_layers=True),
-          "mha-tied-unrolled": dict(num_kv_heads=None, scan_layers=False, tie_embeddings=True, qk_norm=False)}
+TINY = dict(
+    vocab_size=V,
+    seq_len=L,
+    hidden_size=32,
+    depth=2,
+    num_heads=4,
+    qk_norm=True,
+    init_std=0.3,
+    matmul_precision="highest",
+)
+SHAPES = {
+    "gqa-scan": dict(num_kv_heads=2, scan_layers=True),
+    "mha-tied-unrolled": dict(num_kv_heads=None, scan_layers=False, tie_embeddings=True, qk_norm=False),
+}
 PROMPTS = jnp.asarray([[3, 3], [5, 1], [9, 2]], jnp.int32)
 
 
@@ -41,7 +51,7 @@ def incremental_logits(model: nnx.Module, tokens_BxL: jax.Array) -> tuple[jax.Ar
         first, cache = m.extend(tokens[:, :3], m.init_cache(tokens.shape[0]))
         rest = []
         for i in range(3, L):
-            logits, cache = m.extend(tokens[:, i:i + 1], cache)
+            logits, cache = m.extend(tokens[:, i : i + 1], cache)
             rest.append(logits)
         return jnp.concatenate([first, *rest], axis=1), cache
 
@@ -51,7 +61,7 @@ def incremental_logits(model: nnx.Module, tokens_BxL: jax.Array) -> tuple[jax.Ar
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_cache_gives_the_full_forward_and_greedy_samples_equal_the_uncached_path(shape):
-    o, model = objective(**SHAPES[shape])
+    _o, model = objective(**SHAPES[shape])
     graphdef, state = nnx.split(model)
     tokens = jax.random.randint(jax.random.key(1), (2, L), 0, V)
     logits, cache = incremental_logits(model, tokens)
@@ -61,8 +71,12 @@ def test_the_cache_gives_the_full_forward_and_greedy_samples_equal_the_uncached_
 
     # Three prompts, 3 * seq_len + 3 new tokens: the first window, then three moves of it.
     new = 3 * L + 3
-    run = {cached: generate(graphdef, state, PROMPTS, jax.random.PRNGKey(0), jnp.float32(1.0), new=new,
-                            window=L, top_k=1, cached=cached) for cached in (True, False)}
+    run = {
+        cached: generate(
+            graphdef, state, PROMPTS, jax.random.PRNGKey(0), jnp.float32(1.0), new=new, window=L, top_k=1, cached=cached
+        )
+        for cached in (True, False)
+    }
     cached, uncached = np.asarray(run[True]), np.asarray(run[False])
     assert cached.shape == (3, 2 + new) and (cached[:, :2] == PROMPTS).all()
     np.testing.assert_array_equal(cached, uncached)
@@ -78,7 +92,7 @@ def test_greedy_samples_equal_an_explicit_loop_over_the_window():
     ids = [5, 1]
     while len(ids) < 2 + 3 * L + 3:
         i = len(ids) - 1
-        context = ids[context_start(i, L):]
+        context = ids[context_start(i, L) :]
         assert len(context) <= L
         padded = jnp.asarray([context + [0] * (L - len(context))])
         ids.append(int(np.asarray(forward(padded))[0, len(context) - 1].argmax()))
@@ -96,8 +110,9 @@ def test_the_window_keeps_half_of_itself_when_it_moves_on():
 
 def test_seeded_samples_repeat_and_differ_by_seed():
     o, model = objective(num_kv_heads=2)
-    a, b, c = (np.asarray(o.sample(model, 8, jax.random.PRNGKey(s), temperature=3.0, max_new_tokens=12))
-               for s in (0, 0, 1))
+    a, b, c = (
+        np.asarray(o.sample(model, 8, jax.random.PRNGKey(s), temperature=3.0, max_new_tokens=12)) for s in (0, 0, 1)
+    )
     assert a.shape == (8, 13) and (a == b).all() and (a != c).any()
     assert (a[:, 0] == 0).all()  # without a tokenizer the default prompt is id 0
     assert a.min() >= 0 and a.max() < V

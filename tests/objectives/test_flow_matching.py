@@ -12,12 +12,19 @@ from flax import nnx
 
 from dew.config import ModelConfig
 from dew.data.specs import Digits
-from dew.objectives.rectified_flow import FlowMatching
 from dew.objectives.flow_matching import FlowMatchingKnobs
+from dew.objectives.rectified_flow import FlowMatching
 from dew.training.step import TrainState, make_train_step
 
-FIELDS = {"hidden_size": 32, "depth": 1, "num_heads": 2, "patch_size": 2, "input_size": 8, "in_channels": 1,
-          "num_classes": 10}
+FIELDS = {
+    "hidden_size": 32,
+    "depth": 1,
+    "num_heads": 2,
+    "patch_size": 2,
+    "input_size": 8,
+    "in_channels": 1,
+    "num_classes": 10,
+}
 
 
 def objective(**knobs) -> FlowMatching:
@@ -32,7 +39,8 @@ def test_loss_at_init_is_one_plus_the_data_second_moment():
     o = objective()
     graphdef, state = nnx.split(o.build(nnx.Rngs(params=0)))
     out = jax.jit(lambda s, b, k: o.loss(nnx.merge(graphdef, s), b, k))(
-        state, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0))
+        state, {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.PRNGKey(0)
+    )
     second_moment = float(np.mean(np.square(batch["image"])))
     assert float(out.count) == 1536
     assert float(out.total / out.count) == pytest.approx(1.0 + second_moment, rel=0.01)
@@ -46,10 +54,18 @@ def test_trainer_step_keeps_the_ema_of_the_parameters():
     o = objective(ema_decay=d, label_dropout=0.0)
     graphdef, params, rest = nnx.split(o.build(nnx.Rngs(params=0)), nnx.Param, ...)
     tx = optax.sgd(0.1)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                       ema=jax.tree.map(jnp.copy, params), key=jax.random.PRNGKey(1),
-                       loss_scale=jnp.ones((), jnp.float32), good_steps=jnp.zeros((), jnp.int32),
-                       nonfinite_step=jnp.full((), -1, jnp.int32), graphdef=graphdef, rest=rest)
+    state = TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=tx.init(params),
+        ema=jax.tree.map(jnp.copy, params),
+        key=jax.random.PRNGKey(1),
+        loss_scale=jnp.ones((), jnp.float32),
+        good_steps=jnp.zeros((), jnp.int32),
+        nonfinite_step=jnp.full((), -1, jnp.int32),
+        graphdef=graphdef,
+        rest=rest,
+    )
     step = jax.jit(make_train_step(o, graphdef, rest, tx, lambda s: 0.1, accumulation=1, dynamic_scale=False))
     batch = {k: jnp.asarray(v) for k, v in Digits().load(batch_size=16, seed=0).iterator().next().items()}
     p0 = jax.tree.map(np.asarray, params)

@@ -12,11 +12,11 @@ from flax import nnx
 
 from dew.build import build_run
 from dew.config import ModelConfig, TrainerConfig
+from dew.contract.typed import ConfigError
 from dew.data.specs import TokenWindows
 from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
 from dew.objectives.mdlm import MaskedDiffusion, subs_log_probs
 from dew.recipe import Recipe
-from dew.contract.typed import ConfigError
 
 V, L = 11, 16
 TINY = {"hidden_size": 32, "depth": 1, "num_heads": 2}
@@ -86,8 +86,9 @@ def test_unmasked_positions_cost_nothing_and_time_weights_by_one_over_t(model):
     z = x0.at[:, ::2].set(V)
     per_token, _ = jitted(o.per_token, model)(x0, t, z)
     assert (np.asarray(per_token)[:, 1::2] == 0).all()
-    np.testing.assert_allclose(np.asarray(per_token)[:, ::2], np.broadcast_to(math.log(V) / np.asarray(t)[:, None], (4, L // 2)),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(per_token)[:, ::2], np.broadcast_to(math.log(V) / np.asarray(t)[:, None], (4, L // 2)), rtol=1e-5
+    )
 
 
 def test_antithetic_times_cover_every_stripe():
@@ -137,9 +138,11 @@ def test_data_fields_add_the_mask_token_and_are_recorded(tmp_path):
     ids = np.random.default_rng(0).integers(0, V, 400).astype(np.uint16)
     path = tmp_path / "t.npy"
     np.save(path, ids)
-    run = Recipe(model=ModelConfig("simple_dit", TINY, dtype="float32"),
-                 data=TokenWindows(path=str(path), seq_len=L, vocab_size=V),
-                 trainer=TrainerConfig(batch_size=4, steps=1))
+    run = Recipe(
+        model=ModelConfig("simple_dit", TINY, dtype="float32"),
+        data=TokenWindows(path=str(path), seq_len=L, vocab_size=V),
+        trainer=TrainerConfig(batch_size=4, steps=1),
+    )
     resolved, o, _ = build_run(run)
     assert isinstance(o, MaskedDiffusion) and o.vocab_size == V and o.mask_id == V
     assert resolved.model.config["vocab_size"] == V + 1 and resolved.model.config["input_size"] == L

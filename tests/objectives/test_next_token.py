@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from dew.config import ModelConfig
-from dew.objectives.next_token import NextTokenKnobs
 from dew.objectives.autoregressive import NextToken
+from dew.objectives.next_token import NextTokenKnobs
 
 V, L = 13, 8
 
@@ -21,8 +21,13 @@ V, L = 13, 8
 @pytest.fixture(scope="module")
 def setup():
     fields = {"hidden_size": 32, "depth": 1, "num_heads": 2, "vocab_size": V, "seq_len": L}
-    o = NextToken(ModelConfig("transformer", fields, dtype="float32"), NextTokenKnobs(), V, L,
-                  tokenizer={"kind": "byte", "eos_id": 12})
+    o = NextToken(
+        ModelConfig("transformer", fields, dtype="float32"),
+        NextTokenKnobs(),
+        V,
+        L,
+        tokenizer={"kind": "byte", "eos_id": 12},
+    )
     return o, o.build(nnx.Rngs(params=0))
 
 
@@ -97,17 +102,26 @@ def test_sampling_is_seeded_and_temperature_spreads_it(setup):
 def test_a_run_logs_the_perplexity_of_its_mean_losses(tmp_path):
     from dew.build import build_run
     from dew.config import TrainerConfig
+    from dew.contract.journal import read_journal
     from dew.data.prepare import prepare
     from dew.data.specs import TokenWindows
     from dew.recipe import Recipe
-    from dew.contract.journal import read_journal
 
     (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
     prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
-    recipe = Recipe(model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
-                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16, val_fraction=0.2),
-                    trainer=TrainerConfig(checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=2, log_every=1,
-                                          eval_every=2, checkpoint_every=None, compilation_cache_dir=None))
+    recipe = Recipe(
+        model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+        data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16, val_fraction=0.2),
+        trainer=TrainerConfig(
+            checkpoint_dir=str(tmp_path / "ck"),
+            batch_size=8,
+            steps=2,
+            log_every=1,
+            eval_every=2,
+            checkpoint_every=None,
+            compilation_cache_dir=None,
+        ),
+    )
     run, objective, dataset = build_run(recipe)
     run.train(objective, dataset, name="lm")
     records = read_journal(tmp_path / "tracking" / "lm" / "journal.jsonl")

@@ -16,12 +16,12 @@ from sklearn.linear_model import LogisticRegression
 from dew.build import build_run
 from dew.cli.restore import restore
 from dew.config import ModelConfig, OptimConfig, TrainerConfig
+from dew.contract.schedules import schedules
 from dew.data.prepare import prepare
 from dew.data.specs import Digits, TokenWindows
 from dew.objectives.flow_matching import FlowMatchingKnobs
 from dew.recipe import Recipe
 from dew.training import trainer
-from dew.contract.schedules import schedules
 from tests.conftest import dew
 from tests.training.conftest import fast_env
 
@@ -35,14 +35,25 @@ def digits_run(tmp_path_factory):
     """A short real digits run (a small model; the README run's figure is in docs/objectives.md)."""
     root = tmp_path_factory.mktemp("runs")
     recipe = Recipe(
-        model=ModelConfig("simple_dit", {"hidden_size": 64, "depth": 2, "num_heads": 4, "patch_size": 2},
-                          dtype="float32"),
+        model=ModelConfig(
+            "simple_dit", {"hidden_size": 64, "depth": 2, "num_heads": 4, "patch_size": 2}, dtype="float32"
+        ),
         data=Digits(),
-        optim=OptimConfig(learning_rate=2e-3, schedule=schedules["cosine"](warmup_steps=50), weight_decay=0.0,
-                          clip_grads=1.0),
-        trainer=TrainerConfig(name="digits", checkpoint_dir=str(root), batch_size=64, steps=STEPS, log_every=200,
-                              eval_every=STEPS // 2, checkpoint_every=STEPS // 2, compilation_cache_dir=None),
-        flow_matching=FlowMatchingKnobs(ema_decay=0.99, guidance_scale=2.0))
+        optim=OptimConfig(
+            learning_rate=2e-3, schedule=schedules["cosine"](warmup_steps=50), weight_decay=0.0, clip_grads=1.0
+        ),
+        trainer=TrainerConfig(
+            name="digits",
+            checkpoint_dir=str(root),
+            batch_size=64,
+            steps=STEPS,
+            log_every=200,
+            eval_every=STEPS // 2,
+            checkpoint_every=STEPS // 2,
+            compilation_cache_dir=None,
+        ),
+        flow_matching=FlowMatchingKnobs(ema_decay=0.99, guidance_scale=2.0),
+    )
     run, objective, dataset = build_run(recipe)
     with pytest.MonkeyPatch.context() as mp:  # 800 steps run 2.7x faster optimised than as tests/conftest.py compiles
         mp.setattr(trainer, "COMPILER_OPTIONS", {"xla_backend_optimization_level": 3})  # XLA's default
@@ -62,8 +73,22 @@ def test_restored_parameters_equal_the_trained_ones_bit_for_bit(digits_run):
 def test_dew_sample_draws_what_the_trained_model_draws_and_the_digits_are_recognised(digits_run, tmp_path):
     run_dir, state, objective = digits_run
     npz, png = tmp_path / "d.npz", tmp_path / "d.png"
-    result = dew(str(run_dir), "--step", str(STEPS), "--count", "20", "--seed", "3", "--npz", str(npz),
-                 "--out", str(png), cwd=tmp_path, script="dew.cli.sample", env=fast_env())  # compiled as here
+    result = dew(
+        str(run_dir),
+        "--step",
+        str(STEPS),
+        "--count",
+        "20",
+        "--seed",
+        "3",
+        "--npz",
+        str(npz),
+        "--out",
+        str(png),
+        cwd=tmp_path,
+        script="dew.cli.sample",
+        env=fast_env(),
+    )  # compiled as here
     assert result.returncode == 0, result.stderr
     assert f"200 images (step {STEPS}, EMA, seed 3) in {png}" in result.stdout and png.stat().st_size > 0
     saved = np.load(npz)
@@ -82,54 +107,109 @@ def test_dew_sample_draws_what_the_trained_model_draws_and_the_digits_are_recogn
 def test_text_run_samples_decoded_text(tmp_path):
     (tmp_path / "a.txt").write_text("abcabcabc " * 60)
     prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
-    recipe = Recipe(model=ModelConfig("simple_dit", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
-                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16),
-                    trainer=TrainerConfig(name="md", checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=4,
-                                          eval_every=None, checkpoint_every=4, compilation_cache_dir=None))
+    recipe = Recipe(
+        model=ModelConfig("simple_dit", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+        data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16),
+        trainer=TrainerConfig(
+            name="md",
+            checkpoint_dir=str(tmp_path / "ck"),
+            batch_size=8,
+            steps=4,
+            eval_every=None,
+            checkpoint_every=4,
+            compilation_cache_dir=None,
+        ),
+    )
     run, objective, dataset = build_run(recipe)
     run.train(objective, dataset, name="md")
     assert json.loads((tmp_path / "ck" / "md" / "run.json").read_text())["model"]["config"]["vocab_size"] == 258
     out = tmp_path / "s.txt"
-    result = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(out), cwd=tmp_path,
-                 script="dew.cli.sample", env=fast_env())
+    result = dew(
+        str(tmp_path / "ck" / "md"),
+        "--count",
+        "2",
+        "--steps",
+        "4",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        script="dew.cli.sample",
+        env=fast_env(),
+    )
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert text.count("--- sample ") == 2 and text in result.stdout
     assert "2 sequences (step 4, EMA, seed 0)" in result.stdout
-    again = dew(str(tmp_path / "ck" / "md"), "--count", "2", "--steps", "4", "--out", str(tmp_path / "t.txt"),
-                cwd=tmp_path, script="dew.cli.sample", env=fast_env())
+    again = dew(
+        str(tmp_path / "ck" / "md"),
+        "--count",
+        "2",
+        "--steps",
+        "4",
+        "--out",
+        str(tmp_path / "t.txt"),
+        cwd=tmp_path,
+        script="dew.cli.sample",
+        env=fast_env(),
+    )
     assert again.returncode == 0 and (tmp_path / "t.txt").read_text() == text  # same seed, same text
     refused = dew(str(tmp_path / "ck" / "md"), "--max-new-tokens", "5", cwd=tmp_path, script="dew.cli.sample")
-    assert refused.returncode == 2 and "--max-new-tokens: masked diffusion samples whole sequences of seq_len=16" \
-        in refused.stderr, refused.stderr
+    assert (
+        refused.returncode == 2
+        and "--max-new-tokens: masked diffusion samples whole sequences of seq_len=16" in refused.stderr
+    ), refused.stderr
 
 
 @pytest.mark.slow
 def test_next_token_run_samples_past_seq_len_as_the_objective_does(tmp_path):
     (tmp_path / "a.txt").write_text("the cat sat on the mat. " * 40)
     prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
-    recipe = Recipe(model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
-                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16),
-                    trainer=TrainerConfig(name="lm", checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=2,
-                                          eval_every=None, checkpoint_every=2, compilation_cache_dir=None))
+    recipe = Recipe(
+        model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+        data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16),
+        trainer=TrainerConfig(
+            name="lm",
+            checkpoint_dir=str(tmp_path / "ck"),
+            batch_size=8,
+            steps=2,
+            eval_every=None,
+            checkpoint_every=2,
+            compilation_cache_dir=None,
+        ),
+    )
     run, objective, dataset = build_run(recipe)
     run.train(objective, dataset, name="lm")
     run_dir = tmp_path / "ck" / "lm"
     out = tmp_path / "s.txt"
-    result = dew(str(run_dir), "--count", "2", "--prompt", "the ", "--max-new-tokens", "40", "--out", str(out),
-                 cwd=tmp_path, script="dew.cli.sample", env=fast_env())  # compiled as this process compiles
+    result = dew(
+        str(run_dir),
+        "--count",
+        "2",
+        "--prompt",
+        "the ",
+        "--max-new-tokens",
+        "40",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        script="dew.cli.sample",
+        env=fast_env(),
+    )  # compiled as this process compiles
     assert result.returncode == 0, result.stderr
     # 4 prompt tokens + 40 drawn, 2.75 windows of 16: what the objective draws from the same checkpoint.
-    ids, texts = objective.sample_text(restore(str(run_dir)).model, jax.random.PRNGKey(0), 2,
-                                       prompt=list(b"the "), max_new_tokens=40)
+    ids, texts = objective.sample_text(
+        restore(str(run_dir)).model, jax.random.PRNGKey(0), 2, prompt=list(b"the "), max_new_tokens=40
+    )
     assert ids.shape == (2, 44)
     assert out.read_text() == "".join(f"--- sample {i} ---\n{t}\n" for i, t in enumerate(texts))
-    for args, message in [(["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
-                          (["--prompt", "x" * 16], "--prompt: the prompt holds 16 tokens; it must hold 1 to "
-                                                   "seq_len - 1 = 15")]:
+    for args, message in [
+        (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+        (["--prompt", "x" * 16], "--prompt: the prompt holds 16 tokens; it must hold 1 to seq_len - 1 = 15"),
+    ]:
         refused = dew(str(run_dir), *args, cwd=tmp_path, script="dew.cli.sample")
-        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, \
+        assert refused.returncode == 2 and message in refused.stderr and "Traceback" not in refused.stderr, (
             refused.stderr
+        )
 
 
 def _no_run_json(run_dir: Path, d: Path) -> Path:
@@ -157,15 +237,18 @@ def _incomplete(run_dir: Path, d: Path) -> Path:
     return d / "started"
 
 
-@pytest.mark.parametrize("make,args,message", [
-    (lambda run_dir, d: d / "nope", [], "run directory .*nope' does not exist"),
-    (_no_run_json, [], "holds no run.json: not a dew run directory"),
-    (_bad_json, [], "cannot read the run record: .*not a JSON run record"),
-    (_other_version, [], "retired_field.*different dew version\\? This is dew"),
-    (_incomplete, [], "holds no finished checkpoint"),
-    (lambda run_dir, d: run_dir, ["--step", "7"], f"--step 7: .* holds steps {STEPS // 2}, {STEPS}"),
-    (lambda run_dir, d: run_dir, ["--temperature", "0.5"], "--temperature: the run samples images"),
-])
+@pytest.mark.parametrize(
+    "make,args,message",
+    [
+        (lambda run_dir, d: d / "nope", [], "run directory .*nope' does not exist"),
+        (_no_run_json, [], "holds no run.json: not a dew run directory"),
+        (_bad_json, [], "cannot read the run record: .*not a JSON run record"),
+        (_other_version, [], "retired_field.*different dew version\\? This is dew"),
+        (_incomplete, [], "holds no finished checkpoint"),
+        (lambda run_dir, d: run_dir, ["--step", "7"], f"--step 7: .* holds steps {STEPS // 2}, {STEPS}"),
+        (lambda run_dir, d: run_dir, ["--temperature", "0.5"], "--temperature: the run samples images"),
+    ],
+)
 def test_errors_exit_2_with_one_message(digits_run, tmp_path, make, args, message):
     import re
 

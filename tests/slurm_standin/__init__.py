@@ -28,8 +28,11 @@ class Cluster:
     state: Path
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
-        return dict(base, SLURM_STANDIN_DIR=str(self.state),
-                    PATH=f"{self.state / 'bin'}{os.pathsep}{base.get('PATH', os.defpath)}")
+        return dict(
+            base,
+            SLURM_STANDIN_DIR=str(self.state),
+            PATH=f"{self.state / 'bin'}{os.pathsep}{base.get('PATH', os.defpath)}",
+        )
 
     def jobs(self) -> list[dict]:
         return [json.loads(p.read_text()) for p in sorted((self.state / "jobs").glob("*.json"))]

@@ -142,16 +142,37 @@ def sbatch(args: list[str]) -> None:
     (state_dir() / "scripts" / f"{first}.sh").write_bytes(received)
     for n, index in enumerate(indices):
         key = str(first) if index is None else f"{first}_{index}"
-        job = {"key": key, "job_id": first + n, "array_job_id": first if array else None, "array_task_id": index,
-               "array_count": len(indices), "script": str(path), "options": options, "cwd": os.getcwd(),
-               "env": dict(os.environ), "state": "PENDING", "restarts": 0, "requeue": False, "starts": [],
-               "pgid": None, "tasks": [], "steps": 0, "exit_code": None}
+        job = {
+            "key": key,
+            "job_id": first + n,
+            "array_job_id": first if array else None,
+            "array_task_id": index,
+            "array_count": len(indices),
+            "script": str(path),
+            "options": options,
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "state": "PENDING",
+            "restarts": 0,
+            "requeue": False,
+            "starts": [],
+            "pgid": None,
+            "tasks": [],
+            "steps": 0,
+            "exit_code": None,
+        }
         with locked():
             save(job)
         if os.environ.get("SLURM_STANDIN_HOLD") == "1":
             continue
-        subprocess.Popen([sys.executable, "-I", __file__, "_run", key], start_new_session=True, env=os.environ,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-I", __file__, "_run", key],
+            start_new_session=True,
+            env=os.environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     print(first if parsable else f"Submitted batch job {first}", flush=True)
 
 
@@ -163,13 +184,25 @@ def batch_env(job: dict) -> dict[str, str]:
         env = {k: v for k, v in env.items() if k.startswith("SLURM_")}
         env.update(PATH=f"{state_dir() / 'bin'}{os.pathsep}{os.defpath}", HOME=job["env"].get("HOME", "/"))
     nodes, per_node = int(options.get("nodes", 1)), int(options.get("ntasks-per-node", 1))
-    env.update(SLURM_JOB_ID=str(job["job_id"]), SLURM_JOBID=str(job["job_id"]),
-               SLURM_JOB_NAME=options.get("job-name", Path(job["script"]).name),
-               SLURM_JOB_NUM_NODES=str(nodes), SLURM_NNODES=str(nodes), SLURM_JOB_NODELIST=node_list(nodes),
-               SLURM_NODELIST=node_list(nodes), SLURM_NTASKS=str(nodes * per_node), SLURM_NPROCS=str(nodes * per_node),
-               SLURM_NTASKS_PER_NODE=str(per_node), SLURM_TASKS_PER_NODE=tasks_per_node(nodes, per_node),
-               SLURM_NODEID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURMD_NODENAME=NODES[0],
-               SLURM_SUBMIT_DIR=job["cwd"], SLURM_CLUSTER_NAME="standin")
+    env.update(
+        SLURM_JOB_ID=str(job["job_id"]),
+        SLURM_JOBID=str(job["job_id"]),
+        SLURM_JOB_NAME=options.get("job-name", Path(job["script"]).name),
+        SLURM_JOB_NUM_NODES=str(nodes),
+        SLURM_NNODES=str(nodes),
+        SLURM_JOB_NODELIST=node_list(nodes),
+        SLURM_NODELIST=node_list(nodes),
+        SLURM_NTASKS=str(nodes * per_node),
+        SLURM_NPROCS=str(nodes * per_node),
+        SLURM_NTASKS_PER_NODE=str(per_node),
+        SLURM_TASKS_PER_NODE=tasks_per_node(nodes, per_node),
+        SLURM_NODEID="0",
+        SLURM_PROCID="0",
+        SLURM_LOCALID="0",
+        SLURMD_NODENAME=NODES[0],
+        SLURM_SUBMIT_DIR=job["cwd"],
+        SLURM_CLUSTER_NAME="standin",
+    )
     if "cpus-per-task" in options:
         env["SLURM_CPUS_PER_TASK"] = options["cpus-per-task"]
     if gpus := gpus_per_node(options):
@@ -179,8 +212,11 @@ def batch_env(job: dict) -> dict[str, str]:
         if option in options:
             env[f"SLURM_{option.upper().replace('-', '_')}"] = options[option]
     if job["array_job_id"] is not None:
-        env.update(SLURM_ARRAY_JOB_ID=str(job["array_job_id"]), SLURM_ARRAY_TASK_ID=str(job["array_task_id"]),
-                   SLURM_ARRAY_TASK_COUNT=str(job["array_count"]))
+        env.update(
+            SLURM_ARRAY_JOB_ID=str(job["array_job_id"]),
+            SLURM_ARRAY_TASK_ID=str(job["array_task_id"]),
+            SLURM_ARRAY_TASK_COUNT=str(job["array_count"]),
+        )
     if job["restarts"]:
         env["SLURM_RESTART_COUNT"] = str(job["restarts"])
     return env
@@ -196,8 +232,13 @@ def tasks_per_node(nodes: int, per_node: int) -> str:
 
 def output_name(pattern: str, env: dict[str, str], task: int = 0) -> str:
     job = env.get("SLURM_ARRAY_JOB_ID") or env["SLURM_JOB_ID"]
-    return (pattern.replace("%A", job).replace("%a", env.get("SLURM_ARRAY_TASK_ID", ""))
-            .replace("%j", env["SLURM_JOB_ID"]).replace("%t", str(task)).replace("%N", env.get("SLURMD_NODENAME", "")))
+    return (
+        pattern.replace("%A", job)
+        .replace("%a", env.get("SLURM_ARRAY_TASK_ID", ""))
+        .replace("%j", env["SLURM_JOB_ID"])
+        .replace("%t", str(task))
+        .replace("%N", env.get("SLURMD_NODENAME", ""))
+    )
 
 
 def run(key: str) -> None:
@@ -208,8 +249,15 @@ def run(key: str) -> None:
         out = Path(job["cwd"], output_name(job["options"].get("output", "slurm-%j.out"), env))
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out, "a") as log:
-            proc = subprocess.Popen(["bash", job["script"]], cwd=job["cwd"], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                ["bash", job["script"]],
+                cwd=job["cwd"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             update(key, pgid=proc.pid, starts=[*job["starts"], time.time()])
             code = proc.wait()
         wait_group_gone(proc.pid)
@@ -235,8 +283,13 @@ def end_job(job: dict) -> None:
     if job["pgid"] is None:
         return
     wait = job["env"].get("SLURM_STANDIN_KILL_WAIT", "30")
-    subprocess.Popen([sys.executable, "-I", __file__, "_kill", str(job["pgid"]), wait], start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.Popen(
+        [sys.executable, "-I", __file__, "_kill", str(job["pgid"]), wait],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def kill(pgid: str, wait: str) -> None:
@@ -250,9 +303,20 @@ def kill(pgid: str, wait: str) -> None:
 
 
 # ---------------------------------------------------------------- srun
-SRUN_VALUED = {"output": "o", "error": "e", "cpus-per-task": "c", "ntasks": "n", "nodes": "N",
-               "ntasks-per-node": None, "gpus-per-task": None, "gpu-bind": None, "gres": None, "export": None,
-               "job-name": "J", "kill-on-bad-exit": "K"}
+SRUN_VALUED = {
+    "output": "o",
+    "error": "e",
+    "cpus-per-task": "c",
+    "ntasks": "n",
+    "nodes": "N",
+    "ntasks-per-node": None,
+    "gpus-per-task": None,
+    "gpu-bind": None,
+    "gres": None,
+    "export": None,
+    "job-name": "J",
+    "kill-on-bad-exit": "K",
+}
 
 
 def srun_options(args: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -285,8 +349,11 @@ def task_gpus(env: dict[str, str], options: dict[str, str], local: int) -> str |
 def srun(args: list[str]) -> int:
     options, command = srun_options(args)
     env = dict(os.environ)
-    key = env["SLURM_JOB_ID"] if "SLURM_ARRAY_JOB_ID" not in env else \
-        f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    key = (
+        env["SLURM_JOB_ID"]
+        if "SLURM_ARRAY_JOB_ID" not in env
+        else f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    )
     nodes = int(options.get("nodes", env["SLURM_JOB_NUM_NODES"]))
     per_node = int(options.get("ntasks-per-node", env.get("SLURM_NTASKS_PER_NODE", "1")))
     cpus = int(options.get("cpus-per-task") or env.get("SRUN_CPUS_PER_TASK") or 1)  # Slurm 22.05-23.02
@@ -298,25 +365,42 @@ def srun(args: list[str]) -> int:
     if options.get("export", "").upper() == "NONE":
         env = {k: v for k, v in env.items() if k.startswith("SLURM_")} | {"PATH": env["PATH"]}
     ntasks = nodes * per_node
-    env.update(SLURM_STEP_ID=str(step), SLURM_STEPID=str(step), SLURM_NTASKS=str(ntasks), SLURM_NPROCS=str(ntasks),
-               SLURM_STEP_NUM_TASKS=str(ntasks), SLURM_STEP_NUM_NODES=str(nodes), SLURM_STEP_NODELIST=node_list(nodes),
-               SLURM_STEP_TASKS_PER_NODE=tasks_per_node(nodes, per_node), SLURM_CPUS_PER_TASK=str(cpus))
+    env.update(
+        SLURM_STEP_ID=str(step),
+        SLURM_STEPID=str(step),
+        SLURM_NTASKS=str(ntasks),
+        SLURM_NPROCS=str(ntasks),
+        SLURM_STEP_NUM_TASKS=str(ntasks),
+        SLURM_STEP_NUM_NODES=str(nodes),
+        SLURM_STEP_NODELIST=node_list(nodes),
+        SLURM_STEP_TASKS_PER_NODE=tasks_per_node(nodes, per_node),
+        SLURM_CPUS_PER_TASK=str(cpus),
+    )
     procs = []
     for rank in range(ntasks):
         node, local = divmod(rank, per_node)
-        task_env = dict(env, SLURM_PROCID=str(rank), SLURM_LOCALID=str(local), SLURM_NODEID=str(node),
-                        SLURMD_NODENAME=NODES[node], SLURM_TOPOLOGY_ADDR=NODES[node])
+        task_env = dict(
+            env,
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(local),
+            SLURM_NODEID=str(node),
+            SLURMD_NODENAME=NODES[node],
+            SLURM_TOPOLOGY_ADDR=NODES[node],
+        )
         task_env.pop("CUDA_VISIBLE_DEVICES", None)
         if (gpus := task_gpus(env, options, local)) is not None:
             task_env["CUDA_VISIBLE_DEVICES"] = gpus
-        log = open(output_name(options.get("output", "slurm-%j.out"), env, rank), "a")  # noqa: SIM115
+        log = open(output_name(options.get("output", "slurm-%j.out"), env, rank), "a")
         err = subprocess.STDOUT
         if "error" in options:
-            err = open(output_name(options["error"], env, rank), "a")  # noqa: SIM115
+            err = open(output_name(options["error"], env, rank), "a")
         cores = sorted(os.sched_getaffinity(0))
         mine = {cores[(local * cpus + c) % len(cores)] for c in range(cpus)}
-        procs.append(subprocess.Popen(command, env=task_env, stdout=log, stderr=err,
-                                      preexec_fn=lambda m=mine: os.sched_setaffinity(0, m)))
+        procs.append(
+            subprocess.Popen(
+                command, env=task_env, stdout=log, stderr=err, preexec_fn=lambda m=mine: os.sched_setaffinity(0, m)
+            )
+        )
     update(key, tasks=[p.pid for p in procs])
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _: [p.send_signal(s) for p in procs if p.poll() is None])
@@ -341,9 +425,11 @@ def scontrol(args: list[str]) -> int:
         for key in keys_of(args[2]):
             job = load(key)
             nodes = int(job["options"].get("nodes", 1))
-            print(f"JobId={job['job_id']} ArrayJobId={job['array_job_id']} ArrayTaskId={job['array_task_id']} "
-                  f"JobName={job['options'].get('job-name', '')} JobState={job['state']} Restarts={job['restarts']} "
-                  f"NumNodes={nodes} NodeList={node_list(nodes)}")
+            print(
+                f"JobId={job['job_id']} ArrayJobId={job['array_job_id']} ArrayTaskId={job['array_task_id']} "
+                f"JobName={job['options'].get('job-name', '')} JobState={job['state']} Restarts={job['restarts']} "
+                f"NumNodes={nodes} NodeList={node_list(nodes)}"
+            )
         return 0
     print(f"scontrol: error: the stand-in does not know {' '.join(args)!r}", file=sys.stderr)
     return 1
@@ -394,8 +480,16 @@ def scancel(args: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"sbatch": sbatch, "srun": srun, "scontrol": scontrol, "sacct": sacct, "squeue": squeue,
-            "scancel": scancel, "_run": lambda a: run(a[0]), "_kill": lambda a: kill(*a)}
+COMMANDS = {
+    "sbatch": sbatch,
+    "srun": srun,
+    "scontrol": scontrol,
+    "sacct": sacct,
+    "squeue": squeue,
+    "scancel": scancel,
+    "_run": lambda a: run(a[0]),
+    "_kill": lambda a: kill(*a),
+}
 
 if __name__ == "__main__":
     sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]) or 0)

@@ -34,10 +34,20 @@ def _fast_compile(monkeypatch):
 
     monkeypatch.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
 
+
 # A depth-1, width-32 DiT on 8x8 digits: a step takes a few milliseconds on a CPU.
-TINY = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
-        "trainer.batch_size=32", "trainer.log_every=1", "optim.schedule.warmup_steps=1",
-        "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1", "trainer.compilation_cache_dir=null"]
+TINY = [
+    "experiment=digits",
+    "model.config.depth=1",
+    "model.config.hidden_size=32",
+    "model.config.num_heads=2",
+    "trainer.batch_size=32",
+    "trainer.log_every=1",
+    "optim.schedule.warmup_steps=1",
+    "flow_matching.samples_per_class=1",
+    "flow_matching.sample_steps=1",
+    "trainer.compilation_cache_dir=null",
+]
 
 
 def compose(*overrides: str) -> Any:
@@ -57,16 +67,22 @@ def compose(*overrides: str) -> Any:
     return Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
 
 
-def train_tiny(tmp: Path, *overrides: str, name: str = "run", objective: Callable[[Any], Any] | None = None,
-               data: Callable[[Any], Any] | None = None) -> tuple[Any, Path, list[dict]]:
+def train_tiny(
+    tmp: Path,
+    *overrides: str,
+    name: str = "run",
+    objective: Callable[[Any], Any] | None = None,
+    data: Callable[[Any], Any] | None = None,
+) -> tuple[Any, Path, list[dict]]:
     """Train a tiny run in this process: (final state, run directory, journal). ``objective`` and
     ``data`` wrap the built objective and dataset."""
     from dew.build import build_run
 
     recipe = compose(f"trainer.checkpoint_dir={tmp / 'ck'}", *overrides)
     recipe, built_objective, dataset = build_run(recipe)
-    state = recipe.train(objective(built_objective) if objective else built_objective,
-                         data(dataset) if data else dataset, name=name)
+    state = recipe.train(
+        objective(built_objective) if objective else built_objective, data(dataset) if data else dataset, name=name
+    )
     return state, tmp / "ck" / name, journal(tmp, name)
 
 
@@ -94,16 +110,28 @@ def steps_on_disk(run: Path) -> list[int]:
     return sorted(int(p.name) for p in run.iterdir() if p.name.isdigit())
 
 
-def dew_train(*args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None,
-              kill_when: Callable[[Path], bool] | None = None, poll: float = 0.002) -> subprocess.CompletedProcess | None:
+def dew_train(
+    *args: str,
+    cwd: Path,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    kill_when: Callable[[Path], bool] | None = None,
+    poll: float = 0.002,
+) -> subprocess.CompletedProcess | None:
     """Run dew-train in ``cwd``. With ``kill_when``, SIGKILL it as soon as ``kill_when(cwd)`` holds
     (checked every ``poll`` seconds) and return None; a run that ends first returns its result.
     A run past ``timeout`` is SIGKILLed (JAX catches SIGTERM) and fails the test."""
-    log = open(cwd / "dew-train.out", "a+")  # noqa: SIM115 - a file, not a pipe: a chatty run never blocks
+    log = open(cwd / "dew-train.out", "a+")
     log.seek(0, os.SEEK_END)
     start = log.tell()
-    proc = subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=cwd, env=env or fast_env(),
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *args],
+        cwd=cwd,
+        env=env or fast_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + timeout
     try:
         while proc.poll() is None:

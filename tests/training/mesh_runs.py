@@ -20,8 +20,14 @@ import jax
 MESHES = {"data8": (8, 1, 1), "fsdp8": (1, 8, 1), "fsdp4_tensor2": (1, 4, 2), "data2_fsdp2_tensor2": (2, 2, 2)}
 """The four meshes the issue names: (data, fsdp, tensor) sizes."""
 
-COMMON = ["model.dtype=float32", "trainer.batch_size=16", "trainer.steps=3", "trainer.compilation_cache_dir=null",
-          "optim.clip_grads=0", "trainer.layout.min_shard_size=0"]
+COMMON = [
+    "model.dtype=float32",
+    "trainer.batch_size=16",
+    "trainer.steps=3",
+    "trainer.compilation_cache_dir=null",
+    "optim.clip_grads=0",
+    "trainer.layout.min_shard_size=0",
+]
 TINY = "model.config={hidden_size: 32, depth: 2, num_heads: 4}"
 
 
@@ -30,8 +36,15 @@ def arch_overrides(name: str, tokens: Path) -> list[str]:
     (The other way round compiles 1.5x longer: bf16 rounding is traced per leaf, and the DiT has twice
     the transformer's leaves.)"""
     if name == "transformer":
-        return ["data=token_windows", f"data.path={tokens}", "data.seq_len=16", "data.vocab_size=64",
-                "model=transformer", TINY, "optim.state_dtype=bfloat16"]
+        return [
+            "data=token_windows",
+            f"data.path={tokens}",
+            "data.seq_len=16",
+            "data.vocab_size=64",
+            "model=transformer",
+            TINY,
+            "optim.state_dtype=bfloat16",
+        ]
     return [TINY, "optim=muon"]
 
 
@@ -64,10 +77,22 @@ class Arch:
         model = adapt.build_model(run, objective)
         self.graphdef, self.params, self.rest = nnx.split(model, adapt.trainable(run.lora), ...)
         optimizer = trainer.run_optimizer(run, dataset, self.params, t.steps)
-        self.state = trainer.TrainState.create(self.params, optimizer.tx, seed=t.seed,  # trainer.train's init_state
-                                               ema=objective.ema_decay > 0, dynamic_scale=False)
-        self.step = trainer.make_train_step(objective, self.graphdef, self.rest, optimizer.tx,
-                                            optimizer.learning_rate, accumulation=1, dynamic_scale=False)
+        self.state = trainer.TrainState.create(
+            self.params,
+            optimizer.tx,
+            seed=t.seed,  # trainer.train's init_state
+            ema=objective.ema_decay > 0,
+            dynamic_scale=False,
+        )
+        self.step = trainer.make_train_step(
+            objective,
+            self.graphdef,
+            self.rest,
+            optimizer.tx,
+            optimizer.learning_rate,
+            accumulation=1,
+            dynamic_scale=False,
+        )
         self.layout, self.dataset, self.batch_size = t.layout, dataset, t.batch_size
 
 
@@ -82,9 +107,12 @@ class Run:
         self.state = jax.device_put(arch.state, self.sharding).replace(graphdef=arch.graphdef, rest=arch.rest)
         self.sharding = self.sharding.replace(graphdef=arch.graphdef, rest=arch.rest)
         self.batch_sharding = sharding.batch_sharding(mesh, arch.layout)
-        self.step = jax.jit(sharding.under_rules(mesh, arch.layout, arch.step),
-                            in_shardings=(self.sharding, self.batch_sharding), out_shardings=(self.sharding, None),
-                            compiler_options=trainer.COMPILER_OPTIONS or None)
+        self.step = jax.jit(
+            sharding.under_rules(mesh, arch.layout, arch.step),
+            in_shardings=(self.sharding, self.batch_sharding),
+            out_shardings=(self.sharding, None),
+            compiler_options=trainer.COMPILER_OPTIONS or None,
+        )
         self.params, self.mesh, self.layout = arch.params, mesh, arch.layout
         self.iterator = arch.dataset.iterator()
         self.batch_size = arch.batch_size
@@ -104,8 +132,11 @@ class Run:
         from dew.training.optim.registry import path_str
 
         want = sharding.param_specs(self.params, self.mesh, self.layout)
-        got = {path_str(p)[len("params/"):]: str(x.sharding.spec)
-               for p, x in jax.tree_util.tree_flatten_with_path(self.state)[0] if path_str(p).startswith("params/")}
+        got = {
+            path_str(p)[len("params/") :]: str(x.sharding.spec)
+            for p, x in jax.tree_util.tree_flatten_with_path(self.state)[0]
+            if path_str(p).startswith("params/")
+        }
         assert got.keys() == want.keys(), (sorted(got), sorted(want))
         moments = {}
         for p, x in jax.tree_util.tree_flatten_with_path(self.state.opt_state)[0]:
@@ -117,8 +148,9 @@ class Run:
     def shape(self, key: str) -> tuple[int, ...]:
         from dew.training.optim.registry import path_str
 
-        return next(tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(self.state.params)[0]
-                    if path_str(p) == key)
+        return next(
+            tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(self.state.params)[0] if path_str(p) == key
+        )
 
 
 def main(out: Path) -> None:
@@ -153,8 +185,11 @@ def main(out: Path) -> None:
                 checkpoints.close()
                 r.state = restored.replace(graphdef=r.state.graphdef, rest=r.state.rest)
                 r.iterator.set_state(meta["data"])
-                result["resumed"] = {"losses": r.train(1), "specs": r.specs(),
-                                     "mesh": dict(jax.tree.leaves(r.state.params)[0].sharding.mesh.shape)}
+                result["resumed"] = {
+                    "losses": r.train(1),
+                    "specs": r.specs(),
+                    "mesh": dict(jax.tree.leaves(r.state.params)[0].sharding.mesh.shape),
+                }
     (out / "result.json").write_text(json.dumps(result))
 
 

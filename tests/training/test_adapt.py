@@ -16,14 +16,15 @@ from flax import nnx
 from dew.build import build_run
 from dew.config import LoRA, ModelConfig, Quantization, TrainerConfig
 from dew.contract.data import datasets
-from dew.models.dit import SimpleDiT
 from dew.models import architectures
+from dew.models.dit import SimpleDiT
 from dew.models.simple_dit import SimpleDiTFields
 from dew.recipe import Recipe
 from dew.training import adapt
 
-FIELDS = SimpleDiTFields(input_size=8, in_channels=1, patch_size=2, hidden_size=32, depth=2, num_heads=2,
-                         num_classes=10)
+FIELDS = SimpleDiTFields(
+    input_size=8, in_channels=1, patch_size=2, hidden_size=32, depth=2, num_heads=2, num_classes=10
+)
 
 
 def model(seed: int = 0) -> SimpleDiT:
@@ -40,8 +41,9 @@ def inputs(batch: int = 32) -> tuple[jax.Array, jax.Array, jax.Array]:
     return x, jax.random.uniform(jax.random.key(2), (batch,)), jnp.arange(batch, dtype=jnp.int32) % 10
 
 
-def wrap(m: nnx.Module, quantization: Quantization | None = None, lora: LoRA | None = None,
-         seed: int = 0) -> nnx.Module:
+def wrap(
+    m: nnx.Module, quantization: Quantization | None = None, lora: LoRA | None = None, seed: int = 0
+) -> nnx.Module:
     return adapt.adapt(architectures["simple_dit"](FIELDS), m, quantization=quantization, lora=lora, seed=seed)
 
 
@@ -152,13 +154,23 @@ def test_lora_target_that_matches_nothing_is_named():
 
 def tiny_run(tmp: Path, quantization: Quantization | None, lora: LoRA | None) -> tuple:
     run = Recipe(
-        model=ModelConfig(architecture="simple_dit", config=dict(depth=1, hidden_size=32, num_heads=2),
-                          dtype="float32"),
+        model=ModelConfig(
+            architecture="simple_dit", config=dict(depth=1, hidden_size=32, num_heads=2), dtype="float32"
+        ),
         data=datasets["digits"](),
-        trainer=TrainerConfig(name="tiny", checkpoint_dir=str(tmp / "ck"), batch_size=32, steps=4, log_every=1,
-                              eval_every=None, checkpoint_every=None, compilation_cache_dir=None,
-                              quantization=quantization),
-        lora=lora)
+        trainer=TrainerConfig(
+            name="tiny",
+            checkpoint_dir=str(tmp / "ck"),
+            batch_size=32,
+            steps=4,
+            log_every=1,
+            eval_every=None,
+            checkpoint_every=None,
+            compilation_cache_dir=None,
+            quantization=quantization,
+        ),
+        lora=lora,
+    )
     run, objective, dataset = build_run(run)
     batch = {k: jnp.asarray(v) for k, v in dataset.iterator().next().items()}
     key = jax.random.key(7)
@@ -195,8 +207,9 @@ def test_qlora_run_moves_only_the_factors(tmp_path):
     names = paths(state.params)
     assert names and all(n.endswith(("_lora_a", "_lora_b")) for n in names)
     factors = nnx.state(initial, nnx.LoRAParam)
-    moved = [n for n, a, b in zip(names, jax.tree.leaves(state.params), jax.tree.leaves(factors))
-             if not np.array_equal(a, b)]
+    moved = [
+        n for n, a, b in zip(names, jax.tree.leaves(state.params), jax.tree.leaves(factors)) if not np.array_equal(a, b)
+    ]
     assert any(n.endswith("_lora_b") for n in moved)
     # The frozen base is bit for bit what the seed initialised; the checkpoint holds only the factors.
     trained = state.model()
@@ -240,8 +253,9 @@ def test_init_model_is_eager_initialisation_compiled(arch, data, tmp_path):
     from tests.conftest import cli_env
 
     path = _text(tmp_path, data).get("path", "")
-    out = subprocess.run([sys.executable, "-c", INIT_CHECK, arch, data, path], env=cli_env(), capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", INIT_CHECK, arch, data, path], env=cli_env(), capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     same_graph, same, leaves = out.stdout.split()[-3:]
     assert same_graph == "True" and same == leaves and int(leaves) > 5, out.stdout

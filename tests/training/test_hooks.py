@@ -27,15 +27,19 @@ def test_a_hook_added_by_name_runs_at_its_cadence_without_editing_the_loop(tmp_p
     _, _, journal = train_tiny(tmp_path, "trainer.steps=5", "trainer.hooks=[{name: record_loss, every: 2}]")
     logged = losses(journal)  # log_every=1: the journal has every step's loss
     assert [step for step, _ in LOSSES] == [2, 4, 5]
-    assert LOSSES == [(step, logged[step]) for step in (2, 4, 5)]
+    assert [(step, logged[step]) for step in (2, 4, 5)] == LOSSES
 
 
 def test_an_unknown_hook_or_a_bad_option_is_refused_naming_the_field():
     from dew.training.setup import from_config
 
-    for spec, message in (({"name": "nope"}, r"trainer.hooks\[0\]: unknown hook 'nope'; known: .*record_loss"),
-                          ({"name": "record_loss", "options": {"colour": 1}},
-                           r"trainer.hooks\[0\]: hook 'record_loss' does not take options \{'colour': 1\}")):
+    for spec, message in (
+        ({"name": "nope"}, r"trainer.hooks\[0\]: unknown hook 'nope'; known: .*record_loss"),
+        (
+            {"name": "record_loss", "options": {"colour": 1}},
+            r"trainer.hooks\[0\]: hook 'record_loss' does not take options \{'colour': 1\}",
+        ),
+    ):
         with pytest.raises(ValueError, match=message):
             from_config(compose(f"trainer.hooks=[{spec}]".replace("'", "")).trainer.hooks)
     with pytest.raises(ValueError, match=r"hook 'record_loss': every=0 must be >= 1"):

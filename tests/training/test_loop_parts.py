@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 from dew.training import evaluate, trainer
-
 from dew.training import run_directory as rundir
-from dew.training.evaluate import Evaluator
-from dew.training.preemption import Preempted
-from dew.training.reporting.profiler import Profiler
-from dew.training.hooks import At, Hooks
-from dew.training.reporting.late_metrics import Reporter
 from dew.training.checkpointing.saving import NonFiniteError, Saver, plain
+from dew.training.evaluate import Evaluator
+from dew.training.hooks import At, Hooks
+from dew.training.preemption import Preempted
+from dew.training.reporting.late_metrics import Reporter
+from dew.training.reporting.profiler import Profiler
 from dew.training.step import NONFINITE
 
 
@@ -37,14 +36,20 @@ def test_evaluation_divides_the_summed_batches_once():
         keys.append(key)
         return batches[int(batch)]
 
-    evaluator = Evaluator(eval_step, lambda: [np.int32(0), np.int32(1)], lambda b: b, seed=5,
-                          derive=lambda v: {"eval/ppl": math.exp(v["eval/loss"])})
+    evaluator = Evaluator(
+        eval_step,
+        lambda: [np.int32(0), np.int32(1)],
+        lambda b: b,
+        seed=5,
+        derive=lambda v: {"eval/ppl": math.exp(v["eval/loss"])},
+    )
     values = evaluator(params=None)
-    assert values == pytest.approx({"eval/loss": 9 / 6, "eval/mse": 6 / 6, "eval/acc": 4 / 4,
-                                    "eval/ppl": math.exp(1.5)})
+    assert values == pytest.approx(
+        {"eval/loss": 9 / 6, "eval/mse": 6 / 6, "eval/acc": 4 / 4, "eval/ppl": math.exp(1.5)}
+    )
     assert len(keys) == 2 and not np.array_equal(keys[0], keys[1])  # each batch its own key
     assert evaluator(params=None) == values  # and the same keys each evaluation
-    assert Evaluator(eval_step, lambda: [], lambda b: b, seed=0, derive=dict)(None) == {}
+    assert Evaluator(eval_step, list, lambda b: b, seed=0, derive=dict)(None) == {}
 
 
 def test_a_metric_without_counts_is_nan_and_a_clash_is_refused():
@@ -56,10 +61,16 @@ def test_a_metric_without_counts_is_nan_and_a_clash_is_refused():
 
 def test_metrics_are_reported_once_when_flushed_and_a_nonfinite_step_stops():
     reported, checked = [], []
-    reporter = Reporter(lambda s, v: reported.append((s, dict(v))), measure=lambda records: {"records": records},
-                        every=4)
-    hooks = Hooks([reporter], derive=lambda v: {"d": 2 * v["loss"]}, check_finite=checked.append,
-                  restart=lambda records: None, phase=lambda kind: contextlib.nullcontext())
+    reporter = Reporter(
+        lambda s, v: reported.append((s, dict(v))), measure=lambda records: {"records": records}, every=4
+    )
+    hooks = Hooks(
+        [reporter],
+        derive=lambda v: {"d": 2 * v["loss"]},
+        check_finite=checked.append,
+        restart=lambda records: None,
+        phase=lambda kind: contextlib.nullcontext(),
+    )
     hooks.flush(state="s0")  # nothing held: nothing fetched
     hooks.after(At(3, 96, "s0", {"loss": jnp.float32(0.7), NONFINITE: jnp.int32(-1)}, last=False))  # not due
     hooks.after(At(4, 128, "s0", {"loss": jnp.float32(0.5), NONFINITE: jnp.int32(-1)}, last=False))
@@ -109,16 +120,28 @@ class _State:
 
 
 def _saver(last_saved: int | None = None) -> Saver:
-    return Saver(_Checkpoints(), _Tracker(), data_state=lambda: {"pos": np.int64(7), "seq": (np.float32(0.5),)},
-                 stages=[(16, 4), (32, 0)], total_steps=10, last_saved=last_saved)
+    return Saver(
+        _Checkpoints(),
+        _Tracker(),
+        data_state=lambda: {"pos": np.int64(7), "seq": (np.float32(0.5),)},
+        stages=[(16, 4), (32, 0)],
+        total_steps=10,
+        last_saved=last_saved,
+    )
 
 
 def test_a_save_records_where_the_run_is_and_a_stop_saves_once():
     saver = _saver()
     saver.save(6, 160, _State(), metrics={"eval/loss": 1.0})
     meta, metrics = saver.checkpoints.saved[6]
-    assert meta == {"step": 6, "records": 160, "data": {"pos": 7, "seq": [0.5]}, "wandb_id": "w1",
-                    "ramp_stage": 1, "total_steps": 10}
+    assert meta == {
+        "step": 6,
+        "records": 160,
+        "data": {"pos": 7, "seq": [0.5]},
+        "wandb_id": "w1",
+        "ramp_stage": 1,
+        "total_steps": 10,
+    }
     assert type(meta["data"]["pos"]) is int and metrics == {"eval/loss": 1.0}
     stopped = saver.stopped(_Stop(), 6, 160, _State())  # saved there already: no second save
     assert isinstance(stopped, Preempted) and stopped.step == 6 and stopped.path == "/runs/r/6"

@@ -14,12 +14,12 @@ import pytest
 
 from dew.build import build_run
 from dew.config import ModelConfig, TrainerConfig
+from dew.contract.journal import read_journal
 from dew.data.prepare import prepare
 from dew.data.specs import TokenWindows
 from dew.objectives.metrics import NextTokenAccuracy, builtin_metrics
 from dew.recipe import Recipe
 from dew.training.checkpointing.checkpoints import Checkpoints
-from dew.contract.journal import read_journal
 from dew.training.trainer import best_criterion
 
 
@@ -41,11 +41,21 @@ class TargetIsZero:
 def _run(tmp_path: Path, metrics, steps: int = 3):
     (tmp_path / "a.txt").write_text("the cat sat on the mat; a dog ran by the log. " * 30)
     prepare([str(tmp_path / "a.txt")], str(tmp_path / "prep"))
-    recipe = Recipe(model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
-                    data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16, val_fraction=0.3),
-                    optim=dataclasses.replace(Recipe().optim, learning_rate=3e-2),
-                    trainer=TrainerConfig(checkpoint_dir=str(tmp_path / "ck"), batch_size=8, steps=steps, log_every=1,
-                                          eval_every=1, checkpoint_every=1, keep=1, compilation_cache_dir=None))
+    recipe = Recipe(
+        model=ModelConfig("transformer", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
+        data=TokenWindows(path=str(tmp_path / "prep" / "train.bin"), seq_len=16, val_fraction=0.3),
+        optim=dataclasses.replace(Recipe().optim, learning_rate=3e-2),
+        trainer=TrainerConfig(
+            checkpoint_dir=str(tmp_path / "ck"),
+            batch_size=8,
+            steps=steps,
+            log_every=1,
+            eval_every=1,
+            checkpoint_every=1,
+            keep=1,
+            compilation_cache_dir=None,
+        ),
+    )
     run, objective, dataset = build_run(recipe)
     state = run.train(objective, dataset, name="lm", metrics=metrics)
     return state, objective, dataset, read_journal(tmp_path / "tracking" / "lm" / "journal.jsonl")
@@ -53,8 +63,9 @@ def _run(tmp_path: Path, metrics, steps: int = 3):
 
 @pytest.mark.slow
 def test_metrics_are_logged_against_a_numpy_reference_and_choose_the_best(tmp_path):
-    assert [m.name for m in builtin_metrics(type("O", (), {"summary": lambda self: {"objective": "next_token"}})())] == [
-        "accuracy"]
+    assert [
+        m.name for m in builtin_metrics(type("O", (), {"summary": lambda self: {"objective": "next_token"}})())
+    ] == ["accuracy"]
     state, _, dataset, journal = _run(tmp_path, [NextTokenAccuracy(best=True), TargetIsZero()])
     evals = [r for r in journal if r.get("event") == "eval"]
     assert len(evals) == 3 and all("eval/accuracy" in r and "eval/target_zero" in r for r in evals)
@@ -78,11 +89,12 @@ def test_metrics_are_logged_against_a_numpy_reference_and_choose_the_best(tmp_pa
     best = max(accuracy, key=accuracy.get)
     assert list(accuracy.values()).count(accuracy[best]) == 1, accuracy  # a tie would not test the rule
     assert best != min(loss, key=loss.get), (accuracy, loss)  # eval/loss would choose another step
-    checkpoints = Checkpoints(state_dir := tmp_path / "ck" / "lm", keep=1, best_metric="eval/accuracy",
-                              higher_is_better=True)
+    checkpoints = Checkpoints(
+        state_dir := tmp_path / "ck" / "lm", keep=1, best_metric="eval/accuracy", higher_is_better=True
+    )
     assert checkpoints.best_step() == best
     assert sorted(int(p.name) for p in state_dir.iterdir() if p.name.isdigit()) == sorted({best, 3})
-    end = [r for r in journal if r.get("event") == "end"][0]
+    end = next(r for r in journal if r.get("event") == "end")
     assert end["best_step"] == best
     checkpoints.close()
     assert json.loads((state_dir / "run.json").read_text())["trainer"]["steps"] == 3

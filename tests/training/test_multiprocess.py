@@ -14,33 +14,58 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.launching.pool import free_ports
 from dew.contract.journal import read_journal
+from dew.launching.pool import free_ports
 from tests.training.conftest import TINY, fast_env, losses
 
 pytestmark = pytest.mark.slow
 
 STEPS = 24
-RUN = [*TINY, f"trainer.steps={STEPS}", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-       "trainer.checkpoint_dir=ck"]
+RUN = [
+    *TINY,
+    f"trainer.steps={STEPS}",
+    "trainer.eval_every=null",
+    "trainer.checkpoint_every=null",
+    "trainer.checkpoint_dir=ck",
+]
 
 
 def start(args: list[str], cwd: Path, env: dict[str, str], log: str) -> subprocess.Popen:
-    out = open(cwd / log, "a")  # noqa: SIM115 - a file, not a pipe: a chatty process never blocks
-    return subprocess.Popen([sys.executable, "-m", "dew.cli.train", *args], cwd=cwd, env=env, stdout=out,
-                            stderr=subprocess.STDOUT, text=True)
+    out = open(cwd / log, "a")
+    return subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *args],
+        cwd=cwd,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def pool(args: list[str], cwd: Path, tasks: int, devices: int, **extra: str) -> list[subprocess.Popen]:
     """``tasks`` dew-train processes in one pool, told their places as submitit's local executor
     tells its tasks."""
-    port, = free_ports(1).values()
-    return [start(args, cwd, fast_env(SUBMITIT_EXECUTOR="local", SUBMITIT_LOCAL_JOB_ID=str(port),
-                                      SUBMITIT_LOCAL_NTASKS=str(tasks), SUBMITIT_LOCAL_GLOBALID=str(i),
-                                      SUBMITIT_LOCAL_LOCALID=str(i), SUBMITIT_LOCAL_NODEID="0",
-                                      SUBMITIT_LOCAL_JOB_NUM_NODES="1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                      JAX_NUM_CPU_DEVICES=str(devices), **extra), f"rank{i}.out")
-            for i in range(tasks)]
+    (port,) = free_ports(1).values()
+    return [
+        start(
+            args,
+            cwd,
+            fast_env(
+                SUBMITIT_EXECUTOR="local",
+                SUBMITIT_LOCAL_JOB_ID=str(port),
+                SUBMITIT_LOCAL_NTASKS=str(tasks),
+                SUBMITIT_LOCAL_GLOBALID=str(i),
+                SUBMITIT_LOCAL_LOCALID=str(i),
+                SUBMITIT_LOCAL_NODEID="0",
+                SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+                JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                JAX_NUM_CPU_DEVICES=str(devices),
+                **extra,
+            ),
+            f"rank{i}.out",
+        )
+        for i in range(tasks)
+    ]
 
 
 def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[int]:
@@ -117,32 +142,50 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
     os.kill(alone.pid, signal.SIGUSR2)
     assert wait([alone]) == [128 + signal.SIGUSR2], (workdir / "ref.out").read_text()
     stop = [r for r in read_journal(ref_journal) if r.get("event") == "stop"]
-    assert len(stop) == 1 and stop[0]["reason"] == "preempted" and (workdir / "ck" / "ref" / str(stop[0]["step"])).is_dir()
+    assert (
+        len(stop) == 1 and stop[0]["reason"] == "preempted" and (workdir / "ck" / "ref" / str(stop[0]["step"])).is_dir()
+    )
 
     # (2) The same run resumed by two processes of 4 devices: the process count may change.
-    assert wait(pool([*run_args, "trainer.name=ref"], workdir, tasks=2, devices=4)) == [0, 0], \
-        (workdir / "rank0.out").read_text() + (workdir / "rank1.out").read_text()
+    assert wait(pool([*run_args, "trainer.name=ref"], workdir, tasks=2, devices=4)) == [0, 0], (
+        workdir / "rank0.out"
+    ).read_text() + (workdir / "rank1.out").read_text()
     ref = read_journal(ref_journal)
     assert events(ref)[-3:] == [("stop", stop[0]["step"]), ("resume", stop[0]["step"]), ("end", STEPS)]
     run = workdir / "ck" / "ref"
-    assert sorted(p.name for p in run.iterdir()) == sorted([str(stop[0]["step"]), str(STEPS), ".hydra", ".lock",
-                                                            "run.json", "samples.png", "train.log"])  # process 0 wrote alone
+    assert sorted(p.name for p in run.iterdir()) == sorted(
+        [str(stop[0]["step"]), str(STEPS), ".hydra", ".lock", "run.json", "samples.png", "train.log"]
+    )  # process 0 wrote alone
 
     # (3) A sweep of 2 jobs x 2 tasks (4 devices each) under the local launcher; SIGUSR2 to every
     # task mid-run: each job saves, submitit requeues it, it resumes and ends.
-    sweep = subprocess.Popen([sys.executable, "-m", "dew.cli.train", "-m", "hydra/launcher=local", *run_args,
-                              "trainer.name=sweep", "optim.learning_rate=0.001,0.002"], cwd=workdir,
-                             env=fast_env(JAX_NUM_CPU_DEVICES="4"), stdout=open(workdir / "sweep.out", "w"),
-                             stderr=subprocess.STDOUT, text=True)
+    sweep = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dew.cli.train",
+            "-m",
+            "hydra/launcher=local",
+            *run_args,
+            "trainer.name=sweep",
+            "optim.learning_rate=0.001,0.002",
+        ],
+        cwd=workdir,
+        env=fast_env(JAX_NUM_CPU_DEVICES="4"),
+        stdout=open(workdir / "sweep.out", "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     journals = lambda: sorted((workdir / "tracking").glob("sweep-sweep-*/*/journal.jsonl"))  # noqa: E731
-    until(lambda: len(journals()) == 2 and all(logged(j, 3) for j in journals()) or sweep.poll() is not None)
-    tasks = [pid for pid in descendants(sweep.pid)
-             if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    until(lambda: (len(journals()) == 2 and all(logged(j, 3) for j in journals())) or sweep.poll() is not None)
+    tasks = [
+        pid for pid in descendants(sweep.pid) if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
     assert len(tasks) == 4
     for pid in tasks:
         os.kill(pid, signal.SIGUSR2)
     assert wait([sweep]) == [0], (workdir / "sweep.out").read_text()
-    swept, = (workdir / "ck").glob("sweep-sweep-*")  # <name>-sweep-<digest of the command>
+    (swept,) = (workdir / "ck").glob("sweep-sweep-*")  # <name>-sweep-<digest of the command>
     runs = sorted(p.parent for p in swept.rglob("run.json"))
     assert len(runs) == 2 and len(list(swept.rglob(".hydra"))) == 2
     for j in journals():
@@ -160,12 +203,17 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
 
 
 def test_a_killed_rank_stops_the_other(workdir: Path):
-    procs = pool([*RUN, "trainer.name=kill", "trainer.steps=100000", "trainer.checkpoint_every=2"], workdir,
-                 tasks=2, devices=1, DEW_HEARTBEAT_TIMEOUT_S="5")
+    procs = pool(
+        [*RUN, "trainer.name=kill", "trainer.steps=100000", "trainer.checkpoint_every=2"],
+        workdir,
+        tasks=2,
+        devices=1,
+        DEW_HEARTBEAT_TIMEOUT_S="5",
+    )
     until(lambda: (workdir / "ck" / "kill" / "2").is_dir() or procs[0].poll() is not None)  # one whole save
     os.kill(procs[1].pid, signal.SIGKILL)
     killed = time.monotonic()
-    code, = wait(procs[:1], timeout=120)
+    (code,) = wait(procs[:1], timeout=120)
     print(f"survivor exited {code} after {time.monotonic() - killed:.1f} s")
     log = (workdir / "rank0.out").read_text()
     assert code != 0 and "stopped sending heartbeats" in log, log[-3000:]

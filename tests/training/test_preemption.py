@@ -61,7 +61,6 @@ def test_ctrl_c_saves_stops_and_the_run_resumes_bit_for_bit(tmp_path: Path):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-
 class Slow(wrappers.Objective):
     """The objective with a few ms of extra device work per step (a chain of matmuls its loss adds
     nothing of), so the host can dispatch steps far faster than they run, as on an accelerator."""
@@ -97,8 +96,15 @@ def _in_flight_at_each_dispatch(tmp_path: Path, monkeypatch, name: str) -> list[
         return run
 
     monkeypatch.setattr(trainer, "compile_train_step", counted)
-    train_tiny(tmp_path, "trainer.steps=10", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-               "trainer.log_every=100", name=name, objective=Slow)
+    train_tiny(
+        tmp_path,
+        "trainer.steps=10",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=null",
+        "trainer.log_every=100",
+        name=name,
+        objective=Slow,
+    )
     return in_flight
 
 

@@ -75,8 +75,14 @@ def test_the_resume_event_lists_what_changed(tmp_path):
     # A completed run started again adds nothing to its journal; one whose last checkpoint is gone
     # resumes from the one before (as a run killed after step 2 would).
     shutil.rmtree(run / "4")
-    _, _, journal = train_tiny(tmp_path, "trainer.steps=4", "trainer.eval_every=null", "trainer.checkpoint_every=2",
-                               "trainer.log_every=5", "next_token.top_k=40")
+    _, _, journal = train_tiny(
+        tmp_path,
+        "trainer.steps=4",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=2",
+        "trainer.log_every=5",
+        "next_token.top_k=40",
+    )
     resume = [r for r in journal if r.get("event") == "resume"]
     assert len(resume) == 1 and resume[0]["step"] == 2
     assert resume[0]["changed"] == ["next_token.top_k: 0 -> 40", "trainer.log_every: 1 -> 5"]

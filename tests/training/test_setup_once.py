@@ -48,8 +48,12 @@ def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
     monkeypatch.setattr(setups, "claim", lambda run, setup, held: order.append(f"claim {setup}"))
     planned = setups.Planned("run", "objective", "dataset", "name")  # type: ignore[arg-type]
     with contextlib.ExitStack() as held:
-        got = setups.set_up("trainer", held, lambda: planned,  # type: ignore[arg-type]
-                            agree=lambda err: order.append(f"agree {err}"))
+        got = setups.set_up(
+            "trainer",
+            held,
+            lambda: planned,  # type: ignore[arg-type]
+            agree=lambda err: order.append(f"agree {err}"),
+        )
     assert got == (planned, "the setup")
     assert order == ["process", "check", "agree None", "claim the setup"]
 
@@ -73,7 +77,12 @@ def test_a_run_whose_journal_is_damaged_is_refused_before_anything_is_written(tm
     journal = tmp_path / "tracking" / "r" / "journal.jsonl"
     journal.parent.mkdir(parents=True)
     journal.write_text('{"event": "start", "step": 0}\n{"step": 1, "tr\n{"step": 2, "train/loss": 1.0}\n')
-    with contextlib.ExitStack() as held, pytest.raises(RunDirError, match=(
-            r"the run's journal cannot be read, so the run is not resumed: .*journal.jsonl: line 2 is not JSON")):
+    with (
+        contextlib.ExitStack() as held,
+        pytest.raises(
+            RunDirError,
+            match=(r"the run's journal cannot be read, so the run is not resumed: .*journal.jsonl: line 2 is not JSON"),
+        ),
+    ):
         setups.set_up(run.trainer, held, lambda: setups.Planned(run, objective, dataset, "r"))
     assert not (tmp_path / "ck").exists()

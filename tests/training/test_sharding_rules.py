@@ -26,12 +26,21 @@ def abstract(architecture: str, fields: dict):
     return nnx.state(nnx.eval_shape(lambda: build(architecture, fields, nnx.Rngs(0))), nnx.Param)
 
 
-@pytest.mark.parametrize("architecture, fields", [
-    ("transformer", {**TRANSFORMER, "num_kv_heads": 2, "qk_norm": True}),
-    ("transformer", {**TRANSFORMER, "tie_embeddings": True}),
-    ("simple_dit", {"hidden_size": 32, "depth": 2, "num_heads": 4, "input_size": 8, "in_channels": 1, "num_classes": 10}),
-    ("simple_dit", {"hidden_size": 32, "depth": 2, "num_heads": 4, "input_size": 16, "vocab_size": 65, "num_classes": 0}),
-])
+@pytest.mark.parametrize(
+    "architecture, fields",
+    [
+        ("transformer", {**TRANSFORMER, "num_kv_heads": 2, "qk_norm": True}),
+        ("transformer", {**TRANSFORMER, "tie_embeddings": True}),
+        (
+            "simple_dit",
+            {"hidden_size": 32, "depth": 2, "num_heads": 4, "input_size": 8, "in_channels": 1, "num_classes": 10},
+        ),
+        (
+            "simple_dit",
+            {"hidden_size": 32, "depth": 2, "num_heads": 4, "input_size": 16, "vocab_size": 65, "num_classes": 0},
+        ),
+    ],
+)
 def test_every_parameter_names_each_of_its_dimensions(architecture, fields):
     from dew.models.axes import LOGICAL_AXES
     from dew.training.sharding import logical_names
@@ -93,9 +102,15 @@ def test_lora_factors_take_the_axes_of_the_weight_they_adapt():
     from dew.training import adapt
     from dew.training.sharding import logical_names, param_specs
 
-    model = nnx.eval_shape(lambda: adapt.adapt(of("transformer", TRANSFORMER),
-                                               build("transformer", TRANSFORMER, nnx.Rngs(0)), quantization=None, lora=LoRA(rank=4, targets=("blocks/mlp_up",)),
-                                               seed=0))
+    model = nnx.eval_shape(
+        lambda: adapt.adapt(
+            of("transformer", TRANSFORMER),
+            build("transformer", TRANSFORMER, nnx.Rngs(0)),
+            quantization=None,
+            lora=LoRA(rank=4, targets=("blocks/mlp_up",)),
+            seed=0,
+        )
+    )
     factors = nnx.state(model, nnx.LoRAParam)
     names = logical_names(factors)
     assert names["blocks/mlp_up/kernel_lora_a"] == ("layers", "embed", None)
@@ -107,8 +122,14 @@ def test_lora_factors_take_the_axes_of_the_weight_they_adapt():
 
 @pytest.mark.slow
 def test_four_meshes_of_eight_devices_train_as_one_device(tmp_path: Path):
-    proc = subprocess.run([sys.executable, "-m", "tests.training.mesh_runs", str(tmp_path)], cwd=REPO,
-                          env=fast_env(), capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.training.mesh_runs", str(tmp_path)],
+        cwd=REPO,
+        env=fast_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["devices"] == 8

@@ -49,16 +49,21 @@ def test_accumulation_equals_the_full_batch(tmp_path: Path):
     for a, b in zip(_leaves(full), _leaves(micro), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for key in ("train/loss", "train/grad_norm"):
-        np.testing.assert_allclose(list(losses(full_journal, key).values()),
-                                   list(losses(micro_journal, key).values()), rtol=1e-5)
+        np.testing.assert_allclose(
+            list(losses(full_journal, key).values()), list(losses(micro_journal, key).values()), rtol=1e-5
+        )
     assert any(np.abs(a).sum() for a in _leaves(full))
 
 
 @pytest.mark.slow
 def test_a_ramp_resumed_mid_stage_continues_it_under_one_wandb_run(tmp_path: Path, monkeypatch):
     # Stages: 16 records for 3 steps, 24 for 2 steps (steps 4 and 5), then 32 to the end.
-    args = ["trainer.steps=7", "trainer.checkpoint_every=2", "trainer.eval_every=null",
-            "trainer.batch_ramp={start: 16, increment: 8, records: 96}"]
+    args = [
+        "trainer.steps=7",
+        "trainer.checkpoint_every=2",
+        "trainer.eval_every=null",
+        "trainer.batch_ramp={start: 16, increment: 8, records: 96}",
+    ]
     whole, whole_run, _ = train_tiny(tmp_path / "a", *args)
     # The same run with W&B (offline), killed after step 4 and resumed in the middle of the 24 stage.
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -116,8 +121,13 @@ def test_dynamic_scale_skips_the_step_and_backs_off(tmp_path: Path):
 @pytest.mark.slow
 def test_muonclip_caps_every_heads_max_logit(tmp_path: Path):
     tau = 0.5
-    args = ["trainer.steps=6", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-            "optim.optimizer=muonclip", f"optim.optimizer_opts={{tau: {tau}}}"]
+    args = [
+        "trainer.steps=6",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=null",
+        "optim.optimizer=muonclip",
+        f"optim.optimizer_opts={{tau: {tau}}}",
+    ]
     deterministic = lambda o: wrappers.Objective(o, deterministic=True)  # noqa: E731
     _, _, records = train_tiny(tmp_path, *args, objective=deterministic)
     logits = losses(records, "train/max_logit")  # the largest logit each step's forward pass saw
@@ -135,11 +145,23 @@ def test_muonclip_refuses_qk_norm():
     assert layers["attn"].num_kv_heads == 2 and layers["attn"].query == ("blocks/attn/q/kernel",)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["trainer.steps=2", "trainer.mesh={data: 2}"], "needs 2 devices, 1 are visible"),
-    (["trainer.steps=2", "trainer.mesh={tensor: 1, data: 1, fsdp: 1}", "trainer.layout.rules.batch=[data]",
-      "optim.optimizer=muonclip", "model.architecture=simple_dit", "trainer.epochs=null"], None),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.steps=2", "trainer.mesh={data: 2}"], "needs 2 devices, 1 are visible"),
+        (
+            [
+                "trainer.steps=2",
+                "trainer.mesh={tensor: 1, data: 1, fsdp: 1}",
+                "trainer.layout.rules.batch=[data]",
+                "optim.optimizer=muonclip",
+                "model.architecture=simple_dit",
+                "trainer.epochs=null",
+            ],
+            None,
+        ),
+    ],
+)
 def test_errors_before_the_run_starts(tmp_path: Path, overrides, message):
     from dew.build import build_run
     from dew.training.trainer import check

@@ -4,6 +4,7 @@ a run that was never interrupted."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -17,8 +18,15 @@ from tests.training.conftest import TINY, dew_train, load_params, losses, steps_
 pytestmark = pytest.mark.slow
 
 STEPS = 24
-ARGS = [*TINY, "trainer.name=r", f"trainer.steps={STEPS}", "trainer.checkpoint_every=2", "trainer.eval_every=4",
-        "trainer.keep=2", "trainer.checkpoint_dir=ck"]
+ARGS = [
+    *TINY,
+    "trainer.name=r",
+    f"trainer.steps={STEPS}",
+    "trainer.checkpoint_every=2",
+    "trainer.eval_every=4",
+    "trainer.keep=2",
+    "trainer.checkpoint_dir=ck",
+]
 
 
 def _journal(work: Path) -> list[dict]:
@@ -44,8 +52,10 @@ def _logged_past(step: int):
         if not path.exists():
             return False
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
-        return any(r.get("event") == "resume" for r in lines) and any(r.get("step", 0) >= step and "train/loss" in r
-                                                                      for r in lines)
+        return any(r.get("event") == "resume" for r in lines) and any(
+            r.get("step", 0) >= step and "train/loss" in r for r in lines
+        )
+
     return past
 
 
@@ -75,7 +85,7 @@ def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
     assert done is not None and done.returncode == 0, done.stdout
     written.append(raw.read_text())
     # The journal file is only ever appended to: each start kept every line the one before wrote.
-    assert all(later.startswith(earlier) for earlier, later in zip(written, written[1:])), written
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(written)), written
     log = (run / "train.log").read_text()
     assert f"resuming r from step {max(second)}" in log
     # The compilation cache: a second start loads the step instead of compiling it.

@@ -1,6 +1,7 @@
 """Sharding on one host: 8 simulated CPU devices (a subprocess, since the device count is fixed when
 the backend starts) with mesh data=4, fsdp=2 give the same losses as this process's one device through
-the whole trainer (run directory, evaluation, checkpoint), each parameter laid out as the rules say, and a batch that does not split over the data axes is refused
+the whole trainer (run directory, evaluation, checkpoint), each parameter laid out as the rules say, and a batch that
+does not split over the data axes is refused
 naming both numbers."""
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ params = {jax.tree_util.keystr(p): jax.device_get(x).tolist() for p, x in jax.tr
 
 def test_eight_devices_match_one(tmp_path: Path):
     env = fast_env(XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    proc = subprocess.run([sys.executable, "-c", SHARDED, str(tmp_path / "sharded"), json.dumps(ARGS)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED, str(tmp_path / "sharded"), json.dumps(ARGS)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "sharded" / "result.json").read_text())
     assert result["devices"] == 8
@@ -76,5 +83,10 @@ def test_eight_devices_match_one(tmp_path: Path):
     import jax
 
     for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
-        np.testing.assert_allclose(result["params"][jax.tree_util.keystr(path)], np.asarray(leaf), rtol=1e-4,
-                                   atol=1e-6, err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_allclose(
+            result["params"][jax.tree_util.keystr(path)],
+            np.asarray(leaf),
+            rtol=1e-4,
+            atol=1e-6,
+            err_msg=jax.tree_util.keystr(path),
+        )

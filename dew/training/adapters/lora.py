@@ -44,7 +44,8 @@ class _QtBase(qwix.PtqProvider):
 
 
 compat.qwix_convert_rules(  # each rule a QtRule, as QtProvider's matmuls expect
-    _QtBase, lambda rule: rule if isinstance(rule, qwix.QtRule) else qwix.QtRule(**dataclasses.asdict(rule)))
+    _QtBase, lambda rule: rule if isinstance(rule, qwix.QtRule) else qwix.QtRule(**dataclasses.asdict(rule))
+)
 for _name, _method in compat.qwix_qt_provider_private().items():  # the private methods those matmuls call
     setattr(_QtBase, _name, _method)
 
@@ -74,24 +75,24 @@ def provider(lora: LoRA, quantization: Quantization | None) -> qwix.LoraProvider
     if quantization is None:
         return LoraProvider([qwix.LoraRule(module_path=t, **adapter) for t in lora.targets])
     q = quantization
-    qtypes = dict(weight_qtype=q.weight_qtype, act_qtype=q.act_qtype, bwd_qtype=q.bwd_qtype,
-                  tile_size=q.tile_size)
-    both = [QLoraRule(module_path=f"(?=(?:{q.module_path})$)(?:{t})", **adapter, **qtypes)
-            for t in lora.targets]
+    qtypes = dict(weight_qtype=q.weight_qtype, act_qtype=q.act_qtype, bwd_qtype=q.bwd_qtype, tile_size=q.tile_size)
+    both = [QLoraRule(module_path=f"(?=(?:{q.module_path})$)(?:{t})", **adapter, **qtypes) for t in lora.targets]
     adapted = [QLoraRule(module_path=t, **adapter) for t in lora.targets]
     return QLoraProvider([*both, *adapted, quant.rule(q)])
 
 
-def apply(module: nnx.Module, inputs: tuple[jax.Array, ...], lora: LoRA, quantization: Quantization | None,
-          rngs: nnx.Rngs) -> nnx.Module:
+def apply(
+    module: nnx.Module, inputs: tuple[jax.Array, ...], lora: LoRA, quantization: Quantization | None, rngs: nnx.Rngs
+) -> nnx.Module:
     """``module`` with LoRA factors on every targeted weight; ``A`` is drawn from ``rngs``."""
     if quantization is not None:
         quant.check_module_path(module, quantization.module_path, "trainer.quantization.module_path")
     try:
         adapted = qwix.apply_lora_to_model(module, provider(lora, quantization), *inputs, rngs=rngs)
     except ValueError as e:
-        raise ValueError(f"lora={lora} with trainer.quantization={quantization}: qwix cannot adapt "
-                         f"the module: {e}") from e
+        raise ValueError(
+            f"lora={lora} with trainer.quantization={quantization}: qwix cannot adapt the module: {e}"
+        ) from e
     check_targets(adapted, lora)
     return adapted
 
@@ -101,7 +102,10 @@ def check_targets(adapted: nnx.Module, lora: LoRA) -> None:
     factors = ["/".join(map(str, path[:-1])) for path, _ in nnx.to_flat_state(nnx.state(adapted, nnx.LoRAParam))]
     for target in lora.targets:
         if not any(re.fullmatch(target, p) for p in factors):
-            weighted = sorted({"/".join(map(str, path[:-1]))
-                               for path, _ in nnx.to_flat_state(nnx.state(adapted, nnx.Param))})
-            raise ValueError(f"lora.targets pattern {target!r} matches no module with a weight matmul; "
-                             f"modules that can carry a delta: {', '.join(weighted)}")
+            weighted = sorted(
+                {"/".join(map(str, path[:-1])) for path, _ in nnx.to_flat_state(nnx.state(adapted, nnx.Param))}
+            )
+            raise ValueError(
+                f"lora.targets pattern {target!r} matches no module with a weight matmul; "
+                f"modules that can carry a delta: {', '.join(weighted)}"
+            )

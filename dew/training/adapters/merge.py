@@ -44,8 +44,10 @@ def merged(model: nnx.Module, run: RunConfig) -> dict[str, jax.Array]:
     if run.lora is None:
         raise MergeError("--merge-lora: the run has no lora: its checkpoint already holds the full model")
     if run.trainer.quantization is not None:
-        raise MergeError("--merge-lora: the run trained LoRA over a quantized base (trainer.quantization); "
-                         "its merged weight would be quantized as a whole, which is not the model it trained")
+        raise MergeError(
+            "--merge-lora: the run trained LoRA over a quantized base (trainer.quantization); "
+            "its merged weight would be quantized as a whole, which is not the model it trained"
+        )
     flat = {"/".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     scale = run.lora.alpha / run.lora.rank
     out = {}
@@ -62,9 +64,11 @@ def merged(model: nnx.Module, run: RunConfig) -> dict[str, jax.Array]:
 def _merge_one(key: str, w: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
     """``w + scale·(a·b)`` reshaped to ``w``'s shape (batched over a stack's leading axes)."""
     delta = jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32))
-    if delta.size != w.size or delta.shape[:-2] != w.shape[:delta.ndim - 2]:
-        raise MergeError(f"--merge-lora: {key} of shape {w.shape} has factors {a.shape} and {b.shape}, whose "
-                         "product is not laid out like the weight")
+    if delta.size != w.size or delta.shape[:-2] != w.shape[: delta.ndim - 2]:
+        raise MergeError(
+            f"--merge-lora: {key} of shape {w.shape} has factors {a.shape} and {b.shape}, whose "
+            "product is not laid out like the weight"
+        )
     return (w.astype(jnp.float32) + scale * delta.reshape(w.shape)).astype(w.dtype)
 
 
@@ -81,8 +85,11 @@ def merged_model(model: nnx.Module, run: RunConfig, objective: Objective) -> nnx
     params = merged(model, run)
     plain = plain_run(run)
     # flax types split's parts as a variadic tuple; two filters give exactly three
-    graphdef, abstract, rest = nnx.split(nnx.eval_shape(lambda: adapt.build_model(plain, objective)),  # type: ignore[misc]
-                                         nnx.Param, ...)
+    graphdef, abstract, rest = nnx.split(
+        nnx.eval_shape(lambda: adapt.build_model(plain, objective)),  # type: ignore[misc]
+        nnx.Param,
+        ...,
+    )
     if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(rest)):  # none of dew's models has any
         _, _, rest = nnx.split(adapt.build_model(plain, objective), nnx.Param, ...)  # type: ignore[misc]
     flat = nnx.to_flat_state(abstract)
@@ -105,7 +112,6 @@ def write_run(run: RunConfig, params: dict[str, jax.Array], out: str, *, step: i
         node["value"] = value
     checkpoints = Checkpoints(epath.Path(os.path.abspath(out)), keep=1)
     try:
-        checkpoints.save(step, {"params": tree, "ema": None}, {"step": step, "merged_from": merged_from},
-                         metrics=None)
+        checkpoints.save(step, {"params": tree, "ema": None}, {"step": step, "merged_from": merged_from}, metrics=None)
     finally:
         checkpoints.close()

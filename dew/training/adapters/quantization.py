@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import qwix
 from flax import nnx
+
 from dew import compat
 from dew.contract.config import Quantization
 
@@ -91,8 +92,9 @@ class ExactWeights:
         with one_weight_per_matmul(operands):
             return super().einsum(einsum_str, *operands, **kwargs)  # type: ignore[misc]
 
-    def conv_general_dilated(self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: Any,
-                             **kwargs: Any) -> jax.Array:
+    def conv_general_dilated(
+        self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: Any, **kwargs: Any
+    ) -> jax.Array:
         with one_weight_per_matmul((lhs, rhs)):
             return super().conv_general_dilated(lhs, rhs, *args, **kwargs)  # type: ignore[misc]
 
@@ -103,9 +105,13 @@ class QtProvider(ExactWeights, qwix.QtProvider):
 
 def rule(q: Quantization, *, module_path: str | None = None) -> qwix.QtRule:
     """The qwix rule of ``q`` (over ``module_path`` when given instead of ``q.module_path``)."""
-    return qwix.QtRule(module_path=q.module_path if module_path is None else module_path,
-                       weight_qtype=q.weight_qtype, act_qtype=q.act_qtype, bwd_qtype=q.bwd_qtype,
-                       tile_size=q.tile_size)
+    return qwix.QtRule(
+        module_path=q.module_path if module_path is None else module_path,
+        weight_qtype=q.weight_qtype,
+        act_qtype=q.act_qtype,
+        bwd_qtype=q.bwd_qtype,
+        tile_size=q.tile_size,
+    )
 
 
 def module_paths(module: nnx.Module) -> list[str]:
@@ -117,8 +123,7 @@ def check_module_path(module: nnx.Module, pattern: str, field: str) -> None:
     """Raise unless ``pattern`` fully matches at least one submodule path of ``module``."""
     paths = module_paths(module)
     if not any(re.fullmatch(pattern, p) for p in paths):
-        raise ValueError(f"{field}={pattern!r} matches no module path; the model's are "
-                         f"{', '.join(paths)}")
+        raise ValueError(f"{field}={pattern!r} matches no module path; the model's are {', '.join(paths)}")
 
 
 def quantize(module: nnx.Module, inputs: tuple[jax.Array, ...], q: Quantization) -> nnx.Module:
@@ -128,5 +133,6 @@ def quantize(module: nnx.Module, inputs: tuple[jax.Array, ...], q: Quantization)
     try:
         return qwix.quantize_model(module, QtProvider([rule(q)]), *inputs)
     except ValueError as e:  # e.g. a tile_size that does not divide a contraction (attention's keys)
-        raise ValueError(f"trainer.quantization={q}: qwix cannot quantize the matmuls of modules matching "
-                         f"{q.module_path!r}: {e}") from e
+        raise ValueError(
+            f"trainer.quantization={q}: qwix cannot quantize the matmuls of modules matching {q.module_path!r}: {e}"
+        ) from e

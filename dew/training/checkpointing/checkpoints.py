@@ -48,16 +48,18 @@ class OrbaxNotes(logging.Filter):
     """Drops the warnings orbax logs about what dew does on purpose, matched by their exact format
     string (``record.msg``), so that a normal run prints none of them and any other line still shows."""
 
-    EXPECTED = frozenset({
-        # A checkpoint saved where the run does not evaluate has no metric to rank it by; the
-        # retention policy keeps it as one of the latest (keep_checkpoints_without_metrics=False).
-        "Requested `tracked_metric`; did not provide metrics.",
-        # trainer.init_from opens the source run read only (dew.training.checkpointing.warmstart).
-        "Given directory is read only=%s",
-        "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0.",
-        # Restoring one item of a composite step: the step's metadata is beside the items, not in them.
-        "Metadata file does not exist: %s",
-    })
+    EXPECTED = frozenset(
+        {
+            # A checkpoint saved where the run does not evaluate has no metric to rank it by; the
+            # retention policy keeps it as one of the latest (keep_checkpoints_without_metrics=False).
+            "Requested `tracked_metric`; did not provide metrics.",
+            # trainer.init_from opens the source run read only (dew.training.checkpointing.warmstart).
+            "Given directory is read only=%s",
+            "CheckpointManagerOptions.read_only=True, setting save_interval_steps=0.",
+            # Restoring one item of a composite step: the step's metadata is beside the items, not in them.
+            "Metadata file does not exist: %s",
+        }
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.WARNING and record.msg in self.EXPECTED)
@@ -71,8 +73,10 @@ class CheckpointDamagedError(RuntimeError):
     """No saved step of the run restores; ``damaged`` holds each step tried and what is wrong with it."""
 
     def __init__(self, directory: epath.Path, damaged: list[tuple[int, str]]) -> None:
-        super().__init__(f"no checkpoint in {directory} restores; nothing was moved or deleted. "
-                         + "; ".join(f"step {bad}: {problem}" for bad, problem in damaged))
+        super().__init__(
+            f"no checkpoint in {directory} restores; nothing was moved or deleted. "
+            + "; ".join(f"step {bad}: {problem}" for bad, problem in damaged)
+        )
         self.damaged = damaged
 
 
@@ -111,9 +115,13 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
     state, meta = orbax_uncompressed_standard_handler(), ocp.JsonCheckpointHandler()
     # The handler registered last for an item is the one a step's metadata names: the standard one.
-    for item, args, handler in (("state", ocp.args.PyTreeRestore, ocp.PyTreeCheckpointHandler()),
-                                ("state", ocp.args.StandardSave, state), ("state", ocp.args.StandardRestore, state),
-                                ("meta", ocp.args.JsonSave, meta), ("meta", ocp.args.JsonRestore, meta)):
+    for item, args, handler in (
+        ("state", ocp.args.PyTreeRestore, ocp.PyTreeCheckpointHandler()),
+        ("state", ocp.args.StandardSave, state),
+        ("state", ocp.args.StandardRestore, state),
+        ("meta", ocp.args.JsonSave, meta),
+        ("meta", ocp.args.JsonRestore, meta),
+    ):
         registry.add(item, args, handler)
     return registry
 
@@ -121,20 +129,24 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
 class Checkpoints:
     """The run directory's checkpoints."""
 
-    def __init__(self, directory: epath.Path, *, keep: int, best_metric: str = BEST_METRIC,
-                 higher_is_better: bool = False) -> None:
+    def __init__(
+        self, directory: epath.Path, *, keep: int, best_metric: str = BEST_METRIC, higher_is_better: bool = False
+    ) -> None:
         """``best_metric`` (an evaluation key, ``eval/loss`` by default, or a run's metric marked
         best) chooses the best checkpoint, the lowest unless ``higher_is_better``."""
         self.directory = directory
         metric = functools.partial(_metric, best_metric)
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=policies.AnyPreservationPolicy([
-                policies.LatestN(n=keep),
-                # BestN keeps the last n of the sorted order: descending (reverse=True) keeps the
-                # lowest, ascending the highest.
-                policies.BestN(get_metric_fn=metric, reverse=not higher_is_better, n=1,
-                               keep_checkpoints_without_metrics=False),
-            ]),
+            preservation_policy=policies.AnyPreservationPolicy(
+                [
+                    policies.LatestN(n=keep),
+                    # BestN keeps the last n of the sorted order: descending (reverse=True) keeps the
+                    # lowest, ascending the highest.
+                    policies.BestN(
+                        get_metric_fn=metric, reverse=not higher_is_better, n=1, keep_checkpoints_without_metrics=False
+                    ),
+                ]
+            ),
             best_fn=metric,
             best_mode="max" if higher_is_better else "min",
             enable_async_checkpointing=True,
@@ -153,15 +165,19 @@ class Checkpoints:
 
     def save(self, step: int, state: Any, meta: dict[str, Any], metrics: dict[str, float] | None) -> None:
         """Start an asynchronous save; returns once the arrays are copied off the step's buffers."""
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        meta=ocp.args.JsonSave(meta)),
-                          metrics=metrics)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+            metrics=metrics,
+        )
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """The state (laid out like ``abstract_state``) and the record saved at ``step``."""
         with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()),
+            )
         return restored.state, restored.meta
 
     def saved(self, step: int) -> set[str]:
@@ -176,14 +192,22 @@ class Checkpoints:
         abstract_params}``), laid out like it, and the step's record: what a reader that samples
         needs, with the optimizer state left on disk."""
         with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.PyTreeRestore(item=target, partial_restore=True,
-                                             restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
-                meta=ocp.args.JsonRestore()))
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.PyTreeRestore(
+                        item=target,
+                        partial_restore=True,
+                        restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                    ),
+                    meta=ocp.args.JsonRestore(),
+                ),
+            )
         return restored.state, restored.meta
 
-    def first_intact[T](self, steps: Iterable[int], read: Callable[[int], T], *,
-                        on_damaged: Callable[[int, str], None] | None = None) -> tuple[int, T, list[tuple[int, str]]]:
+    def first_intact[T](
+        self, steps: Iterable[int], read: Callable[[int], T], *, on_damaged: Callable[[int, str], None] | None = None
+    ) -> tuple[int, T, list[tuple[int, str]]]:
         """The walk back over damaged steps: the first of ``steps`` that ``read`` (``restore``,
         ``restore_part``) reads, as ``(step, what it read, the damaged steps passed over as (step,
         what is wrong))``; ``on_damaged`` hears of each as it is passed over. When none reads, raises
@@ -192,7 +216,7 @@ class Checkpoints:
         for step in steps:
             try:
                 value = read(step)
-            except Exception as err:  # noqa: BLE001 - orbax and tensorstore raise many kinds on bad files
+            except Exception as err:
                 damaged.append((step, describe_damage(err)))
                 if on_damaged is not None:
                     on_damaged(step, damaged[-1][1])
@@ -200,8 +224,9 @@ class Checkpoints:
             return step, value, damaged
         raise CheckpointDamagedError(self.directory, damaged)
 
-    def restore_intact(self, abstract_state: Any, *, move_damaged: bool
-                       ) -> tuple[int, Any, dict[str, Any], list[Fallback]]:
+    def restore_intact(
+        self, abstract_state: Any, *, move_damaged: bool
+    ) -> tuple[int, Any, dict[str, Any], list[Fallback]]:
         """Restore the newest step that restores: ``(step, state, record, damaged steps passed over)``.
 
         Each damaged step is logged; with ``move_damaged`` (process 0 of a resuming run) it is renamed
@@ -210,14 +235,22 @@ class Checkpoints:
         every step's problem.
         """
         step, (state, meta), damaged = self.first_intact(
-            sorted(self.all_steps(), reverse=True), lambda s: self.restore(s, abstract_state),
-            on_damaged=lambda bad, problem: log.error("checkpoint step %d in %s is damaged: %s", bad,
-                                                      self.step_path(bad), problem))
-        fallbacks = [Fallback(bad, problem, self._move_aside(bad) if move_damaged else None)
-                     for bad, problem in damaged]
+            sorted(self.all_steps(), reverse=True),
+            lambda s: self.restore(s, abstract_state),
+            on_damaged=lambda bad, problem: log.error(
+                "checkpoint step %d in %s is damaged: %s", bad, self.step_path(bad), problem
+            ),
+        )
+        fallbacks = [
+            Fallback(bad, problem, self._move_aside(bad) if move_damaged else None) for bad, problem in damaged
+        ]
         for f in fallbacks:
-            log.warning("falling back from damaged step %d to step %d%s", f.damaged_step, step,
-                        f"; the damaged step is kept as {f.moved_to}" if f.moved_to else "")
+            log.warning(
+                "falling back from damaged step %d to step %d%s",
+                f.damaged_step,
+                step,
+                f"; the damaged step is kept as {f.moved_to}" if f.moved_to else "",
+            )
         if fallbacks and move_damaged:
             self.manager.reload()  # forget the moved steps: the run saves those numbers again
         return step, state, meta, fallbacks

@@ -59,11 +59,15 @@ def fields_of(run: RunConfig | TransformerFields) -> TransformerFields:
 def refuse_unmappable(f: TransformerFields, where: str) -> None:
     """Raise naming the field when the model has what Llama has not and cannot be folded."""
     if f.qk_norm:
-        raise ValueError(f"{where}: model.config.qk_norm=true: Llama has no QK-norm, and it cannot be folded "
-                         "into the weights (it normalises each query and key)")
+        raise ValueError(
+            f"{where}: model.config.qk_norm=true: Llama has no QK-norm, and it cannot be folded "
+            "into the weights (it normalises each query and key)"
+        )
     if f.tie_embeddings:
-        raise ValueError(f"{where}: model.config.tie_embeddings=true: this layout is written with an untied "
-                         "head (tie_word_embeddings=false)")
+        raise ValueError(
+            f"{where}: model.config.tie_embeddings=true: this layout is written with an untied "
+            "head (tie_word_embeddings=false)"
+        )
 
 
 def factors(f: TransformerFields) -> dict[str, float]:
@@ -71,8 +75,13 @@ def factors(f: TransformerFields) -> dict[str, float]:
     hd = f.head_dim or f.hidden_size // f.num_heads
     m = f.hidden_size / f.mup_base_width if f.mup else 1.0
     r = f.residual_multiplier
-    return {"embed/embedding": f.embedding_multiplier, "blocks/attn/o/kernel": r, "blocks/mlp_down/kernel": r,
-            "blocks/attn/q/kernel": attention_scale(f) * math.sqrt(hd), "lm_head/kernel": 1.0 / m}
+    return {
+        "embed/embedding": f.embedding_multiplier,
+        "blocks/attn/o/kernel": r,
+        "blocks/mlp_down/kernel": r,
+        "blocks/attn/q/kernel": attention_scale(f) * math.sqrt(hd),
+        "lm_head/kernel": 1.0 / m,
+    }
 
 
 def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
@@ -93,8 +102,11 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
         "blocks/attn/q/kernel": (layer + "self_attn.q_proj.weight", *heads_out(N)),
         "blocks/attn/k/kernel": (layer + "self_attn.k_proj.weight", *heads_out(K)),
         "blocks/attn/v/kernel": (layer + "self_attn.v_proj.weight", *heads_out(K)),
-        "blocks/attn/o/kernel": (layer + "self_attn.o_proj.weight",  # (N, hd, D) <-> [D, N*hd]
-                                 lambda w: w.reshape(N * hd, D).T, lambda w: w.T.reshape(N, hd, D)),
+        "blocks/attn/o/kernel": (
+            layer + "self_attn.o_proj.weight",  # (N, hd, D) <-> [D, N*hd]
+            lambda w: w.reshape(N * hd, D).T,
+            lambda w: w.T.reshape(N, hd, D),
+        ),
         "blocks/mlp_norm/scale": (layer + "post_attention_layernorm.weight", *same),
         "blocks/mlp_gate/kernel": (layer + "mlp.gate_proj.weight", *transposed),
         "blocks/mlp_up/kernel": (layer + "mlp.up_proj.weight", *transposed),
@@ -106,13 +118,26 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
 
 def config_json(f: TransformerFields) -> dict[str, Any]:
     """Llama's ``config.json`` for ``transformer`` fields ``f``."""
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": f.hidden_size,
-            "intermediate_size": mlp_hidden(f), "num_hidden_layers": f.depth, "num_attention_heads": f.num_heads,
-            "num_key_value_heads": f.num_kv_heads or f.num_heads,
-            "head_dim": f.head_dim or f.hidden_size // f.num_heads, "rms_norm_eps": f.norm_eps,
-            "rope_theta": f.rope_theta, "vocab_size": f.vocab_size, "max_position_embeddings": f.seq_len,
-            "tie_word_embeddings": False, "torch_dtype": "float32", "hidden_act": "silu",
-            "attention_bias": False, "mlp_bias": False, "initializer_range": f.init_std}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": f.hidden_size,
+        "intermediate_size": mlp_hidden(f),
+        "num_hidden_layers": f.depth,
+        "num_attention_heads": f.num_heads,
+        "num_key_value_heads": f.num_kv_heads or f.num_heads,
+        "head_dim": f.head_dim or f.hidden_size // f.num_heads,
+        "rms_norm_eps": f.norm_eps,
+        "rope_theta": f.rope_theta,
+        "vocab_size": f.vocab_size,
+        "max_position_embeddings": f.seq_len,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "initializer_range": f.init_std,
+    }
 
 
 # ---------------------------------------------------------------------------------------- out
@@ -168,12 +193,14 @@ def dew_shapes(run: RunConfig | TransformerFields, path: str) -> dict[str, tuple
     from safetensors import safe_open
 
     if not isinstance(run, TransformerFields) and run.model.architecture != ARCHITECTURE:
-        raise ValueError(f"{FIELD}={path!r}: a Hugging Face Llama directory starts a {ARCHITECTURE!r} run, "
-                         f"not {run.model.architecture!r}")
+        raise ValueError(
+            f"{FIELD}={path!r}: a Hugging Face Llama directory starts a {ARCHITECTURE!r} run, "
+            f"not {run.model.architecture!r}"
+        )
     f = fields_of(run)
     check_config(f, path)
     with safe_open(os.path.join(path, WEIGHTS), "np") as fh:
-        header = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}
+        header = {k: tuple(fh.get_slice(k).get_shape()) for k in fh}
     depth = sum(1 for k in header if k.endswith(".input_layernorm.weight"))
     shapes = {}
     for key, (name, _, from_hf) in table(f).items():
@@ -189,8 +216,9 @@ def dew_shapes(run: RunConfig | TransformerFields, path: str) -> dict[str, tuple
     return shapes
 
 
-def read(run: RunConfig | TransformerFields, path: str,
-         target: dict[PathParts, jax.ShapeDtypeStruct]) -> dict[PathParts, jax.Array]:
+def read(
+    run: RunConfig | TransformerFields, path: str, target: dict[PathParts, jax.ShapeDtypeStruct]
+) -> dict[PathParts, jax.Array]:
     """The Llama directory's values for ``target`` (flat ``{path: ShapeDtypeStruct}`` with
     shardings), each built on the devices its sharding names from the slices they hold."""
     from safetensors import safe_open

@@ -33,9 +33,17 @@ class Saver(Hook):
 
     phase = "checkpoint"
 
-    def __init__(self, checkpoints: Checkpoints, tracker: Tracker, *, data_state: Callable[[], Any],
-                 stages: Sequence[tuple[int, int]], total_steps: int, last_saved: int | None,
-                 every: int | None = None) -> None:
+    def __init__(
+        self,
+        checkpoints: Checkpoints,
+        tracker: Tracker,
+        *,
+        data_state: Callable[[], Any],
+        stages: Sequence[tuple[int, int]],
+        total_steps: int,
+        last_saved: int | None,
+        every: int | None = None,
+    ) -> None:
         super().__init__(every)
         self.checkpoints = checkpoints
         self.tracker = tracker
@@ -48,8 +56,14 @@ class Saver(Hook):
 
     def meta(self, step: int, records: int) -> dict[str, Any]:
         """What a resume reads beside the state: the step, the records consumed, the data position."""
-        return {"step": step, "records": records, "data": plain(self.data_state()), "wandb_id": self.tracker.wandb_id,
-                "ramp_stage": stage_at(self.stages, step), "total_steps": self.total_steps}
+        return {
+            "step": step,
+            "records": records,
+            "data": plain(self.data_state()),
+            "wandb_id": self.tracker.wandb_id,
+            "ramp_stage": stage_at(self.stages, step),
+            "total_steps": self.total_steps,
+        }
 
     def on_step(self, at: At) -> None:
         """Save the step, with the evaluation run at it (the best checkpoint is chosen by it)."""
@@ -67,8 +81,10 @@ class Saver(Hook):
             self.checkpoints.wait()  # a save in flight holds an earlier, finite state: let it land
             last = self.checkpoints.latest_step()
             where = f"step {last} in {self.checkpoints.step_path(last)}" if last is not None else "none was saved"
-            raise NonFiniteError(f"the loss or the gradients became non-finite at step {bad + 1}; the run "
-                                 f"stops. The last good checkpoint, left intact: {where}")
+            raise NonFiniteError(
+                f"the loss or the gradients became non-finite at step {bad + 1}; the run "
+                f"stops. The last good checkpoint, left intact: {where}"
+            )
 
     def stopped(self, stop: StopSignals, step: int, records: int, state: TrainState) -> Preempted:
         """Save at ``step`` (unless saved there), wait for the save, write the ``stop`` event: the

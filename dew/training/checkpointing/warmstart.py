@@ -72,15 +72,19 @@ def resolve(init_from: str) -> Source:
     parent, leaf = os.path.split(path)
     if is_step(leaf) and os.path.isfile(os.path.join(parent, RUN_RECORD)):
         if not os.path.isdir(path):
-            raise ValueError(f"{FIELD}={init_from!r}: the run {parent} holds no step {leaf} "
-                             f"(its steps: {', '.join(map(str, _steps(parent))) or 'none'})")
+            raise ValueError(
+                f"{FIELD}={init_from!r}: the run {parent} holds no step {leaf} "
+                f"(its steps: {', '.join(map(str, _steps(parent))) or 'none'})"
+            )
         return Source(parent, "run", int(leaf))
     if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
         return Source(path, "hf")
     if not os.path.exists(path):
         raise ValueError(f"{FIELD}={init_from!r} does not exist")
-    raise ValueError(f"{FIELD}={init_from!r} is neither a dew run directory (run.json), one of its steps "
-                     "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors)")
+    raise ValueError(
+        f"{FIELD}={init_from!r} is neither a dew run directory (run.json), one of its steps "
+        "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors)"
+    )
 
 
 def _steps(run_dir: str) -> list[int]:
@@ -114,8 +118,9 @@ def check(run: RunConfig, abstract: nnx.Module) -> None:
     ours = shapes_of(nnx.state(abstract, BASE))
     for pattern in run.trainer.init_skip:
         if not any(re.fullmatch(pattern, k) for k in ours):
-            raise ValueError(f"trainer.init_skip pattern {pattern!r} matches no parameter; the parameters: "
-                             f"{', '.join(sorted(ours))}")
+            raise ValueError(
+                f"trainer.init_skip pattern {pattern!r} matches no parameter; the parameters: {', '.join(sorted(ours))}"
+            )
     problems = []
     for key in sorted(set(ours) | set(theirs)):
         if skipped(run, key):
@@ -127,9 +132,12 @@ def check(run: RunConfig, abstract: nnx.Module) -> None:
         elif ours[key] != theirs[key]:
             problems.append(f"{key}: {ours[key]} here, {theirs[key]} in the source")
     if problems:
-        raise ValueError(f"{FIELD}={run.trainer.init_from!r}: the source's parameters do not fit this model "
-                         "(parameter: shape here, shape in the source):\n  " + "\n  ".join(problems)
-                         + "\nLeave parameters that must differ freshly initialised with trainer.init_skip=[...]")
+        raise ValueError(
+            f"{FIELD}={run.trainer.init_from!r}: the source's parameters do not fit this model "
+            "(parameter: shape here, shape in the source):\n  "
+            + "\n  ".join(problems)
+            + "\nLeave parameters that must differ freshly initialised with trainer.init_skip=[...]"
+        )
 
 
 def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
@@ -139,12 +147,16 @@ def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
     record = RunRecord.read(source.path).values
     theirs = record.get("model", {}).get("architecture")
     if theirs != run.model.architecture:
-        raise ValueError(f"{FIELD}={run.trainer.init_from!r}: the source is a {theirs!r} model, this run "
-                         f"builds {run.model.architecture!r}")
+        raise ValueError(
+            f"{FIELD}={run.trainer.init_from!r}: the source is a {theirs!r} model, this run "
+            f"builds {run.model.architecture!r}"
+        )
     if record.get("lora") is not None:
-        raise ValueError(f"{FIELD}={run.trainer.init_from!r}: the source is a LoRA run, whose checkpoints hold "
-                         "only its factors; merge it into a full model first (dew-export RUN --merge-lora "
-                         "--to OUT) and start from OUT")
+        raise ValueError(
+            f"{FIELD}={run.trainer.init_from!r}: the source is a LoRA run, whose checkpoints hold "
+            "only its factors; merge it into a full model first (dew-export RUN --merge-lora "
+            "--to OUT) and start from OUT"
+        )
     steps = [source.step] if source.step is not None else sorted(_steps(source.path), reverse=True)
     if not steps:
         raise ValueError(f"{FIELD}={run.trainer.init_from!r}: the run holds no finished checkpoint")
@@ -152,7 +164,7 @@ def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
     for step in steps:  # the newest step whose metadata reads; load walks the same way
         try:
             tree = ocp.PyTreeCheckpointer().metadata(os.path.join(source.path, str(step), "state")).item_metadata.tree
-        except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged step
+        except Exception as err:
             errors.append(f"step {step}: {type(err).__name__}: {err}")
             continue
         leaves = jax.tree_util.tree_flatten_with_path(tree["params"], is_leaf=lambda x: hasattr(x, "shape"))[0]
@@ -178,14 +190,20 @@ class _ParamsOnly(Checkpoints):
     def __init__(self, directory: epath.Path) -> None:
         self.directory = directory
         self.manager = ocp.CheckpointManager(
-            directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-            item_names=("state", "meta"))
+            directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False), item_names=("state", "meta")
+        )
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """``abstract_state`` is a flat ``{path: ShapeDtypeStruct}``; so is what this returns."""
         target = {"params": _nested({p + ("value",): v for p, v in abstract_state.items()})}
-        restored = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)))
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True
+                )
+            ),
+        )
         flat = jax.tree_util.tree_flatten_with_path(restored.state["params"])[0]
         by_name = {tuple(_key(k) for k in path[:-1]): leaf for path, leaf in flat}
         return {p: by_name[tuple(map(str, p))] for p in abstract_state}, {}
@@ -197,8 +215,15 @@ PIN = "init_from.json"
 base from that step, not from whatever the source's latest step has become since."""
 
 
-def load(run: RunConfig, params: nnx.State, rest: nnx.State, mesh: jax.sharding.Mesh | None, *,
-         resuming: bool, run_dir: str | os.PathLike[str] | None = None) -> tuple[nnx.State, nnx.State]:
+def load(
+    run: RunConfig,
+    params: nnx.State,
+    rest: nnx.State,
+    mesh: jax.sharding.Mesh | None,
+    *,
+    resuming: bool,
+    run_dir: str | os.PathLike[str] | None = None,
+) -> tuple[nnx.State, nnx.State]:
     """``(params, rest)`` of ``adapt.init_model`` with the source's parameters in place of the seed's
     (the trainable ones laid out on ``mesh`` as the run lays them out). Without ``trainer.init_from``,
     or on a resume of a run without LoRA, they are returned as they are. A fresh start writes
@@ -223,29 +248,35 @@ def pinned_step(run_dir: str | os.PathLike[str]) -> int | None:
     return json.loads(path.read_text()).get("step") if path.exists() else None
 
 
-def _loaded(run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None,
-            step: int | None) -> tuple[nnx.State, int | None]:
+def _loaded(
+    run: RunConfig, state: nnx.State, mesh: jax.sharding.Mesh | None, step: int | None
+) -> tuple[nnx.State, int | None]:
     """``state`` with every leaf not in ``trainer.init_skip`` read from the source (at ``step``, when
     given), and the step read: laid out over ``mesh`` as the run lays its parameters out, or, with no
     mesh, whole on this process's first device. The skipped leaves move to the same layout, so that
     the state is one kind of array throughout."""
-    flat = {path: v for path, v in nnx.to_flat_state(state)}
+    flat = dict(nnx.to_flat_state(state))
     where: dict[PathParts, jax.sharding.Sharding]
     if mesh is not None:
         specs = sharding.param_specs(state, mesh, run.trainer.layout)
         where = {p: jax.sharding.NamedSharding(mesh, specs["/".join(map(str, p))]) for p in flat}
     else:
         where = {p: jax.sharding.SingleDeviceSharding(jax.local_devices()[0]) for p in flat}
-    wanted = {p: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where[p])
-              for p, v in flat.items() if not skipped(run, "/".join(map(str, p)))}
+    wanted = {
+        p: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=where[p])
+        for p, v in flat.items()
+        if not skipped(run, "/".join(map(str, p)))
+    }
     values, used = _read(run, wanted, step)
     fresh = {p: v.get_value() for p, v in flat.items() if p not in wanted}
     if fresh:
         paths = list(fresh)
         moved = jax.jit(lambda xs: xs, out_shardings=[where[p] for p in paths])([fresh[p] for p in paths])
         values.update(zip(paths, moved, strict=True))
-        log.info("init_from: %s keep the seed's initialisation (trainer.init_skip)",
-                 ", ".join("/".join(map(str, p)) for p in fresh))
+        log.info(
+            "init_from: %s keep the seed's initialisation (trainer.init_skip)",
+            ", ".join("/".join(map(str, p)) for p in fresh),
+        )
     nnx.replace_by_pure_dict(state, _nested(values))
     return state, used
 
@@ -261,8 +292,9 @@ def _nested(flat: dict[PathParts, Any], into: dict[Any, Any] | None = None) -> d
     return tree
 
 
-def _read(run: RunConfig, target: dict[PathParts, jax.ShapeDtypeStruct],
-          step: int | None) -> tuple[dict[PathParts, jax.Array], int | None]:
+def _read(
+    run: RunConfig, target: dict[PathParts, jax.ShapeDtypeStruct], step: int | None
+) -> tuple[dict[PathParts, jax.Array], int | None]:
     """The source's values for ``target``, a flat ``{path: ShapeDtypeStruct}`` whose leaves carry
     their sharding, and the step they are from (None for a Hugging Face directory). ``step`` (or the
     one ``init_from`` names) is read as it is; otherwise the newest step that restores."""

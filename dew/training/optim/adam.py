@@ -4,6 +4,9 @@ in bfloat16 (``dew.training.optim.bf16``) with ``optim.state_dtype=bfloat16``.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import optax
 
 from dew.training.optim.bf16 import bf16_moments
@@ -15,7 +18,7 @@ from dew.training.optim.schedules import Rate
 class Adam(UpdateRule):
     """Adam; a weight decay set is L2 in the gradient (torch's Adam), added before the moments."""
 
-    options = {"b1": 0.9, "b2": 0.999, "eps": 1e-8}
+    options: ClassVar[Mapping[str, object]] = {"b1": 0.9, "b2": 0.999, "eps": 1e-8}
     weight_decay = 0.0  # Adam has no decoupled decay
 
     def scale(self, state_dtype: str) -> optax.GradientTransformation:
@@ -25,8 +28,9 @@ class Adam(UpdateRule):
         return optax.scale_by_adam(o["b1"], o["b2"], o["eps"])
 
     def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
-        return optax.chain(optax.add_decayed_weights(decay), self.scale(state_dtype),
-                           optax.scale_by_learning_rate(rate))
+        return optax.chain(
+            optax.add_decayed_weights(decay), self.scale(state_dtype), optax.scale_by_learning_rate(rate)
+        )
 
 
 @optimizers.register("adamw")
@@ -36,5 +40,6 @@ class AdamW(Adam):
     weight_decay = 1e-4  # optax.adamw's default
 
     def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
-        return optax.chain(self.scale(state_dtype), optax.add_decayed_weights(decay),
-                           optax.scale_by_learning_rate(rate))
+        return optax.chain(
+            self.scale(state_dtype), optax.add_decayed_weights(decay), optax.scale_by_learning_rate(rate)
+        )

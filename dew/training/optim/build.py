@@ -42,8 +42,15 @@ if TYPE_CHECKING:
     from dew.contract.models import Architecture
 
 __all__ = [
-    "Optimizer", "QKClipLayer", "bf16_moments", "build_optimizer", "group_labels", "mup_param_groups",
-    "optimizers", "param_paths", "qk_clip",
+    "Optimizer",
+    "QKClipLayer",
+    "bf16_moments",
+    "build_optimizer",
+    "group_labels",
+    "mup_param_groups",
+    "optimizers",
+    "param_paths",
+    "qk_clip",
 ]
 
 
@@ -81,8 +88,7 @@ def build_optimizer(
     rule that reads it after the update (MuonClip's attention layers).
     """
     rule: UpdateRule = optimizers[config.optimizer].resolve(config.optimizer_opts)
-    schedule = build_schedule(config.schedule, config.learning_rate, total_steps=total_steps,
-                              tokens_seen=tokens_seen)
+    schedule = build_schedule(config.schedule, config.learning_rate, total_steps=total_steps, tokens_seen=tokens_seen)
     default_decay = config.weight_decay if config.weight_decay is not None else rule.weight_decay
     groups = config.param_groups
     group_labels(params, groups)  # raises on a pattern that matches nothing, before anything compiles

@@ -17,7 +17,8 @@ matrix is a batch axis).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import jax
 import optax
@@ -45,8 +46,9 @@ def scale_by_layerwise_trust_ratio(patterns: Sequence[str] = STACKED_PATTERNS) -
 
     per_layer = jax.vmap(one)
 
-    def update_fn(updates: optax.Updates, state: optax.EmptyState, params: optax.Params | None = None
-                  ) -> tuple[optax.Updates, optax.EmptyState]:
+    def update_fn(
+        updates: optax.Updates, state: optax.EmptyState, params: optax.Params | None = None
+    ) -> tuple[optax.Updates, optax.EmptyState]:
         if params is None:
             raise ValueError("scale_by_layerwise_trust_ratio needs the parameters: pass params to update")
 
@@ -64,10 +66,14 @@ class Lamb(UpdateRule):
     """LAMB (You et al. 2020, Algorithm 2): r = m̂/(sqrt(v̂)+eps); u = r + λx; x -= lr·(||x_l||/||u_l||)·u
     with one trust ratio per layer l, also inside a stack of layers."""
 
-    options = {"b1": 0.9, "b2": 0.999, "eps": 1e-6}
+    options: ClassVar[Mapping[str, object]] = {"b1": 0.9, "b2": 0.999, "eps": 1e-6}
     weight_decay = 0.0  # optax.lamb's default
 
     def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
-        return optax.chain(optax.scale_by_adam(o["b1"], o["b2"], o["eps"]), optax.add_decayed_weights(decay),
-                           scale_by_layerwise_trust_ratio(), optax.scale_by_learning_rate(rate))
+        return optax.chain(
+            optax.scale_by_adam(o["b1"], o["b2"], o["eps"]),
+            optax.add_decayed_weights(decay),
+            scale_by_layerwise_trust_ratio(),
+            optax.scale_by_learning_rate(rate),
+        )

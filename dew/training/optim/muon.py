@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,19 @@ from dew.training.optim.registry import UpdateRule, optimizers, path_str
 from dew.training.optim.schedules import Rate
 
 __all__ = [
-    "DEFAULT_ADAM_PATTERNS", "DEFAULT_MATRIX_AXES", "EMBEDDING_PATTERNS", "NON_MATRIX_PATTERNS", "NS_COEFFS",
-    "MatrixAxes", "Muon", "muon", "muon_route", "newton_schulz", "orthogonalize", "path_str", "scale_by_muon",
+    "DEFAULT_ADAM_PATTERNS",
+    "DEFAULT_MATRIX_AXES",
+    "EMBEDDING_PATTERNS",
+    "NON_MATRIX_PATTERNS",
+    "NS_COEFFS",
+    "MatrixAxes",
+    "Muon",
+    "muon",
+    "muon_route",
+    "newton_schulz",
+    "orthogonalize",
+    "path_str",
+    "scale_by_muon",
 ]
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -184,8 +195,10 @@ def scale_by_muon(
         # jaxlib's PyTreeDef is opaque to mypy (its methods are unknown to it): the ignores below
         bufs = treedef.flatten_up_to(state.mu)  # type: ignore[attr-defined]
         pairs = [direction(path, g, buf) for (path, g), buf in zip(flat, bufs, strict=True)]
-        return (treedef.unflatten([o for o, _ in pairs]),  # type: ignore[attr-defined]
-                MuonState(treedef.unflatten([b for _, b in pairs])))  # type: ignore[attr-defined]
+        return (
+            treedef.unflatten([o for o, _ in pairs]),  # type: ignore[attr-defined]
+            MuonState(treedef.unflatten([b for _, b in pairs])),
+        )  # type: ignore[attr-defined]
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -213,7 +226,9 @@ def muon(
     axes = dict(matrix_axes or {})
     for pattern, value in axes.items():
         if len(value) != 2:
-            raise ValueError(f"optim.optimizer_opts.matrix_axes[{pattern!r}]={value!r}: want [reduction axes, output axes]")
+            raise ValueError(
+                f"optim.optimizer_opts.matrix_axes[{pattern!r}]={value!r}: want [reduction axes, output axes]"
+            )
 
     def route(path: str, shape: Sequence[int]) -> MatrixAxes | None:
         return muon_route(path, shape, adam_patterns, axes)
@@ -225,16 +240,25 @@ def muon(
 
     def labels(tree: optax.Params) -> Any:
         return jax.tree_util.tree_map_with_path(
-            lambda p, x: "adam" if route(path_str(p), jnp.shape(x)) is None else "muon", tree)
+            lambda p, x: "adam" if route(path_str(p), jnp.shape(x)) is None else "muon", tree
+        )
 
     decay = optax.add_decayed_weights(weight_decay)
     rate = optax.scale_by_learning_rate(learning_rate)
     return optax.partition(
         {
             "muon": optax.chain(
-                scale_by_muon(dims, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-                              update_scale=update_scale, rms_ratio=rms_ratio),
-                decay, rate),
+                scale_by_muon(
+                    dims,
+                    momentum=momentum,
+                    nesterov=nesterov,
+                    ns_steps=ns_steps,
+                    update_scale=update_scale,
+                    rms_ratio=rms_ratio,
+                ),
+                decay,
+                rate,
+            ),
             "adam": optax.chain(optax.scale_by_adam(adam_b1, adam_b2, adam_eps), decay, rate),
         },
         labels,
@@ -245,7 +269,7 @@ def muon(
 class Muon(UpdateRule):
     """Muon on the hidden matrices and AdamW on the rest (``muon`` above)."""
 
-    options = {
+    options: ClassVar[Mapping[str, object]] = {
         "momentum": 0.95,
         "nesterov": True,
         "ns_steps": 5,
@@ -261,7 +285,17 @@ class Muon(UpdateRule):
 
     def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
-        return muon(rate, weight_decay=decay, momentum=o["momentum"], nesterov=o["nesterov"],
-                    ns_steps=o["ns_steps"], update_scale=o["update_scale"], rms_ratio=o["rms_ratio"],
-                    adam_b1=o["adam_b1"], adam_b2=o["adam_b2"], adam_eps=o["adam_eps"],
-                    adam_patterns=tuple(o["adam_patterns"]), matrix_axes=dict(o["matrix_axes"]))
+        return muon(
+            rate,
+            weight_decay=decay,
+            momentum=o["momentum"],
+            nesterov=o["nesterov"],
+            ns_steps=o["ns_steps"],
+            update_scale=o["update_scale"],
+            rms_ratio=o["rms_ratio"],
+            adam_b1=o["adam_b1"],
+            adam_b2=o["adam_b2"],
+            adam_eps=o["adam_eps"],
+            adam_patterns=tuple(o["adam_patterns"]),
+            matrix_axes=dict(o["matrix_axes"]),
+        )

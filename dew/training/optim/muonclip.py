@@ -10,7 +10,7 @@ so neither the trainer nor this module knows a model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,14 +33,16 @@ CLIP_RTOL = 1e-5
 class MuonClip(Muon):
     """Muon, then QK-clip at ``tau`` after every update."""
 
-    options = {**Muon.options, "tau": 100.0}
+    options: ClassVar[Mapping[str, object]] = {**Muon.options, "tau": 100.0}
     weight_decay = 0.1  # Kimi K2 (2025)
     extra_args = ("max_logits",)
 
     def after_update(self, architecture: Architecture | None) -> optax.GradientTransformationExtraArgs:
         if architecture is None:
-            raise ValueError("optim.optimizer=muonclip needs the run's architecture for its attention layers "
-                             "(build_optimizer(..., architecture=...))")
+            raise ValueError(
+                "optim.optimizer=muonclip needs the run's architecture for its attention layers "
+                "(build_optimizer(..., architecture=...))"
+            )
         return qk_clip_after_update(float(self.opts["tau"]), architecture.qk_clip_layers())
 
 
@@ -61,17 +63,23 @@ def qk_clip_after_update(tau: float, layers: Mapping[str, QKClipLayer]) -> optax
         del params
         return QKClipState()
 
-    def update(updates: optax.Updates, state: QKClipState, params: optax.Params | None = None, *,
-               max_logits: jax.Array | Mapping[str, jax.Array] | None = None,
-               **extra: Any) -> tuple[optax.Updates, QKClipState]:
+    def update(
+        updates: optax.Updates,
+        state: QKClipState,
+        params: optax.Params | None = None,
+        *,
+        max_logits: jax.Array | Mapping[str, jax.Array] | None = None,
+        **extra: Any,
+    ) -> tuple[optax.Updates, QKClipState]:
         del extra
         if params is None or max_logits is None:
             raise ValueError("QK-clip needs the parameters and max_logits at every update")
-        logits = max_logits if isinstance(max_logits, Mapping) else {name: max_logits for name in layers}
+        logits = max_logits if isinstance(max_logits, Mapping) else dict.fromkeys(layers, max_logits)
         updated = optax.apply_updates(params, updates)
         clipped = qk_clip(updated, logits, tau, layers=layers)
-        updates = jax.tree.map(lambda u, p, n, c: jnp.where(c == n, u, (c - p).astype(u.dtype)),
-                               updates, params, updated, clipped)
+        updates = jax.tree.map(
+            lambda u, p, n, c: jnp.where(c == n, u, (c - p).astype(u.dtype)), updates, params, updated, clipped
+        )
         return updates, state
 
     return optax.GradientTransformationExtraArgs(init, update)

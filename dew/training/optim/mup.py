@@ -38,7 +38,7 @@ from dew.training.optim.registry import optimizers, path_str
 if TYPE_CHECKING:
     from dew.objectives.base import Objective
 
-__all__ = ["mup_groups", "with_mup_groups", "width_multiplier"]
+__all__ = ["mup_groups", "width_multiplier", "with_mup_groups"]
 
 
 def width_multiplier(run: RunConfig) -> float | None:
@@ -47,9 +47,11 @@ def width_multiplier(run: RunConfig) -> float | None:
     arch = of(run.model.architecture, run.model.fields())
     multiplier = arch.mup_width_multiplier()
     if multiplier is None and getattr(arch.fields, "mup", False):
-        raise ConfigError(f"model.config.mup=true: architecture {run.model.architecture!r} states no muP width "
-                          "multiplier (Architecture.mup_width_multiplier), so the optimizer's muP groups "
-                          "cannot be computed")
+        raise ConfigError(
+            f"model.config.mup=true: architecture {run.model.architecture!r} states no muP width "
+            "multiplier (Architecture.mup_width_multiplier), so the optimizer's muP groups "
+            "cannot be computed"
+        )
     return multiplier
 
 
@@ -94,7 +96,8 @@ def _check_agree(optim: OptimConfig, params: optax.Params, mup: tuple[ParamGroup
                 f"(pattern {typed.pattern!r}) conflicts with them: it gives {path} lr_multiplier={lr:g}, "
                 f"weight_decay={decay:g} where muP gives lr_multiplier={mup_lr:g}, weight_decay={mup_decay:g} "
                 f"({_role(ours, multiplier)}). Drop optim.param_groups (muP sets every group) or turn "
-                "muP off")
+                "muP off"
+            )
 
 
 def _first_match(groups: tuple[ParamGroup, ...], path: str) -> tuple[int, ParamGroup | None]:

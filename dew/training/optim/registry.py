@@ -47,8 +47,10 @@ class UpdateRule:
         outside an option's range, raises naming both."""
         unknown = sorted(set(given) - set(cls.options))
         if unknown:
-            raise ValueError(f"optim.optimizer_opts: {cls.name} does not take {', '.join(unknown)}; "
-                             f"it takes {', '.join(sorted(cls.options)) or 'no options'}")
+            raise ValueError(
+                f"optim.optimizer_opts: {cls.name} does not take {', '.join(unknown)}; "
+                f"it takes {', '.join(sorted(cls.options)) or 'no options'}"
+            )
         opts = {**cls.options, **given}
         for key, value in opts.items():
             check_option(key, value)
@@ -66,8 +68,14 @@ class UpdateRule:
 
 
 optimizers: Registry[type[UpdateRule]] = Registry(
-    "optimizer", builtins=("dew.training.optim.adam", "dew.training.optim.lamb", "dew.training.optim.muon",
-                           "dew.training.optim.muonclip"))
+    "optimizer",
+    builtins=(
+        "dew.training.optim.adam",
+        "dew.training.optim.lamb",
+        "dew.training.optim.muon",
+        "dew.training.optim.muonclip",
+    ),
+)
 """Optimizer name -> its class."""
 
 
@@ -92,8 +100,10 @@ OPTION_CHECKS: dict[str, tuple[Callable[[object], bool], str]] = {
     "ns_steps": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "must be an integer >= 1"),
     "update_scale": (lambda v: v in ("moonlight", "keller"), "takes 'moonlight' or 'keller'"),
     "nesterov": (lambda v: isinstance(v, bool), "must be true or false"),
-    "adam_patterns": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v),
-                      "must be a list of regular expressions"),
+    "adam_patterns": (
+        lambda v: isinstance(v, (list, tuple)) and all(isinstance(p, str) for p in v),
+        "must be a list of regular expressions",
+    ),
     "matrix_axes": (lambda v: isinstance(v, Mapping), "must map path patterns to [reduction axes, output axes]"),
 }
 """The range of each option name the optimizers share; an option not listed is taken as given."""

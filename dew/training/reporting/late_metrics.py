@@ -15,8 +15,13 @@ class Reporter(Hook):
 
     late = True
 
-    def __init__(self, report: Callable[[int, Mapping[str, float]], None], *, measure: Callable[[int], dict[str, float]],
-                 every: int) -> None:
+    def __init__(
+        self,
+        report: Callable[[int, Mapping[str, float]], None],
+        *,
+        measure: Callable[[int], dict[str, float]],
+        every: int,
+    ) -> None:
         super().__init__(every)
         self.report = report
         """Where the fetched values go: (step, values), the tracker's ``metrics``."""

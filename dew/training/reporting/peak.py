@@ -47,7 +47,7 @@ def matmul_flops_per_sec(dtype: str, side: int = SIDE) -> float:
         t0 = time.perf_counter()
         matmul(a, b).block_until_ready()
         best, repeats = min(best, time.perf_counter() - t0), repeats + 1
-    return 2 * side ** 3 / best
+    return 2 * side**3 / best
 
 
 def measured_peak_flops(dtype: str, path: Path | None = None) -> float:
@@ -67,8 +67,9 @@ def measured_peak_flops(dtype: str, path: Path | None = None) -> float:
     if isinstance(table.get(key), (int, float)):
         return float(table[key])
     peak = matmul_flops_per_sec(dtype)
-    log.info("measured the %s matmul ceiling of this %s: %.3g FLOP/s (cached in %s)",
-             dtype, device.device_kind, peak, path)
+    log.info(
+        "measured the %s matmul ceiling of this %s: %.3g FLOP/s (cached in %s)", dtype, device.device_kind, peak, path
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:

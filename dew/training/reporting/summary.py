@@ -47,7 +47,9 @@ def _bytes(tree: Any) -> int:
 
 
 def _count(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+    return (
+        f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+    )
 
 
 def _seconds(s: float) -> str:
@@ -57,8 +59,16 @@ def _seconds(s: float) -> str:
 class RunReport:
     """The start and end messages of one run, and the clock that splits its wall time."""
 
-    def __init__(self, run: RunConfig, name: str, path: str | os.PathLike[str], *, total_steps: int,
-                 samples: bool = True, every: tuple[int | None, int | None] | None = None) -> None:
+    def __init__(
+        self,
+        run: RunConfig,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        total_steps: int,
+        samples: bool = True,
+        every: tuple[int | None, int | None] | None = None,
+    ) -> None:
         """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
         end suggests ``dew-sample``. ``every``: the steps between evaluations and between
         checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set."""
@@ -78,11 +88,13 @@ class RunReport:
         """What a run with no trainer.name needs to be resumed, or None for a named run."""
         if self.run.trainer.name:
             return None
-        return (f"this run was given no trainer.name: it is called {self.name!r}; resume it with "
-                f"trainer.name={self.name}")
+        return (
+            f"this run was given no trainer.name: it is called {self.name!r}; resume it with trainer.name={self.name}"
+        )
 
-    def start(self, *, mesh: jax.sharding.Mesh, params: nnx.State, opt_state: optax.OptState,
-              resumed_from: int | None) -> None:
+    def start(
+        self, *, mesh: jax.sharding.Mesh, params: nnx.State, opt_state: optax.OptState, resumed_from: int | None
+    ) -> None:
         t = self.run.trainer
         devices = jax.devices()
         kinds = sorted({d.device_kind for d in devices})
@@ -90,23 +102,46 @@ class RunReport:
         log.info("run %s: %s, %d steps, in %s", self.name, where, self.total_steps, self.path)
         if (note := self.unnamed()) is not None:
             log.info(note)
-        log.info("devices: %d x %s (%s backend, %d process%s); mesh %s", len(devices), "/".join(kinds),
-                 jax.default_backend(), jax.process_count(), "" if jax.process_count() == 1 else "es",
-                 " ".join(f"{k}={v}" for k, v in mesh.shape.items()))
+        log.info(
+            "devices: %d x %s (%s backend, %d process%s); mesh %s",
+            len(devices),
+            "/".join(kinds),
+            jax.default_backend(),
+            jax.process_count(),
+            "" if jax.process_count() == 1 else "es",
+            " ".join(f"{k}={v}" for k, v in mesh.shape.items()),
+        )
         n = sum(math.prod(x.shape) for x in jax.tree.leaves(params) if hasattr(x, "shape"))
-        log.info("model: %s trainable parameters (%s); optimizer state %s (%s)", _count(n), human(_bytes(params)),
-                 human(_bytes(opt_state)), self.run.optim.optimizer)
+        log.info(
+            "model: %s trainable parameters (%s); optimizer state %s (%s)",
+            _count(n),
+            human(_bytes(params)),
+            human(_bytes(opt_state)),
+            self.run.optim.optimizer,
+        )
         dtype = self.run.model.dtype
         if (jax.default_backend(), dtype) in EMULATED:
             slow = EMULATED[(jax.default_backend(), dtype)]
-            factor = f"measured {slow:.1f}x slower per step than float32 on the README's digits run" if slow else \
-                "slower than float32"
-            log.warning("model.dtype=%s is emulated on the %s backend (no native %s matmuls): %s "
-                        "(docs/performance.md). Set model.dtype=float32 for runs on this backend.",
-                        dtype, jax.default_backend(), dtype, factor)
+            factor = (
+                f"measured {slow:.1f}x slower per step than float32 on the README's digits run"
+                if slow
+                else "slower than float32"
+            )
+            log.warning(
+                "model.dtype=%s is emulated on the %s backend (no native %s matmuls): %s "
+                "(docs/performance.md). Set model.dtype=float32 for runs on this backend.",
+                dtype,
+                jax.default_backend(),
+                dtype,
+                factor,
+            )
         if t.batch_size and self.total_steps:
-            log.info("batch %d; logging every %d steps, evaluating every %s, checkpointing every %s",
-                     t.batch_size, t.log_every, *("never (at the end only)" if n is None else n for n in self.every))
+            log.info(
+                "batch %d; logging every %d steps, evaluating every %s, checkpointing every %s",
+                t.batch_size,
+                t.log_every,
+                *("never (at the end only)" if n is None else n for n in self.every),
+            )
 
     def starting_step(self) -> bool:
         """True (once) before the first step this process runs, the call that compiles it; says so."""
@@ -119,8 +154,11 @@ class RunReport:
     def compiling(self) -> None:
         self._cache_before = compilation_cache_stats()
         self._compile_start = time.perf_counter()
-        cache = f" (compilation cache: {self.run.trainer.compilation_cache_dir})" if \
-            self.run.trainer.compilation_cache_dir else ""
+        cache = (
+            f" (compilation cache: {self.run.trainer.compilation_cache_dir})"
+            if self.run.trainer.compilation_cache_dir
+            else ""
+        )
         log.info("compiling the train step%s ...", cache)
 
     def first_step(self, step: int, values: Mapping[str, float], *, show: bool) -> None:
@@ -133,8 +171,11 @@ class RunReport:
         else:
             log.info("compiled the train step and ran step %d in %s", step, _seconds(seconds))
         if show:
-            text = "  ".join(f"{k.split('/', 1)[-1]} {values[k]:.4g}" for k in ("train/loss", "train/grad_norm", "train/lr")
-                             if k in values)
+            text = "  ".join(
+                f"{k.split('/', 1)[-1]} {values[k]:.4g}"
+                for k in ("train/loss", "train/grad_norm", "train/lr")
+                if k in values
+            )
             log.info("step %d/%d  %s", step, self.total_steps, text)
 
     # -------------------------------------------------------------------------------- the clock
@@ -157,27 +198,42 @@ class RunReport:
     def end(self, step: int) -> None:
         wall = time.perf_counter() - self.t0
         train = max(wall - sum(self.spent.values()), 0.0)
-        split = ", ".join(f"{k} {_seconds(v)}" for k, v in
-                          [("compile", self.spent["compile"]), ("train", train), ("eval", self.spent["eval"]),
-                           ("checkpoint", self.spent["checkpoint"])])
+        split = ", ".join(
+            f"{k} {_seconds(v)}"
+            for k, v in [
+                ("compile", self.spent["compile"]),
+                ("train", train),
+                ("eval", self.spent["eval"]),
+                ("checkpoint", self.spent["checkpoint"]),
+            ]
+        )
         log.info("run %s finished at step %d in %s: %s", self.name, step, _seconds(wall), split)
         scored = {s: v[BEST_METRIC] for s, v in self.evals.items() if math.isfinite(v.get(BEST_METRIC, math.nan))}
         if scored:
             last = max(scored)
             best = min(scored, key=scored.__getitem__)
-            log.info("%s %.4g at step %d (final); best %.4g at step %d (the best checkpoint, when it was saved)",
-                     BEST_METRIC, scored[last], last, scored[best], best)
+            log.info(
+                "%s %.4g at step %d (final); best %.4g at step %d (the best checkpoint, when it was saved)",
+                BEST_METRIC,
+                scored[last],
+                last,
+                scored[best],
+                best,
+            )
         sweep = os.path.dirname(self.path) if "/" in self.name.strip("/") else self.path
         if self.samples:
             log.info("next: dew-sample %s   (samples from the best checkpoint)", self.path)
-        log.info("%s dew-runs plot %s   (loss curves; dew-runs %s lists the runs)",
-                 "     " if self.samples else "next:", sweep, sweep)
+        log.info(
+            "%s dew-runs plot %s   (loss curves; dew-runs %s lists the runs)",
+            "     " if self.samples else "next:",
+            sweep,
+            sweep,
+        )
         if (note := self.unnamed()) is not None:
             log.info(note)
 
 
-def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step: int, *,
-                seed: int) -> None:
+def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step: int, *, seed: int) -> None:
     """The objective's samples at an evaluation, as W&B media: the image grid (one row per class) or
     the text samples. Every process samples (the parameters may be laid out over all of them); the
     process that reports writes the grid beside the journal and logs it."""

@@ -58,7 +58,7 @@ def artifact_name(name: str) -> str:
     if safe == name and len(name) <= ARTIFACT_NAME_MAX:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{safe[:ARTIFACT_NAME_MAX - len(digest) - 1]}-{digest}"
+    return f"{safe[: ARTIFACT_NAME_MAX - len(digest) - 1]}-{digest}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -82,7 +82,7 @@ class Journal:
         self.history = view.history() if view is not None else []
         """The run's history so far, as ``read_journal`` reads it."""
         # epath: a journal on any filesystem it reaches (gs://), not only a local one.
-        self._file = path.open("a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = path.open("a", encoding="utf-8")
         if view is not None and not view.terminated:
             self._file.write("\n")  # a line cut short by a killed process stays a line of its own
 
@@ -102,16 +102,25 @@ class Journal:
 class Tracker:
     """Where a run reports: the journal, W&B (optional) and the terminal."""
 
-    def __init__(self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any],
-                 summary: Mapping[str, object], total_steps: int, resume_step: int | None,
-                 wandb_id: str | None, is_main: bool, changed: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        trainer: TrainerConfig,
+        name: str,
+        *,
+        record: Mapping[str, Any],
+        summary: Mapping[str, object],
+        total_steps: int,
+        resume_step: int | None,
+        wandb_id: str | None,
+        is_main: bool,
+        changed: Sequence[str] = (),
+    ) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
         self.directory = tracking_dir(trainer) / name
         self.journal = Journal(self.directory / JOURNAL) if is_main else None
         # A run started again after it completed adds nothing: its history already ends there.
-        self.complete = (self.journal is not None and resume_step is not None
-                         and self.journal.ended_at(resume_step))
+        self.complete = self.journal is not None and resume_step is not None and self.journal.ended_at(resume_step)
         self.wandb_run = None
         self.wandb_id = wandb_id
         if is_main and trainer.wandb is not None:
@@ -119,7 +128,11 @@ class Tracker:
 
             cfg = trainer.wandb
             self.wandb_run = wandb.init(
-                project=cfg.project, entity=cfg.entity, name=name, id=wandb_id, resume="allow",
+                project=cfg.project,
+                entity=cfg.entity,
+                name=name,
+                id=wandb_id,
+                resume="allow",
                 mode="offline" if cfg.offline else "online",
                 # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
                 # when the tracking directory is not local (gs://).
@@ -129,9 +142,13 @@ class Tracker:
             self.wandb_id = self.wandb_run.id
         self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
         # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
-        self.event("resume" if resume_step is not None else "start", step=resume_step or 0,
-                   journal=JOURNAL_VERSION, total_steps=total_steps,
-                   **({"changed": list(changed)} if changed else {}))
+        self.event(
+            "resume" if resume_step is not None else "start",
+            step=resume_step or 0,
+            journal=JOURNAL_VERSION,
+            total_steps=total_steps,
+            **({"changed": list(changed)} if changed else {}),
+        )
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None and not self.complete:
@@ -247,14 +264,23 @@ class _Progress:
         if sys.stderr.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                                TextColumn("{task.fields[text]}"), TimeRemainingColumn(), transient=False)
+            self.bar = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[text]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self.task = self.bar.add_task("train", total=total, completed=start, text="")
             self.bar.start()
 
     def update(self, step: int, values: Mapping[str, float]) -> None:
-        shown = {"loss": values.get("train/loss"), "lr": values.get("train/lr"),
-                 "ex/s": values.get("perf/examples_per_sec"), "eval": values.get("eval/loss")}
+        shown = {
+            "loss": values.get("train/loss"),
+            "lr": values.get("train/lr"),
+            "ex/s": values.get("perf/examples_per_sec"),
+            "eval": values.get("eval/loss"),
+        }
         text = "  ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None)
         if self.bar is not None:
             self.bar.update(self.task, completed=step, text=text)

@@ -64,8 +64,13 @@ def _delete_record(step: Path) -> None:
     os.remove(step / "meta" / "metadata")
 
 
-DAMAGES = {"arrays deleted": _delete_arrays, "manifest deleted": _delete_manifest, "file truncated": _truncate,
-           "byte flipped": _flip_byte, "meta/metadata deleted": _delete_record}
+DAMAGES = {
+    "arrays deleted": _delete_arrays,
+    "manifest deleted": _delete_manifest,
+    "file truncated": _truncate,
+    "byte flipped": _flip_byte,
+    "meta/metadata deleted": _delete_record,
+}
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +176,15 @@ def test_dew_sample_passes_over_a_cut_short_latest_step_without_a_traceback(runs
     work = tmp_path / "damaged"
     _copy(tmp / "base", work)
     _truncate(work / "ck" / "run" / "4")
-    result = dew(str(work / "ck" / "run"), "--latest", "--count=1", cwd=tmp_path, script="dew.cli.sample",
-                 env=cli_env(), timeout=300)
+    result = dew(
+        str(work / "ck" / "run"),
+        "--latest",
+        "--count=1",
+        cwd=tmp_path,
+        script="dew.cli.sample",
+        env=cli_env(),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "dew-sample: checkpoint step 4 is damaged (ValueError: OUT_OF_RANGE" in result.stderr
     assert "step 2" in result.stdout + result.stderr and "damaged step 4 passed over" in result.stdout + result.stderr

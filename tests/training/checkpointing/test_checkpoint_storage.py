@@ -18,8 +18,11 @@ from dew.training.checkpointing.checkpoints import Checkpoints
 
 def _state() -> dict:
     """1 MiB of float32 that zstd shrinks to almost nothing, and a few odd leaves."""
-    return {"params": {"w": jnp.zeros((512, 512)), "b": jnp.arange(7, dtype=jnp.bfloat16)},
-            "step": jnp.int32(5), "key": jax.random.key_data(jax.random.key(3))}
+    return {
+        "params": {"w": jnp.zeros((512, 512)), "b": jnp.arange(7, dtype=jnp.bfloat16)},
+        "step": jnp.int32(5),
+        "key": jax.random.key_data(jax.random.key(3)),
+    }
 
 
 def _stored_bytes(step_dir: Path) -> int:

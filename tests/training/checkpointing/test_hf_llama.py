@@ -13,9 +13,23 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-FIELDS = dict(vocab_size=37, seq_len=16, hidden_size=32, depth=2, num_heads=4, num_kv_heads=2, mlp_hidden=48,
-              mup=True, mup_base_width=16, embedding_multiplier=1.5, residual_multiplier=0.7, norm_eps=1e-5,
-              rope_theta=500.0, dtype="float32", param_dtype="float32")
+FIELDS = dict(
+    vocab_size=37,
+    seq_len=16,
+    hidden_size=32,
+    depth=2,
+    num_heads=4,
+    num_kv_heads=2,
+    mlp_hidden=48,
+    mup=True,
+    mup_base_width=16,
+    embedding_multiplier=1.5,
+    residual_multiplier=0.7,
+    norm_eps=1e-5,
+    rope_theta=500.0,
+    dtype="float32",
+    param_dtype="float32",
+)
 
 
 def _model():
@@ -82,9 +96,7 @@ def llama_logits(directory: Path, tokens: np.ndarray) -> np.ndarray:
 def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
     import jax
 
-    from dew.training.checkpointing import hf_llama
-
-    from dew.training.checkpointing import warmstart
+    from dew.training.checkpointing import hf_llama, warmstart
 
     fields, model = _model()
     tokens = np.random.default_rng(0).integers(0, FIELDS["vocab_size"], (2, 11)).astype(np.int32)
@@ -131,11 +143,20 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     rng = np.random.default_rng(0)
     for name in ("train", "val"):
         rng.integers(0, 64, 4096).astype(np.uint16).tofile(tmp_path / f"{name}.bin")
-    common = ["model=transformer", "data=token_windows", f"data.path={tmp_path / 'train.bin'}",
-              f"data.val_path={tmp_path / 'val.bin'}", "data.seq_len=16", "data.vocab_size=64",
-              "model.config={hidden_size: 32, depth: 2, num_heads: 4, num_kv_heads: 2}", "model.dtype=float32",
-              "trainer.batch_size=8", "trainer.log_every=1",
-              "trainer.compilation_cache_dir=null", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
+    common = [
+        "model=transformer",
+        "data=token_windows",
+        f"data.path={tmp_path / 'train.bin'}",
+        f"data.val_path={tmp_path / 'val.bin'}",
+        "data.seq_len=16",
+        "data.vocab_size=64",
+        "model.config={hidden_size: 32, depth: 2, num_heads: 4, num_kv_heads: 2}",
+        "model.dtype=float32",
+        "trainer.batch_size=8",
+        "trainer.log_every=1",
+        "trainer.compilation_cache_dir=null",
+        f"trainer.checkpoint_dir={tmp_path / 'ck'}",
+    ]
 
     def train(name: str, *overrides: str) -> dict[int, float]:
         recipe, objective, dataset = build_run(compose(*common, *overrides))
@@ -146,6 +167,11 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     exporting.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
     assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}  # byte tokens
     # A learning rate of 0: step 1 evaluates the parameters read from the directory.
-    warm = train("warm", "trainer.steps=1", "trainer.eval_every=1", "optim.learning_rate=0",
-                 f"trainer.init_from={tmp_path / 'hf'}")
+    warm = train(
+        "warm",
+        "trainer.steps=1",
+        "trainer.eval_every=1",
+        "optim.learning_rate=0",
+        f"trainer.init_from={tmp_path / 'hf'}",
+    )
     assert warm[1] == pytest.approx(trained[10], abs=1e-5)

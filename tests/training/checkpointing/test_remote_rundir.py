@@ -19,10 +19,10 @@ from etils import epath
 from etils.epath import testing as epath_testing
 
 from dew.config import TrainerConfig
-from dew.recipe import Recipe
-from dew.training.run_directory import RunDirError, prepare_run_dir, run_dir, write_hydra_record
-from dew.training.reporting.tracker import Tracker, tracking_dir
 from dew.contract.journal import read_journal
+from dew.recipe import Recipe
+from dew.training.reporting.tracker import Tracker, tracking_dir
+from dew.training.run_directory import RunDirError, prepare_run_dir, run_dir, write_hydra_record
 
 URL = "gs://b/runs"
 
@@ -33,13 +33,26 @@ def fake_bucket(folder: Path) -> Iterator[None]:
 
     def local(path: object) -> str:
         text = os.fspath(path)
-        return str(folder / text[len("gs://"):]) if text.startswith("gs://") else text
+        return str(folder / text[len("gs://") :]) if text.startswith("gs://") else text
 
     one = lambda original, path, *args, **kwargs: original(local(path), *args, **kwargs)  # noqa: E731
     two = lambda original, src, dst, *args, **kwargs: original(local(src), local(dst), *args, **kwargs)  # noqa: E731
-    with epath_testing.mock_epath(open=one, exists=one, isdir=one, listdir=one, makedirs=one, mkdir=one,
-                                  remove=one, rmtree=one, stat=one, glob=one, walk=one,
-                                  rename=two, replace=two, copy=two):
+    with epath_testing.mock_epath(
+        open=one,
+        exists=one,
+        isdir=one,
+        listdir=one,
+        makedirs=one,
+        mkdir=one,
+        remove=one,
+        rmtree=one,
+        stat=one,
+        glob=one,
+        walk=one,
+        rename=two,
+        replace=two,
+        copy=two,
+    ):
         yield
 
 
@@ -73,22 +86,34 @@ def test_a_gs_checkpoint_dir_takes_the_record_the_journal_and_the_samples(tmp_pa
         HydraConfig.instance().set_config(cfg)
         write_hydra_record(path, cfg)
         assert sorted(p.name for p in (bucket / "b/runs/exp/one/.hydra").iterdir()) == [
-            "config.yaml", "hydra.yaml", "overrides.yaml"]
+            "config.yaml",
+            "hydra.yaml",
+            "overrides.yaml",
+        ]
 
         # The journal, in the tracking directory beside checkpoint_dir.
         assert os.fspath(tracking_dir(run.trainer)) == "gs://b/tracking"
-        tracker = Tracker(run.trainer, "exp/one", record=run.to_dict(), summary={}, total_steps=2,
-                          resume_step=None, wandb_id=None, is_main=True)
+        tracker = Tracker(
+            run.trainer,
+            "exp/one",
+            record=run.to_dict(),
+            summary={},
+            total_steps=2,
+            resume_step=None,
+            wandb_id=None,
+            is_main=True,
+        )
         tracker.metrics(1, {"train/loss": 0.5})
         tracker.close()
         assert (bucket / "b/tracking/exp/one/journal.jsonl").is_file()
         journal = read_journal("gs://b/tracking/exp/one/journal.jsonl")
         assert journal[0]["event"] == "start" and {k: v for k, v in journal[1].items() if k != "time"} == {
-            "step": 1, "train/loss": 0.5}
+            "step": 1,
+            "train/loss": 0.5,
+        }
 
         # The samples a run ends with.
-        from dew.sampling import write_grid
-        from dew.sampling import write_text_samples
+        from dew.sampling import write_grid, write_text_samples
 
         write_grid(os.fspath(path / "samples.png"), np.zeros((4, 8, 8, 1), np.uint8), rows=2)
         assert (bucket / "b/runs/exp/one/samples.png").read_bytes()[:4] == b"\x89PNG"

@@ -29,8 +29,13 @@ def source(tmp_path_factory) -> tuple[Path, float, float]:
     tmp = tmp_path_factory.mktemp("source")
     before, trainer.COMPILER_OPTIONS = trainer.COMPILER_OPTIONS, FAST_COMPILE
     try:
-        _, run, log = train_tiny(tmp, f"trainer.steps={SOURCE_STEPS}", f"trainer.eval_every={SOURCE_STEPS}",
-                                 f"trainer.checkpoint_every={SOURCE_STEPS}", name="src")
+        _, run, log = train_tiny(
+            tmp,
+            f"trainer.steps={SOURCE_STEPS}",
+            f"trainer.eval_every={SOURCE_STEPS}",
+            f"trainer.checkpoint_every={SOURCE_STEPS}",
+            name="src",
+        )
     finally:
         trainer.COMPILER_OPTIONS = before
     return run, losses(log, "eval/loss")[SOURCE_STEPS], losses(log)[1]
@@ -47,8 +52,13 @@ def test_a_warm_start_begins_at_the_source_and_resumes_from_its_own_checkpoints(
     src, src_loss, _ = source
     copy = tmp_path / "src"
     shutil.copytree(src, copy)
-    args = ("trainer.steps=3", "trainer.eval_every=1", "trainer.checkpoint_every=1", "trainer.keep=5",
-            f"trainer.init_from={copy}")
+    args = (
+        "trainer.steps=3",
+        "trainer.eval_every=1",
+        "trainer.checkpoint_every=1",
+        "trainer.keep=5",
+        f"trainer.init_from={copy}",
+    )
     _, run, log = train_tiny(tmp_path, *args, name="warm")
     # The warm-up's first learning rate is 0: step 1 evaluates the parameters the run started from.
     assert losses(log, "eval/loss")[1] == pytest.approx(src_loss, abs=1e-6)
@@ -87,8 +97,9 @@ def test_init_skip_keeps_the_seed_initialisation_where_it_says(source):
     _, params, rest = adapt.init_model(recipe, objective)
     params, _ = warmstart.load(recipe, params, rest, sharding.make_mesh(recipe.trainer), resuming=False)
     loaded = {"/".join(map(str, p)): np.asarray(jax.device_get(v.get_value())) for p, v in nnx.to_flat_state(params)}
-    saved = {k.replace("']['", "/").strip("[']").removesuffix("/value"): v
-             for k, v in load_params(src, SOURCE_STEPS).items()}
+    saved = {
+        k.replace("']['", "/").strip("[']").removesuffix("/value"): v for k, v in load_params(src, SOURCE_STEPS).items()
+    }
     skipped = [k for k in loaded if k.startswith("final_layer/")]
     assert skipped and all(np.array_equal(loaded[k], seeded[k]) for k in skipped)
     others = [k for k in loaded if k not in skipped]
@@ -98,8 +109,16 @@ def test_init_skip_keeps_the_seed_initialisation_where_it_says(source):
 
 def test_a_shape_mismatch_is_refused_naming_both_shapes_before_anything_is_written(workdir: Path, source):
     src, _, _ = source
-    result = dew(*TINY, "trainer.steps=1", "model.config.hidden_size=48", f"trainer.init_from={src}",
-                 "trainer.checkpoint_dir=ck", "trainer.name=wide", cwd=workdir, env=fast_env())
+    result = dew(
+        *TINY,
+        "trainer.steps=1",
+        "model.config.hidden_size=48",
+        f"trainer.init_from={src}",
+        "trainer.checkpoint_dir=ck",
+        "trainer.name=wide",
+        cwd=workdir,
+        env=fast_env(),
+    )
     assert result.returncode == 2, result.stderr
     assert "x_embedder/kernel: (4, 48) here, (4, 32) in the source" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
@@ -112,8 +131,9 @@ def test_two_processes_on_a_sharded_mesh_warm_start_as_one_does(workdir: Path, s
     a = losses(train_tiny(workdir, *args, name="one")[2])  # this process: one process, its devices
     # Two processes of one device, every parameter split over both (FSDP): each restores its half.
     sharded = ["trainer.mesh.data=1", "trainer.mesh.fsdp=2", "trainer.layout.min_shard_size=0"]
-    assert wait(pool([*TINY, *args, *sharded, "trainer.checkpoint_dir=ck", "trainer.name=two"], workdir, tasks=2,
-                     devices=1)) == [0, 0], (workdir / "rank0.out").read_text() + (workdir / "rank1.out").read_text()
+    assert wait(
+        pool([*TINY, *args, *sharded, "trainer.checkpoint_dir=ck", "trainer.name=two"], workdir, tasks=2, devices=1)
+    ) == [0, 0], (workdir / "rank0.out").read_text() + (workdir / "rank1.out").read_text()
     b = losses(journal(workdir, "two"))
     assert len(a) == 4 and a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]) for s in a), (a, b)
     assert a[1] < source[2] - 0.05  # the first step's loss is the trained source's, not the random network's
@@ -129,24 +149,37 @@ def test_lora_on_a_loaded_base_trains_only_its_factors_and_merges(tmp_path: Path
 
     src, src_loss, _ = source
     # The first update is at the warm-up's learning rate of 0: the evaluation after it is the base's.
-    _, run, log = train_tiny(tmp_path, "lora={rank: 2}", f"trainer.init_from={src}", "trainer.steps=3",
-                             "trainer.eval_every=1", "trainer.checkpoint_every=3", name="lora")
+    _, run, log = train_tiny(
+        tmp_path,
+        "lora={rank: 2}",
+        f"trainer.init_from={src}",
+        "trainer.steps=3",
+        "trainer.eval_every=1",
+        "trainer.checkpoint_every=3",
+        name="lora",
+    )
     evals = losses(log, "eval/loss")
     assert evals[1] == pytest.approx(src_loss, abs=1e-6) and evals[3] != evals[1]
 
     assert json.loads((run / "init_from.json").read_text()) == {"source": str(src), "step": SOURCE_STEPS}
     adapted = restore(str(run), latest=True, ema=False)  # the base comes from the source step again
-    state = {"/".join(map(str, p)): np.asarray(jax.device_get(v.get_value()))
-             for p, v in nnx.to_flat_state(nnx.state(adapted.model, nnx.Param))}
-    saved = {k.replace("']['", "/").strip("[']").removesuffix("/value"): v
-             for k, v in load_params(src, SOURCE_STEPS).items()}
+    state = {
+        "/".join(map(str, p)): np.asarray(jax.device_get(v.get_value()))
+        for p, v in nnx.to_flat_state(nnx.state(adapted.model, nnx.Param))
+    }
+    saved = {
+        k.replace("']['", "/").strip("[']").removesuffix("/value"): v for k, v in load_params(src, SOURCE_STEPS).items()
+    }
     assert set(saved) < set(state)
     assert all(np.array_equal(state[k], saved[k]) for k in saved)  # the base is the source's, bit for bit
     assert any(np.abs(state[k]).max() > 0 for k in state if k.endswith("_lora_b"))  # the factors trained
 
-    exporting.run(export.parse_args([str(run), "--merge-lora", "--latest", "--no-ema", "--to", str(tmp_path / "merged")]))
+    exporting.run(
+        export.parse_args([str(run), "--merge-lora", "--latest", "--no-ema", "--to", str(tmp_path / "merged")])
+    )
     merged = restore(str(tmp_path / "merged"))
     assert merged.recipe.lora is None and merged.recipe.trainer.init_from is None
+
     def draw(r):
         return sample_images(r, count=2, seed=3, guidance_scale=None, steps=None, sampler=None)[0]
 

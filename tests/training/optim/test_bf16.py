@@ -40,8 +40,11 @@ PARAMS = {"w": np.random.default_rng(0).normal(size=(16, 8)).astype(np.float32),
 
 
 def _adam_states(state):
-    return [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, (Bf16AdamState, optax.ScaleByAdamState)))
-            if isinstance(s, (Bf16AdamState, optax.ScaleByAdamState))]
+    return [
+        s
+        for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, (Bf16AdamState, optax.ScaleByAdamState)))
+        if isinstance(s, (Bf16AdamState, optax.ScaleByAdamState))
+    ]
 
 
 @pytest.mark.parametrize("name", ["adam", "adamw"])
@@ -75,8 +78,9 @@ def test_bf16_moments_track_float32_over_many_small_updates():
     # v <- 0.999·v + 0.001·g²: past v ≈ 0.06 each increment is under half a bfloat16 ulp of v, so
     # round-to-nearest walks off the float trajectory while stochastic rounding follows it in the mean.
     params = {"w": np.zeros((4096,), np.float32)}
-    opt = build_optimizer(OptimConfig(optimizer="adam", state_dtype="bfloat16", learning_rate=0.0), params,
-                          total_steps=1)
+    opt = build_optimizer(
+        OptimConfig(optimizer="adam", state_dtype="bfloat16", learning_rate=0.0), params, total_steps=1
+    )
     state = opt.tx.init(params)
     update = jax.jit(opt.tx.update)
     ones = {"w": jnp.ones((4096,), jnp.float32)}

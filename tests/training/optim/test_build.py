@@ -9,7 +9,11 @@ from flax import nnx
 
 from dew.config import OptimConfig, ParamGroup
 from dew.training.optim.build import (
-    build_optimizer, optimizers, group_labels, mup_param_groups, param_paths,
+    build_optimizer,
+    group_labels,
+    mup_param_groups,
+    optimizers,
+    param_paths,
 )
 from dew.training.optim.schedules import PowerSchedule
 
@@ -119,8 +123,11 @@ def test_clipping_by_global_norm_before_the_moments():
     big = [{k: 100.0 * v for k, v in GRADS[0].items()}]
     _, state = run(OptimConfig(optimizer="adamw", clip_grads=1.0), PARAMS, big)
     norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in big[0].values()))
-    mu = [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-          if isinstance(s, optax.ScaleByAdamState)][0].mu
+    mu = next(
+        s
+        for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+        if isinstance(s, optax.ScaleByAdamState)
+    ).mu
     for k in PARAMS:  # first moment = (1 - b1) · clipped gradient
         np.testing.assert_allclose(mu[k], 0.1 * big[0][k] / norm, rtol=1e-5)
 
@@ -130,8 +137,10 @@ def test_clipping_by_global_norm_before_the_moments():
 TREE = {
     "embed": {"embedding": np.zeros((11, 8), np.float32)},
     "blocks": {
-        "attn": {"q": {"kernel": np.zeros((2, 8, 2, 4), np.float32)},
-                 "o": {"kernel": np.zeros((2, 2, 4, 8), np.float32)}},
+        "attn": {
+            "q": {"kernel": np.zeros((2, 8, 2, 4), np.float32)},
+            "o": {"kernel": np.zeros((2, 2, 4, 8), np.float32)},
+        },
         "attn_norm": {"scale": np.zeros((2, 8), np.float32)},
         "mlp_in": {"kernel": np.zeros((2, 8, 16), np.float32), "bias": np.zeros((2, 16), np.float32)},
     },
@@ -162,8 +171,12 @@ def test_group_matching_first_match_wins():
 def test_group_rates_and_decay_reach_the_update():
     tree = {"a": {"kernel": np.ones((2, 2), np.float32)}, "b": {"kernel": np.ones((2, 2), np.float32)}}
     grads = [{"a": {"kernel": np.ones((2, 2), np.float32)}, "b": {"kernel": np.ones((2, 2), np.float32)}}]
-    cfg = OptimConfig(optimizer="adamw", learning_rate=0.1, weight_decay=0.0,
-                      param_groups=(ParamGroup("^a/", lr_multiplier=0.5, weight_decay=1.0),))
+    cfg = OptimConfig(
+        optimizer="adamw",
+        learning_rate=0.1,
+        weight_decay=0.0,
+        param_groups=(ParamGroup("^a/", lr_multiplier=0.5, weight_decay=1.0),),
+    )
     got, _ = run(cfg, tree, grads)
     # Adam's first step is lr·sign(g) (up to eps); group a: 0.5·0.1·(1 + 1·1), b: 0.1·1
     np.testing.assert_allclose(got["a"]["kernel"], 1 - 0.05 * 2, rtol=1e-6)
@@ -189,7 +202,12 @@ def test_nnx_state_params_paths_and_step():
 
     state = nnx.state(Tiny(nnx.Rngs(0)), nnx.Param)
     assert sorted(jax.tree.leaves(param_paths(state))) == [
-        "embed/embedding", "mlp/bias", "mlp/kernel", "norm/bias", "norm/scale"]
+        "embed/embedding",
+        "mlp/bias",
+        "mlp/kernel",
+        "norm/bias",
+        "norm/scale",
+    ]
     for name in ["adamw", "muon"]:
         cfg = OptimConfig(optimizer=name, param_groups=(ParamGroup("norm", weight_decay=0.0),))
         opt = build_optimizer(cfg, state, total_steps=4)
@@ -204,10 +222,14 @@ def test_nnx_state_params_paths_and_step():
 
 def test_mup_groups_golden_listing():
     assert mup_param_groups(TREE, width_multiplier=4.0) == (
-        ParamGroup(r"^(?:blocks/attn_norm/scale|blocks/mlp_in/bias|final_norm/scale)$",
-                   lr_multiplier=1.0, weight_decay=0.0),
-        ParamGroup(r"^(?:blocks/attn/o/kernel|blocks/attn/q/kernel|blocks/mlp_in/kernel)$",
-                   lr_multiplier=0.25, weight_decay=None),
+        ParamGroup(
+            r"^(?:blocks/attn_norm/scale|blocks/mlp_in/bias|final_norm/scale)$", lr_multiplier=1.0, weight_decay=0.0
+        ),
+        ParamGroup(
+            r"^(?:blocks/attn/o/kernel|blocks/attn/q/kernel|blocks/mlp_in/kernel)$",
+            lr_multiplier=0.25,
+            weight_decay=None,
+        ),
     )
 
 

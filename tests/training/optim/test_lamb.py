@@ -38,8 +38,10 @@ LAYER_WEIGHTS = np.array([100.0, 1.0], np.float32)
 
 @pytest.mark.slow
 def test_lamb_takes_one_trust_ratio_per_stacked_layer():
-    stacked = {"blocks": {"w": _target((DEPTH, 6, 16), 0) * LAYER_SCALE[:, None, None]},
-               "head": {"w": _target((16, 4), 1)}}
+    stacked = {
+        "blocks": {"w": _target((DEPTH, 6, 16), 0) * LAYER_SCALE[:, None, None]},
+        "head": {"w": _target((16, 4), 1)},
+    }
     targets = {"blocks": {"w": _target((DEPTH, 6, 16), 2)}, "head": {"w": _target((16, 4), 3)}}
     config = OptimConfig(optimizer="lamb", learning_rate=LR, weight_decay=WD)
     weights = {"blocks": LAYER_WEIGHTS[:, None, None], "head": 1.0}
@@ -50,8 +52,9 @@ def test_lamb_takes_one_trust_ratio_per_stacked_layer():
         return {**{f"layer{i}": {"w": tree["blocks"]["w"][i]} for i in range(DEPTH)}, "head": tree["head"]}
 
     lamb = optax.lamb(LR, b1=0.9, b2=0.999, eps=1e-6, weight_decay=WD)
-    ref = _train(lamb, unstack(stacked), unstack(targets),
-                 {**{f"layer{i}": LAYER_WEIGHTS[i] for i in range(DEPTH)}, "head": 1.0})
+    ref = _train(
+        lamb, unstack(stacked), unstack(targets), {**{f"layer{i}": LAYER_WEIGHTS[i] for i in range(DEPTH)}, "head": 1.0}
+    )
     for i in range(DEPTH):
         np.testing.assert_allclose(got["blocks"]["w"][i], ref[f"layer{i}"]["w"], rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(got["head"]["w"], ref["head"]["w"], rtol=2e-5, atol=2e-6)

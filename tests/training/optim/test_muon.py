@@ -9,9 +9,9 @@ import optax
 import pytest
 
 from dew.config import OptimConfig
+from dew.training.optim.build import build_optimizer, optimizers
 from dew.training.optim.muon import MatrixAxes, muon_route, newton_schulz, orthogonalize
 from dew.training.optim.muonclip import QKClipLayer, qk_clip
-from dew.training.optim.build import build_optimizer, optimizers
 
 A, B, C = 3.4445, -4.7750, 2.0315
 
@@ -82,8 +82,10 @@ def test_routing_of_a_toy_tree():
 def test_muon_step_matches_numpy():
     """One step of Muon (Nesterov, Moonlight's RMS match, decoupled decay) on a stack of two layers."""
     rng = np.random.default_rng(4)
-    params = {"blocks": {"mlp_in": {"kernel": rng.normal(size=(2, 6, 10)).astype(np.float32)}},
-              "norm": {"scale": np.ones((6,), np.float32)}}
+    params = {
+        "blocks": {"mlp_in": {"kernel": rng.normal(size=(2, 6, 10)).astype(np.float32)}},
+        "norm": {"scale": np.ones((6,), np.float32)},
+    }
     grads = [jax.tree.map(lambda p: rng.normal(size=p.shape).astype(np.float32), params) for _ in range(2)]
     lr, wd, beta = 0.02, 0.1, 0.95
     opt = build_optimizer(OptimConfig(optimizer="muon", learning_rate=lr, weight_decay=wd), params, total_steps=10)
@@ -115,8 +117,12 @@ def test_muon_step_matches_numpy():
 def test_keller_shape_factor():
     g = np.random.default_rng(5).normal(size=(4, 16)).astype(np.float32)
     params = {"mlp": {"kernel": np.zeros((4, 16), np.float32)}}
-    cfg = OptimConfig(optimizer="muon", learning_rate=1.0, weight_decay=0.0,
-                      optimizer_opts={"update_scale": "keller", "nesterov": False})
+    cfg = OptimConfig(
+        optimizer="muon",
+        learning_rate=1.0,
+        weight_decay=0.0,
+        optimizer_opts={"update_scale": "keller", "nesterov": False},
+    )
     opt = build_optimizer(cfg, params, total_steps=1)
     updates, _ = opt.tx.update({"mlp": {"kernel": g}}, opt.tx.init(params), params)
     # no Nesterov: u = (1-β)·g, orthogonalised (scale-free), times sqrt(max(1, fan_out/fan_in)) = 2
@@ -132,12 +138,17 @@ class TinyAttention:
     def __init__(self, heads=2, kv_heads=2, d=8, hd=4, seed=0):
         rng = np.random.default_rng(seed)
         self.heads, self.kv_heads, self.hd = heads, kv_heads, hd
-        self.params = {"attn": {"q": {"kernel": rng.normal(size=(d, heads, hd)).astype(np.float32)},
-                                "k": {"kernel": rng.normal(size=(d, kv_heads, hd)).astype(np.float32)},
-                                "v": {"kernel": rng.normal(size=(d, kv_heads, hd)).astype(np.float32)}}}
+        self.params = {
+            "attn": {
+                "q": {"kernel": rng.normal(size=(d, heads, hd)).astype(np.float32)},
+                "k": {"kernel": rng.normal(size=(d, kv_heads, hd)).astype(np.float32)},
+                "v": {"kernel": rng.normal(size=(d, kv_heads, hd)).astype(np.float32)},
+            }
+        }
         self.x = rng.normal(size=(3, 5, d)).astype(np.float32)
-        self.layer = QKClipLayer(query=("attn/q/kernel",), key=("attn/k/kernel",), num_heads=heads,
-                                 num_kv_heads=kv_heads, split_heads=True)
+        self.layer = QKClipLayer(
+            query=("attn/q/kernel",), key=("attn/k/kernel",), num_heads=heads, num_kv_heads=kv_heads, split_heads=True
+        )
 
     def max_logits(self, params):
         q = jnp.einsum("btd,dnh->btnh", self.x, params["attn"]["q"]["kernel"])
@@ -186,9 +197,15 @@ def test_qk_clip_under_grouped_query_attention_scales_queries_only():
 def test_qk_clip_on_stacked_flat_kernels():
     # a scanned stack of 2 layers, kernels (depth, d_model, heads·head_dim) with a bias
     rng = np.random.default_rng(6)
-    params = {"blocks": {"q": {"kernel": rng.normal(size=(2, 4, 6)).astype(np.float32),
-                               "bias": rng.normal(size=(2, 6)).astype(np.float32)},
-                         "k": {"kernel": rng.normal(size=(2, 4, 6)).astype(np.float32)}}}
+    params = {
+        "blocks": {
+            "q": {
+                "kernel": rng.normal(size=(2, 4, 6)).astype(np.float32),
+                "bias": rng.normal(size=(2, 6)).astype(np.float32),
+            },
+            "k": {"kernel": rng.normal(size=(2, 4, 6)).astype(np.float32)},
+        }
+    }
     layout = QKClipLayer(query=("blocks/q/kernel", "blocks/q/bias"), key=("blocks/k/kernel",), num_heads=3)
     s = jnp.asarray([[400.0, 10.0, 100.0], [10.0, 10.0, 25.0]])
     out = qk_clip(params, {"blocks": s}, 100.0, layers={"blocks": layout})
@@ -196,8 +213,9 @@ def test_qk_clip_on_stacked_flat_kernels():
     factor[0, 0] = 0.5  # sqrt(100 / 400)
     want = params["blocks"]["q"]["kernel"].reshape(2, 4, 3, 2) * factor[:, None, :, None]
     np.testing.assert_allclose(out["blocks"]["q"]["kernel"], want.reshape(2, 4, 6), rtol=1e-7)
-    np.testing.assert_allclose(out["blocks"]["q"]["bias"],
-                               (params["blocks"]["q"]["bias"].reshape(2, 3, 2) * factor[:, :, None]).reshape(2, 6))
+    np.testing.assert_allclose(
+        out["blocks"]["q"]["bias"], (params["blocks"]["q"]["bias"].reshape(2, 3, 2) * factor[:, :, None]).reshape(2, 6)
+    )
     with pytest.raises(KeyError, match="no parameter"):
         qk_clip(params, {"blocks": s}, 100.0, layers={"blocks": QKClipLayer(("blocks/nope",), (), 3)})
 
@@ -205,26 +223,32 @@ def test_qk_clip_on_stacked_flat_kernels():
 def test_muonclip_clips_after_the_update_what_muon_updated():
     """MuonClip is Muon's chain plus QK-clip as a post-update transform: params + updates equals
     qk_clip(params + Muon's updates), and a head under tau keeps Muon's update bit for bit."""
+
     class Stack:  # an architecture as the optimizer sees it: where its attention is
         def qk_clip_layers(self):
-            return {"attn": QKClipLayer(query=("blocks/q/kernel",), key=("blocks/k/kernel",), num_heads=2,
-                                        split_heads=True)}
+            return {
+                "attn": QKClipLayer(query=("blocks/q/kernel",), key=("blocks/k/kernel",), num_heads=2, split_heads=True)
+            }
 
     rng = np.random.default_rng(3)
-    params = {"blocks": {"q": {"kernel": rng.normal(size=(2, 4, 2, 3)).astype(np.float32)},
-                         "k": {"kernel": rng.normal(size=(2, 4, 2, 3)).astype(np.float32)}}}
+    params = {
+        "blocks": {
+            "q": {"kernel": rng.normal(size=(2, 4, 2, 3)).astype(np.float32)},
+            "k": {"kernel": rng.normal(size=(2, 4, 2, 3)).astype(np.float32)},
+        }
+    }
     grads = jax.tree.map(lambda p: np.asarray(rng.normal(size=p.shape), np.float32), params)
     logits = jnp.asarray([[400.0, 10.0], [10.0, 120.0]])  # (depth, heads): two heads pass tau
 
-    clip = build_optimizer(OptimConfig(optimizer="muonclip", optimizer_opts={"tau": 100.0}), params,
-                           total_steps=1, architecture=Stack())
+    clip = build_optimizer(
+        OptimConfig(optimizer="muonclip", optimizer_opts={"tau": 100.0}), params, total_steps=1, architecture=Stack()
+    )
     plain = build_optimizer(OptimConfig(optimizer="muon"), params, total_steps=1)
     assert clip.extra_args == ("max_logits",) and plain.extra_args == ()
     updates, _ = clip.tx.update(grads, clip.tx.init(params), params, max_logits=logits)
     plain_updates, _ = plain.tx.update(grads, plain.tx.init(params), params)
     got = optax.apply_updates(params, updates)
-    want = qk_clip(optax.apply_updates(params, plain_updates), {"attn": logits}, 100.0,
-                   layers=Stack().qk_clip_layers())
+    want = qk_clip(optax.apply_updates(params, plain_updates), {"attn": logits}, 100.0, layers=Stack().qk_clip_layers())
     for path in (("q", "kernel"), ("k", "kernel")):
         g, w = np.asarray(got["blocks"][path[0]][path[1]]), np.asarray(want["blocks"][path[0]][path[1]])
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
@@ -252,8 +276,9 @@ def test_qk_clip_on_dew_transformer_layout():
 
     s = max_logits(params)  # (depth, heads); one layer, so a clip cannot move a later layer's inputs
     tau = float(jnp.median(s))
-    layer = QKClipLayer(query=("blocks/attn/q/kernel",), key=("blocks/attn/k/kernel",), num_heads=4,
-                        num_kv_heads=2, split_heads=True)
+    layer = QKClipLayer(
+        query=("blocks/attn/q/kernel",), key=("blocks/attn/k/kernel",), num_heads=4, num_kv_heads=2, split_heads=True
+    )
     clipped = qk_clip(params, {"blocks": s}, tau, layers={"blocks": layer})
     after = max_logits(clipped)
     np.testing.assert_allclose(after, np.minimum(s, tau), rtol=1e-4)

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from dew.config import ConfigError, ModelConfig, OptimConfig, ParamGroup, RunConfig
-from dew.training.optim.mup import mup_groups, with_mup_groups
 from dew.training.optim.build import mup_param_groups
+from dew.training.optim.mup import mup_groups, with_mup_groups
 from tests.training.conftest import dew_train
 from tests.training.optim.test_build import TREE
 
@@ -21,34 +21,56 @@ TINY_LM = {"vocab_size": 64, "seq_len": 16, "hidden_size": 32, "depth": 1, "num_
 
 
 def test_an_architecture_without_mup_is_refused_naming_those_with_it():
-    with pytest.raises(ConfigError, match="model.config.mup: architecture 'simple_dit' has no muP "
-                                          "parametrization; muP is available on transformer"):
+    with pytest.raises(
+        ConfigError,
+        match="model.config.mup: architecture 'simple_dit' has no muP parametrization; muP is available on transformer",
+    ):
         ModelConfig(architecture="simple_dit", config={"mup": True})
 
 
-@pytest.mark.parametrize("typed, path, theirs, ours", [
-    # the run's decay (adamw's 1e-4) on a bias, where muP takes none
-    (ParamGroup("mlp_in"), "blocks/mlp_in/bias", "lr_multiplier=1, weight_decay=0.0001",
-     "lr_multiplier=1, weight_decay=0 (norms and biases take no weight decay)"),
-    # a hidden matrix at the full rate, where muP divides it by the width multiplier
-    (ParamGroup("attn/q", lr_multiplier=1.0), "blocks/attn/q/kernel", "lr_multiplier=1, weight_decay=0.0001",
-     "lr_multiplier=0.25, weight_decay=0.0001 (hidden matrices move at the rate / width multiplier 4)"),
-    # an embedding slowed down, where muP leaves it at the run's rate
-    (ParamGroup("embed", lr_multiplier=0.1), "embed/embedding", "lr_multiplier=0.1, weight_decay=0.0001",
-     "lr_multiplier=1, weight_decay=0.0001 (embeddings and the output head move at the run's rate and decay)"),
-])
+@pytest.mark.parametrize(
+    "typed, path, theirs, ours",
+    [
+        # the run's decay (adamw's 1e-4) on a bias, where muP takes none
+        (
+            ParamGroup("mlp_in"),
+            "blocks/mlp_in/bias",
+            "lr_multiplier=1, weight_decay=0.0001",
+            "lr_multiplier=1, weight_decay=0 (norms and biases take no weight decay)",
+        ),
+        # a hidden matrix at the full rate, where muP divides it by the width multiplier
+        (
+            ParamGroup("attn/q", lr_multiplier=1.0),
+            "blocks/attn/q/kernel",
+            "lr_multiplier=1, weight_decay=0.0001",
+            "lr_multiplier=0.25, weight_decay=0.0001 (hidden matrices move at the rate / width multiplier 4)",
+        ),
+        # an embedding slowed down, where muP leaves it at the run's rate
+        (
+            ParamGroup("embed", lr_multiplier=0.1),
+            "embed/embedding",
+            "lr_multiplier=0.1, weight_decay=0.0001",
+            "lr_multiplier=1, weight_decay=0.0001 (embeddings and the output head move at the run's rate and decay)",
+        ),
+    ],
+)
 def test_a_typed_group_that_conflicts_with_mup_is_refused_naming_both(typed, path, theirs, ours):
     optim = OptimConfig(param_groups=(ParamGroup("final_norm", weight_decay=0.0), typed))
     with pytest.raises(ConfigError) as err:
         mup_groups(optim, TREE, 4.0)
-    assert (f"optim.param_groups[1] (pattern {typed.pattern!r}) conflicts with them: it gives {path} {theirs} "
-            f"where muP gives {ours}") in str(err.value)
+    assert (
+        f"optim.param_groups[1] (pattern {typed.pattern!r}) conflicts with them: it gives {path} {theirs} "
+        f"where muP gives {ours}"
+    ) in str(err.value)
 
 
 def test_typed_groups_that_restate_mup_give_mups_own_listing():
     listing = mup_param_groups(TREE, 4.0)
-    agreeing = (ParamGroup("attn/q", lr_multiplier=0.25), ParamGroup("norm", weight_decay=0.0),
-                ParamGroup("head"))  # the head: the run's rate and decay, as muP's normal group
+    agreeing = (
+        ParamGroup("attn/q", lr_multiplier=0.25),
+        ParamGroup("norm", weight_decay=0.0),
+        ParamGroup("head"),
+    )  # the head: the run's rate and decay, as muP's normal group
     assert mup_groups(OptimConfig(param_groups=agreeing), TREE, 4.0) == listing
     # with the run's decay 0, an undecayed group restates muP's norms and biases too
     assert mup_groups(OptimConfig(weight_decay=0.0, param_groups=(ParamGroup("bias"),)), TREE, 4.0) == listing
@@ -80,11 +102,27 @@ def test_a_run_with_mup_on_carries_the_groups_at_the_models_width_multiplier():
 
 # ---------------------------------------------------------------------------------------- the CLI
 
-CLI = ["model=transformer", "model.config.mup=true", "model.config.hidden_size=32", "model.config.depth=1",
-       "model.config.num_heads=2", "model.config.mup_base_width=8", "model.dtype=float32", "data=token_windows",
-       "data.path=tokens.bin", "data.vocab_size=64", "data.seq_len=16", "trainer.batch_size=4", "trainer.steps=2",
-       "trainer.log_every=1", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-       "trainer.compilation_cache_dir=null", "trainer.checkpoint_dir=ck", "optim.learning_rate=0.01"]
+CLI = [
+    "model=transformer",
+    "model.config.mup=true",
+    "model.config.hidden_size=32",
+    "model.config.depth=1",
+    "model.config.num_heads=2",
+    "model.config.mup_base_width=8",
+    "model.dtype=float32",
+    "data=token_windows",
+    "data.path=tokens.bin",
+    "data.vocab_size=64",
+    "data.seq_len=16",
+    "trainer.batch_size=4",
+    "trainer.steps=2",
+    "trainer.log_every=1",
+    "trainer.eval_every=null",
+    "trainer.checkpoint_every=null",
+    "trainer.compilation_cache_dir=null",
+    "trainer.checkpoint_dir=ck",
+    "optim.learning_rate=0.01",
+]
 
 
 @pytest.mark.slow
@@ -105,9 +143,11 @@ def test_dew_train_with_mup_on_trains_with_the_mup_groups_in_run_json(workdir: P
     again = dew_train(*CLI, "trainer.name=mup", cwd=workdir)  # the same command: the record's groups agree
     assert again.returncode == 0, again.stdout[-3000:]
 
-    typed = dew_train(*CLI, "trainer.name=typed", 'optim.param_groups=[{"pattern": "mlp_up", "lr_multiplier": 1.0}]',
-                      cwd=workdir)
+    typed = dew_train(
+        *CLI, "trainer.name=typed", 'optim.param_groups=[{"pattern": "mlp_up", "lr_multiplier": 1.0}]', cwd=workdir
+    )
     assert typed.returncode == 2
-    assert ("optim.param_groups[0] (pattern 'mlp_up') conflicts with them: it gives blocks/mlp_up/kernel "
-            "lr_multiplier=1") in typed.stdout
+    assert (
+        "optim.param_groups[0] (pattern 'mlp_up') conflicts with them: it gives blocks/mlp_up/kernel lr_multiplier=1"
+    ) in typed.stdout
     assert not (workdir / "ck" / "typed").exists()

@@ -50,8 +50,9 @@ def test_linear_closed_form():
     warmup, end = 20, 0.25
     fn = build_schedule(LinearSchedule(warmup, end), PEAK, total_steps=TOTAL)
     steps = [0, 10, 19, 20, 60, 100]
-    closed = [PEAK * s / warmup if s < warmup else PEAK * (1 + (end - 1) * (s - warmup) / (TOTAL - warmup))
-              for s in steps]
+    closed = [
+        PEAK * s / warmup if s < warmup else PEAK * (1 + (end - 1) * (s - warmup) / (TOTAL - warmup)) for s in steps
+    ]
     np.testing.assert_allclose(values(fn, steps), closed, rtol=1e-5, atol=1e-9)
 
 

@@ -16,7 +16,7 @@ def test_the_ceiling_is_measured_once_and_read_back(tmp_path, monkeypatch):
     first = peak.measured_peak_flops("float32", path)
     again = peak.measured_peak_flops("float32", path)
     assert calls == ["float32"] and again == first > 1e8  # any CPU does more than 0.1 GFLOP/s
-    (key, value), = json.loads(path.read_text()).items()
+    ((key, value),) = json.loads(path.read_text()).items()
     assert value == first and key.endswith("|cpu|1|float32")
 
 

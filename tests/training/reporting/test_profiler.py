@@ -20,10 +20,18 @@ def test_profile_window_and_final_artifact(tmp_path: Path, monkeypatch):
     recipe = Recipe(
         model=ModelConfig("simple_dit", {"hidden_size": 32, "depth": 1, "num_heads": 2}, dtype="float32"),
         data=Digits(),
-        trainer=TrainerConfig(checkpoint_dir=str(tmp_path / "ck"), batch_size=16, steps=5, log_every=1,
-                              eval_every=None, checkpoint_every=None, compilation_cache_dir=None,
-                              profile=ProfileWindow(warmup=2, steps=2, directory=str(tmp_path / "prof")),
-                              wandb=Wandb(project="p", offline=True)))
+        trainer=TrainerConfig(
+            checkpoint_dir=str(tmp_path / "ck"),
+            batch_size=16,
+            steps=5,
+            log_every=1,
+            eval_every=None,
+            checkpoint_every=None,
+            compilation_cache_dir=None,
+            profile=ProfileWindow(warmup=2, steps=2, directory=str(tmp_path / "prof")),
+            wandb=Wandb(project="p", offline=True),
+        ),
+    )
     run, objective, dataset = build_run(recipe)
     run.train(objective, dataset, name="exp/a b")
     traces = list((tmp_path / "prof").rglob("*.xplane.pb"))

@@ -19,10 +19,16 @@ def test_start_and_end_messages_and_wandb_media(tmp_path: Path, monkeypatch, cap
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     caplog.set_level(logging.INFO, logger="dew")
-    state, run, journal = train_tiny(tmp_path, "trainer.steps=4", "trainer.log_every=3", "trainer.eval_every=2",
-                                     "trainer.checkpoint_every=2", "trainer.wandb={project: p, offline: true}",
-                                     "trainer.name=null",
-                                     name="unnamed-run")
+    state, run, journal = train_tiny(
+        tmp_path,
+        "trainer.steps=4",
+        "trainer.log_every=3",
+        "trainer.eval_every=2",
+        "trainer.checkpoint_every=2",
+        "trainer.wandb={project: p, offline: true}",
+        "trainer.name=null",
+        name="unnamed-run",
+    )
     text = caplog.text
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))
     assert f"{params / 1e3:.1f}k trainable parameters" in text and "optimizer state" in text
@@ -52,8 +58,12 @@ def test_emulated_dtype_warning(tmp_path: Path, caplog):
     run = compose("model.dtype=bfloat16", f"trainer.checkpoint_dir={tmp_path}")
     caplog.set_level(logging.INFO, logger="dew")
     report = RunReport(run, "r", tmp_path / "r", total_steps=10)
-    report.start(mesh=sharding.make_mesh(run.trainer), params={"w": jnp.zeros((3, 4))},
-                 opt_state={"m": jnp.zeros((3, 4), jnp.bfloat16)}, resumed_from=7)
+    report.start(
+        mesh=sharding.make_mesh(run.trainer),
+        params={"w": jnp.zeros((3, 4))},
+        opt_state={"m": jnp.zeros((3, 4), jnp.bfloat16)},
+        resumed_from=7,
+    )
     assert "resuming at step 7" in caplog.text and "12 trainable parameters (48 B); optimizer state 24 B" in caplog.text
     warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
     assert "model.dtype=bfloat16 is emulated on the cpu backend" in warning.getMessage()
@@ -62,11 +72,21 @@ def test_emulated_dtype_warning(tmp_path: Path, caplog):
 
 @pytest.mark.slow
 def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
-    args = ["experiment=digits", "model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2",
-            "trainer.batch_size=32", "trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null",
-            "optim.schedule.warmup_steps=1",
-            "flow_matching.samples_per_class=1", "flow_matching.sample_steps=1",
-            f"trainer.compilation_cache_dir={tmp_path / 'cache'}", f"trainer.checkpoint_dir={tmp_path / 'ck'}"]
+    args = [
+        "experiment=digits",
+        "model.config.depth=1",
+        "model.config.hidden_size=32",
+        "model.config.num_heads=2",
+        "trainer.batch_size=32",
+        "trainer.steps=2",
+        "trainer.eval_every=null",
+        "trainer.checkpoint_every=null",
+        "optim.schedule.warmup_steps=1",
+        "flow_matching.samples_per_class=1",
+        "flow_matching.sample_steps=1",
+        f"trainer.compilation_cache_dir={tmp_path / 'cache'}",
+        f"trainer.checkpoint_dir={tmp_path / 'ck'}",
+    ]
     first = dew_train(*args, "trainer.name=a", cwd=tmp_path, env=fast_env())
     assert first.returncode == 0, first.stdout[-3000:]
     assert "compiled the train step and ran step 1" in first.stdout

@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from dew.config import TrainerConfig
-from dew.training.reporting.tracker import Tracker
 from dew.contract.journal import read_journal
+from dew.training.reporting.tracker import Tracker
 
 
-def _segment(trainer: TrainerConfig, *, resume: int | None, steps: range, end: bool = False,
-             cut_short: bool = False) -> Tracker:
-    tracker = Tracker(trainer, "r", record={}, summary={}, total_steps=6, resume_step=resume, wandb_id=None,
-                      is_main=True)
+def _segment(
+    trainer: TrainerConfig, *, resume: int | None, steps: range, end: bool = False, cut_short: bool = False
+) -> Tracker:
+    tracker = Tracker(
+        trainer, "r", record={}, summary={}, total_steps=6, resume_step=resume, wandb_id=None, is_main=True
+    )
     for step in steps:
         tracker.metrics(step, {"train/loss": 10.0 / step + (0.5 if resume is None else 0.0)})
         if step % 2 == 0:
@@ -49,7 +51,13 @@ def test_a_resumed_run_appends_and_reads_as_one_uninterrupted_run(trainer, tmp_p
     assert [r["step"] for r in history if "train/loss" in r] == [1, 2, 3, 4, 5, 6]
     assert {r["step"]: r["train/loss"] for r in history if "train/loss" in r}[5] == 2.0  # the resumed run's
     assert [(r["event"], r["step"]) for r in history if "event" in r] == [
-        ("start", 0), ("checkpoint", 2), ("checkpoint", 4), ("resume", 4), ("checkpoint", 6), ("end", 6)]
+        ("start", 0),
+        ("checkpoint", 2),
+        ("checkpoint", 4),
+        ("resume", 4),
+        ("checkpoint", 6),
+        ("end", 6),
+    ]
     lines = path.read_text().splitlines()
     assert lines.count('{"step": 99, "train/lo') == 1  # the cut line stayed a line of its own
     for line in (line for line in lines if not line.startswith('{"step": 99')):
@@ -70,8 +78,7 @@ def test_end_is_written_once_and_a_fresh_start_replaces_the_history(trainer, tmp
 
 
 def test_non_finite_values_are_written_as_strict_json(trainer, tmp_path):
-    tracker = Tracker(trainer, "r", record={}, summary={}, total_steps=6, resume_step=None, wandb_id=None,
-                      is_main=True)
+    tracker = Tracker(trainer, "r", record={}, summary={}, total_steps=6, resume_step=None, wandb_id=None, is_main=True)
     tracker.metrics(1, {"train/loss": float("nan")})
     tracker.event("stop", step=1, reason="nonfinite", message="m", detail={"values": [float("inf")]})
     tracker.close()
