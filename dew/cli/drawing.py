@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> str:
             sampler=args.sampler,
         )
         out = args.out or stem + ".png"
-        write_grid(out, to_uint8(images), rows=max(r.objective.num_classes, 1), scale=4)
+        write_grid(out, to_uint8(images), rows=max(getattr(r.objective, "num_classes", 1), 1), scale=4)
         if args.npz:
             np.savez(args.npz, images=images, labels=labels)
             print(f"dew-sample: images and labels in {args.npz}", flush=True)

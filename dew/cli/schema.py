@@ -30,7 +30,7 @@ def schema_of(cls: type) -> type:
 
 
 @functools.cache
-def member_schema(cls: type) -> type:
+def member_schema(cls: type[Any]) -> type:
     """The twin of a registered member (``Digits``), a subclass of its base node with its name."""
     base = next(b for b in cls.__mro__[1:] if registry_of(b) is not None)
     twin = _twin(cls, bases=(schema_of(base),), name_default=cls.name)  # every registered member has its name

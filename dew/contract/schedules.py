@@ -17,7 +17,7 @@ from dew.contract.registry import Registry
 if TYPE_CHECKING:
     import jax
 
-    from dew.training.optim.schedules import Ramp, Rate
+    from dew.training.optim.schedules import Rate, WarmupDecay
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +27,7 @@ class ScheduleSpec:
 
     name: ClassVar[str]
 
-    def build(self, peak: float, ramp: Ramp, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
         """The rate at each step (a function of the step, ``dew.training.optim.schedules.Rate``), peaking at
         ``peak``; ``ramp`` is the warmup and decay progress (``dew.training.optim.schedules.WarmupDecay``) and
         ``tokens_seen`` as ``build_schedule`` says."""

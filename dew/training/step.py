@@ -125,7 +125,9 @@ def make_train_step(
         grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(total) & jnp.isfinite(grad_norm)
-        extra = {"max_logits": outs.max_logits.max(axis=0)} if wants_logits else {}  # over the micro-batches
+        extra = (
+            {"max_logits": outs.max_logits.max(axis=0)} if wants_logits and outs.max_logits is not None else {}
+        )  # over the micro-batches
         updates, opt_state = tx.update(grads, state.opt_state, state.params, **extra)
         params = optax.apply_updates(state.params, updates)
         loss_scale, good_steps = state.loss_scale, state.good_steps

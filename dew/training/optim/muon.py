@@ -197,8 +197,8 @@ def scale_by_muon(
         pairs = [direction(path, g, buf) for (path, g), buf in zip(flat, bufs, strict=True)]
         return (
             treedef.unflatten([o for o, _ in pairs]),  # type: ignore[attr-defined]
-            MuonState(treedef.unflatten([b for _, b in pairs])),
-        )  # type: ignore[attr-defined]
+            MuonState(treedef.unflatten([b for _, b in pairs])),  # type: ignore[attr-defined]
+        )
 
     return optax.GradientTransformation(init_fn, update_fn)
 
