@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from submitit.core.job_environment import JobEnvironment
+    from submitit.slurm.slurm import SlurmExecutor
 
 WRITTEN_FOR = {
     "jax": "0.12.0",
@@ -137,14 +142,14 @@ def hydra_basic_launcher() -> type:
     return BasicLauncher
 
 
-def submitit_requeue_signal(environment: Any = None) -> int:
+def submitit_requeue_signal(environment: type[JobEnvironment] | None = None) -> int:
     """The signal on which submitit's job environment (``environment``, a ``JobEnvironment``
     class; the base one by default) checkpoints and requeues a job: SIGUSR2 unless the job's
     ``SUBMITIT_PREEMPT_SIGNAL`` names another. submitit 1.5.4 reads it only in the private
     ``JobEnvironment._usr_sig()``."""
-    if environment is None:
-        from submitit.core.job_environment import JobEnvironment as environment
-    return environment._usr_sig()
+    from submitit.core.job_environment import JobEnvironment as base
+
+    return (environment or base)._usr_sig()
 
 
 def submitit_sbatch_script(folder: str, command: str, **parameters: Any) -> str:
@@ -169,7 +174,7 @@ def submitit_slurm_script(make: Callable[[str, str, int | None], str]) -> Iterat
 
     original = slurm.SlurmExecutor._make_submission_file_text
 
-    def text(self: Any, command: str, uid: str) -> str:
+    def text(self: SlurmExecutor, command: str, uid: str) -> str:
         return make(str(self.folder), command, self.parameters.get("map_count"))
 
     slurm.SlurmExecutor._make_submission_file_text = text  # type: ignore[method-assign]  # the patch this function is for
@@ -203,7 +208,7 @@ def submitit_slurm_parameter_names() -> dict[str, str]:
     return {generic: str(own) for generic, own in slurm.SlurmExecutor._equivalence_dict().items()}
 
 
-def submitit_requeue_handler(handler: Any) -> bool:
+def submitit_requeue_handler(handler: object) -> bool:
     """Whether ``handler`` (a signal handler) is submitit's checkpoint-and-requeue handler (a
     method of submitit 1.5.4's ``SignalHandler``, which submitit installs in every job and does not
     export)."""
@@ -250,7 +255,7 @@ def submitit_local_controllers(started: list[Any]) -> Iterator[None]:
 # ---------------------------------------------------------------------------------------- orbax
 
 
-def _settling_loop_runner(coro: Any) -> Any:
+def _settling_loop_runner(coro: Coroutine[Any, Any, Any]) -> Any:
     """orbax's ``_run_sync_via_new_loop``, except that the loop, before it closes, lets the tasks
     the coroutine left running finish (they end or fail on their own: each is one read)."""
     import asyncio
@@ -334,7 +339,7 @@ def optuna_sweeper_impl() -> Any:
     return _impl
 
 
-def optuna_trial(study: Any, number: int) -> Any:
+def optuna_trial(study: optuna.Study, number: int) -> optuna.trial.Trial:
     """The live ``optuna.trial.Trial`` of ``study`` numbered ``number`` (a trial still running, such
     as one an interrupted command left), to set its attributes before it is told: Optuna 2.10 maps a
     trial's number to its id only through the storage (as ``Study.tell`` does), and a

@@ -125,13 +125,15 @@ class JournalView:
         return total if begin is not None else None
 
 
-def _number(value: Any) -> float:
+def _number(value: object) -> float:
     """A metric value; the journal writes non-finite floats as the strings 'nan', 'inf', '-inf'."""
     if type(value) is float:
         return value
+    if not isinstance(value, str | int | float):
+        return math.nan
     try:
         return float(value)
-    except (TypeError, ValueError):
+    except ValueError:
         return math.nan
 
 

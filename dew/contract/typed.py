@@ -250,7 +250,7 @@ def _registered_base(cls: type) -> type:
     return cls
 
 
-def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+def differences(old: object, new: object, prefix: str = "") -> list[str]:
     """Dotted paths where two JSON records differ, with both values."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []

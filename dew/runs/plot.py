@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dew.contract.data import datasets
 from dew.contract.models import architectures
@@ -27,6 +27,9 @@ UNITS = {
     "eval/bits_per_token": "bits/token",
     "train/loss_scale": "loss scale",
 }
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 @dataclasses.dataclass
@@ -253,7 +256,7 @@ def draw(data: PlotData, output: str, *, logx: bool = False, logy: bool = False)
     return width, height
 
 
-def _final_against(ax: Any, data: PlotData, field: str, metric: str, colors: dict[str, str], *, logy: bool) -> None:
+def _final_against(ax: Axes, data: PlotData, field: str, metric: str, colors: dict[str, str], *, logy: bool) -> None:
     """One panel of a sweep's row: each run's final ``metric`` against its value of ``field``."""
     points = sorted(
         (p for p in data.points if p.field == field and p.metric == metric), key=lambda p: (str(type(p.x)), p.x)

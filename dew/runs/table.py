@@ -29,7 +29,7 @@ COLUMNS = {
 """Keys --sort and --where accept besides metrics and config fields, and the summary field each reads."""
 
 
-def flatten(record: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(record: object, prefix: str = "") -> dict[str, Any]:
     """A nested record as dotted paths to leaves (lists stay whole values)."""
     if isinstance(record, dict) and record:
         out: dict[str, Any] = {}
@@ -148,7 +148,7 @@ def sort_runs(runs: Sequence[Run], key: str, *, reverse: bool = False) -> list[R
 # ----------------------------------------------------------------------------------- output
 
 
-def number(v: Any) -> str:
+def number(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -43,7 +43,7 @@ class TrainState:
 
     @classmethod
     def create(
-        cls, params: Any, tx: optax.GradientTransformation, *, seed: int, ema: bool, dynamic_scale: bool
+        cls, params: nnx.State, tx: optax.GradientTransformation, *, seed: int, ema: bool, dynamic_scale: bool
     ) -> TrainState:
         """The state at step 0: the optimizer's initial state, the EMA (a copy of the parameters)
         when ``ema``, the per-step key from ``seed + 1`` (the initialisation drew from ``seed``) and
@@ -65,7 +65,7 @@ class TrainState:
         return nnx.merge(self.graphdef, params, self.rest)
 
 
-def ema_update(ema: Any, params: Any, decay: float, step: jax.Array) -> Any:
+def ema_update(ema: nnx.State, params: nnx.State, decay: float, step: jax.Array) -> nnx.State:
     """The exponential moving average of the parameters after ``step``'s update. The decay warms up
     as (1 + step) / (10 + step) (TensorFlow's ExponentialMovingAverage with num_updates), so the
     average does not drag the initialisation through short runs."""
@@ -95,20 +95,18 @@ def make_train_step(
     dynamic_scale: bool,
     extra_args: Sequence[str] = (),
 ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
-    """The pure train step: micro-batches summed in one scan, one optimizer update.
-
-    ``extra_args`` are what ``tx.update`` takes besides the gradients (``Optimizer.extra_args``).
-    ``max_logits``: the loss also returns each attention head's largest logit; the maximum over the
-    micro-batches (under ``jit`` over a sharded batch it is already global over the devices) goes to
-    the update (MuonClip's QK-clip) and is logged as ``train/max_logit``.
-    """
+    """The pure train step: micro-batches summed in one scan, one optimizer update. ``extra_args``:
+    what ``tx.update`` takes besides the gradients (``Optimizer.extra_args``). ``max_logits``: the
+    loss also returns each attention head's largest logit; the maximum over the micro-batches (under
+    ``jit`` over a sharded batch, global over the devices) goes to the update (MuonClip's QK-clip)
+    and is logged as ``train/max_logit``."""
     unknown = sorted(set(extra_args) - {"max_logits"})
     if unknown:
         raise ValueError(f"the optimizer asks for {unknown}; the step can give it max_logits")
     wants_logits = "max_logits" in extra_args
 
     def loss_fn(
-        params: Any, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array
+        params: nnx.State, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array
     ) -> tuple[jax.Array, Loss]:
         model = nnx.merge(graphdef, params, rest)
         out = objective.loss(model, batch, key, **({"max_logits": True} if wants_logits else {}))
@@ -178,7 +176,7 @@ def summed_grads(
         return grad_sum, jax.tree.map(lambda x: x[None], out)
     micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
 
-    def micro_step(grad_sum: Any, inputs: tuple[jax.Array, Any]) -> tuple[Any, Loss]:
+    def micro_step(grad_sum: nnx.State, inputs: tuple[jax.Array, Mapping[str, jax.Array]]) -> tuple[nnx.State, Loss]:
         i, mb = inputs
         grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
         return jax.tree.map(jnp.add, grad_sum, grads), out
@@ -193,7 +191,9 @@ def make_eval_step(
     """The evaluation of one batch: the objective's loss (sum, count, sums) and each metric's
     (sum, count) by name, all in one compiled program."""
 
-    def eval_step(params: Any, batch: Mapping[str, jax.Array], key: jax.Array) -> tuple[jax.Array, jax.Array, Any, Any]:
+    def eval_step(
+        params: nnx.State, batch: Mapping[str, jax.Array], key: jax.Array
+    ) -> tuple[jax.Array, jax.Array, Any, Any]:
         model = nnx.merge(graphdef, params, rest)
         out = objective.evaluate(model, batch, key)
         return out.total, out.count, out.sums, {m.name: m(model, batch, key) for m in metrics}
