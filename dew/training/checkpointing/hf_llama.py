@@ -200,7 +200,7 @@ def dew_shapes(run: RunConfig | TransformerFields, path: str) -> dict[str, tuple
     f = fields_of(run)
     check_config(f, path)
     with safe_open(os.path.join(path, WEIGHTS), "np") as fh:
-        header = {k: tuple(fh.get_slice(k).get_shape()) for k in fh}
+        header = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - safetensors' safe_open is not iterable
     depth = sum(1 for k in header if k.endswith(".input_layernorm.weight"))
     shapes = {}
     for key, (name, _, from_hf) in table(f).items():
