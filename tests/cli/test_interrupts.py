@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +26,8 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
-from tests.training.conftest import TINY, fast_env, losses
+from tests.cli.test_sweep_launch import finish, in_its_own_group
+from tests.training.conftest import TINY, losses
 from tests.training.test_multiprocess import host_params
 
 STEPS, CKPT, EVAL = 80, 10, 20
@@ -76,24 +76,7 @@ CHAINS = {
 
 def launch(workdir: Path, name: str, log: Path) -> subprocess.Popen:
     """The sweep launched as from a terminal: its own process group, the foreground job."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}"],
-        cwd=workdir,
-        env=fast_env(JAX_NUM_CPU_DEVICES="1"),
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
-    try:
-        return proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    return in_its_own_group([*LOCAL, f"trainer.name={name}"], workdir, log)
 
 
 def task_logs(workdir: Path, name: str) -> dict[Path, str]:

@@ -152,18 +152,23 @@ LOCAL = [
 assert TINY[-1] == "trainer.compilation_cache_dir=null"
 
 
-def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
-    """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group
-    (as a terminal's foreground job)."""
+def in_its_own_group(args: list[str], workdir: Path, log: Path) -> subprocess.Popen:
+    """``dew-train args`` with 1 CPU device a task, in its own process group (as a terminal's
+    foreground job), its output appended to ``log``."""
     return subprocess.Popen(
-        [sys.executable, "-m", "dew.cli.train", *LOCAL, f"trainer.name={name}", *extra],
+        [sys.executable, "-m", "dew.cli.train", *args],
         cwd=workdir,
         env=fast_env(JAX_NUM_CPU_DEVICES="1"),
-        stdout=open(workdir / log, "a"),
+        stdout=open(log, "a"),
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
+
+
+def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
+    """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group."""
+    return in_its_own_group([*LOCAL, f"trainer.name={name}", *extra], workdir, workdir / log)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
