@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dew.launching.interrupts import current as launch_interrupts
-from dew.launching.interrupts import install_for_sweep
+from dew.launching.interrupts import ends_at_once, install_for_sweep
 
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "dew-train":
     install_for_sweep(sys.argv[1:])  # a sweep's launching process takes Ctrl-C from its first moment on
@@ -405,6 +405,7 @@ def for_printing(argv: list[str]) -> None:
         print(f"dew-train: {note}", file=sys.stderr)
 
 
+@ends_at_once
 @console_script
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep

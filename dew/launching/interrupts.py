@@ -21,6 +21,13 @@ lines of ``dew-train``), and never raises:
 Launchers that run their jobs in this process (Hydra's basic launcher) or leave them to a queue
 (SLURM) take the signals back (``hand_back``) once their jobs start, and answer them as before.
 
+The command ends through ``ends_at_once`` (around ``dew-train``'s ``main``): where this handler is
+still installed, the process ends with ``os._exit`` once its threads and exit handlers are done.
+Python's own end would first put SIGINT back to its default action (the signal module's clean-up,
+before the interpreter tears down hundreds of modules: Hydra, Optuna, JAX), so a second Ctrl-C
+landing in those last tenths of a second would kill the command with SIGINT: no status 130, no line
+(seen in CI: a Ctrl-C twice, 0.2 s apart, before any job started).
+
 Lines are written with ``os.write``, not ``print``: a handler runs between two bytecodes of
 whatever the process was doing, which may be a ``print`` to the same stream (Python then raises
 ``RuntimeError: reentrant call``).
@@ -28,12 +35,15 @@ whatever the process was doing, which may be a ``print`` to the same stream (Pyt
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -128,11 +138,15 @@ def is_sweep(argv: list[str]) -> bool:
     return any(arg in ("-m", "--multirun") for arg in argv)
 
 
+_whole_process: LaunchInterrupts | None = None
+"""The handler ``install_for_sweep`` installed: this process is ``dew-train``'s, launching a sweep."""
+
+
 def install_for_sweep(argv: list[str]) -> None:
     """In ``dew-train``'s process, first thing: the sweep's handler, for a command that launches one."""
-    global _current
+    global _current, _whole_process
     if _current is None and is_sweep(argv):
-        _current = LaunchInterrupts().install()
+        _current = _whole_process = LaunchInterrupts().install()
 
 
 def for_launch() -> LaunchInterrupts:
@@ -156,3 +170,45 @@ def stop_before_start(jobs: int | None = None) -> None:
         what = f"none of the sweep's {jobs} jobs was started" if jobs else "no job was started"
         _say(f"interrupted before the launch: {what}; the same command starts them")
         sys.exit(_current.status)
+
+
+def ends_at_once[F: Callable[..., Any]](main: F) -> F:
+    """``main`` of a command that may launch a sweep: where the sweep's handler is installed
+    (``install_for_sweep``, the ``dew-train`` process's) and still answers the signals when ``main``
+    ends (returns or exits), the process ends at once, with ``main``'s status (a signal's,
+    130 or 143, for a ``main`` that ended well after one), once its other threads ended and its exit
+    handlers ran (``atexit``, which flushes the logs), without the interpreter's own tear-down: a
+    signal now still meets this handler (module doc). Elsewhere (a single run, a launcher that took
+    the signals back) ``main`` ends as Python ends it."""
+
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            status = main(*args, **kwargs)
+        except SystemExit as stop:
+            status = stop.code
+            if _current is None or _current is not _whole_process:
+                raise
+        if _current is None or _current is not _whole_process:
+            return status
+        _end_now(status, _current)
+
+    return run  # type: ignore[return-value]
+
+
+def _end_now(status: object, signals: LaunchInterrupts) -> NoReturn:
+    if status is None or status == 0:
+        status = 0 if signals.received is None else signals.status
+    elif not isinstance(status, int):
+        print(status, file=sys.stderr)  # sys.exit("message"), as Python reports it
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # logging's shutdown among them
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone, a closed stream: nothing left to write to
+            pass
+    os._exit(status)

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -192,6 +193,45 @@ def test_the_launching_process_answers_every_signal_with_one_line_and_never_rais
     assert err[1].startswith("dew-train: Ctrl-C again: ignored; a save is in progress: every job is writing")
     assert err[2].startswith("dew-train: SIGTERM again: ignored; a save is in progress")
     assert err[4] == "dew-train: Ctrl-C again: ignored; the command is already stopping" and len(err) == 5
+
+
+LATE_CTRL_C = """
+import atexit, os, signal, sys, time
+from dew.launching import interrupts
+
+interrupts.install_for_sweep(["-m"])
+
+
+class TornDownLast:
+    def __del__(self):  # while the interpreter tears its modules down, as a Ctrl-C can land then
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+
+
+torn_down_last = TornDownLast()
+atexit.register(os.kill, os.getpid(), signal.SIGINT)  # a Ctrl-C during the exit handlers
+
+
+@interrupts.ends_at_once
+def main():
+    os.kill(os.getpid(), signal.SIGINT)
+    interrupts.stop_before_start()
+
+
+main()
+"""
+
+
+def test_a_ctrl_c_while_the_command_ends_still_meets_its_handler():
+    """Python puts SIGINT back to its default action before tearing its modules down; a sweep's
+    command ends before that (``interrupts.ends_at_once``), so a late Ctrl-C cannot kill it."""
+    done = subprocess.run([sys.executable, "-c", LATE_CTRL_C], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done
+    assert done.stderr.splitlines() == [
+        "dew-train: Ctrl-C: stopping before any job starts",
+        "dew-train: interrupted before the launch: no job was started; the same command starts them",
+        "dew-train: Ctrl-C again: ignored; the command is already stopping",
+    ]
 
 
 @pytest.mark.slow
