@@ -12,14 +12,8 @@ terms (a refused resume, a busy run directory, a divergence, no intact checkpoin
 
 from __future__ import annotations
 
-import contextlib
-import datetime
-import functools
-import logging
 import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from dew.launching.interrupts import current as launch_interrupts
 from dew.launching.interrupts import ends_at_once, install_for_sweep
@@ -27,7 +21,15 @@ from dew.launching.interrupts import ends_at_once, install_for_sweep
 if __name__ == "__main__" or os.path.basename(sys.argv[0]) == "dew-train":
     install_for_sweep(sys.argv[1:])  # a sweep's launching process takes Ctrl-C from its first moment on
 
-import hydra  # after the handler: importing Hydra and dew takes a moment a Ctrl-C can land in
+# After the handler: importing the rest (Hydra and dew above all) takes a moment a Ctrl-C can land in.
+import contextlib
+import datetime
+import functools
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode

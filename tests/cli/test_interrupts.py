@@ -6,8 +6,9 @@ never interrupted, bit for bit.
 Twenty moments, each a separate launch, as a terminal sends Ctrl-C (SIGINT to the process group),
 half of them followed by a second one 0.2 s later. To keep it cheap, the moments are spread over two
 runs, each interrupted ten times in a row (every launch resumes what the one before saved): a
-moment is a fixed delay after the launch (the launching process importing or composing, before any
-task starts) or the first line of the launch's rank-0 task log that marks a phase (the task's
+moment is a fixed delay after the launching process took the signals (its first lines: a Ctrl-C
+before them meets Python's own start, as for any Python command) while it imports or composes,
+before any task starts, or the first line of the launch's rank-0 task log that marks a phase (the task's
 set-up, its compilation, a step, a checkpoint, an evaluation, the run's end)."""
 
 from __future__ import annotations
@@ -81,12 +82,26 @@ def launch(workdir: Path, name: str, log: Path) -> subprocess.Popen:
 
 
 def task_logs(workdir: Path, name: str) -> dict[Path, str]:
-    return {p: p.read_text() for p in (workdir / "ck").glob(f"{name}-sweep-*/.submitit/*/*_log.*")}
+    return {p: p.read_text() for p in log_paths(workdir, name)}
 
 
-def reached(trigger: float | str, began: float, rank0: str) -> bool:
+def log_paths(workdir: Path, name: str) -> list[Path]:
+    return list((workdir / "ck").glob(f"{name}-sweep-*/.submitit/*/*_log.*"))
+
+
+def takes_the_signals(pid: int) -> bool:
+    """Whether process ``pid`` installed dew's handler: it catches SIGTERM (Python alone does not)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def reached(trigger: float | str, began: float | None, rank0: str) -> bool:
+    """Whether ``trigger`` came: ``began`` is when the launching process took the signals."""
     if isinstance(trigger, float):
-        return time.monotonic() - began >= trigger
+        return began is not None and time.monotonic() - began >= trigger
     steps = [int(s) for s in re.findall(rf"step (\d+)/{STEPS}  loss", rank0)]
     start = int(m.group(1)) if (m := re.search(r"resuming \S+ from step (\d+)", rank0)) else 0
     every = {"ckpt": CKPT, "eval": EVAL, "end": STEPS}
@@ -100,15 +115,18 @@ def reached(trigger: float | str, began: float, rank0: str) -> bool:
 
 def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bool) -> tuple[int, str, str]:
     """One launch, Ctrl-C at ``trigger``: (status, its output, what the rank-0 log showed then)."""
-    before = set(task_logs(workdir, name))
+    before = set(log_paths(workdir, name))
     log = workdir / f"{name}{n}.out"
-    proc, began, rank0 = launch(workdir, name, log), time.monotonic(), ""
+    proc, began, rank0 = launch(workdir, name, log), None, ""
     try:
-        while proc.poll() is None and not reached(trigger, began, rank0):
+        while proc.poll() is None:
+            if began is None and takes_the_signals(proc.pid):
+                began = time.monotonic()
+            if reached(trigger, began, rank0):
+                break
             time.sleep(0.01)
-            rank0 = "".join(
-                t for p, t in task_logs(workdir, name).items() if p not in before and "_0_log.out" in p.name
-            )
+            if new := [p for p in log_paths(workdir, name) if p not in before and p.name.endswith("_0_log.out")]:
+                rank0 = "".join(p.read_text() for p in new)  # this launch's rank 0 (its job's, a requeue's)
         with contextlib.suppress(ProcessLookupError):  # a launch that ended first fails below
             os.killpg(proc.pid, signal.SIGINT)
             if double:

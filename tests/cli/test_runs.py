@@ -80,7 +80,7 @@ def _sigterm_run(tmp: Path) -> int:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
                 break
-            time.sleep(0.002)
+            time.sleep(0.02)
     finally:
         if proc.poll() is None:  # JAX may catch SIGTERM: never leave the process behind
             proc.kill()

@@ -32,7 +32,7 @@ def signal_when_logged(tmp: Path, name: str, step: int, signum: int) -> threadin
             if path.exists() and f'"step": {step},' in path.read_text():
                 os.kill(os.getpid(), signum)
                 return
-            time.sleep(0.001)
+            time.sleep(0.005)  # a step of the run takes longer; the thread shares its GIL
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
