@@ -45,7 +45,8 @@ PROG = "dew-recipe"
 DESCRIPTION = f"""Train a run described on the command line (tyro), as dew-train trains it: the same
 values make the same run.json. A dataset is a subcommand, data:NAME, one per registered dataset; so is the
 learning-rate schedule (optim.schedule:NAME) and each optional record (lora:on, trainer.wandb:on, ...).
-Options and subcommands come in any order. --model.config and --optim.optimizer-opts take one JSON object.
+A subcommand's options follow it; the others may come anywhere. --model.config and --optim.optimizer-opts
+take one JSON object.
 Defaults are the dataclasses' (dew.config), not dew-train's conf/. {CHECK_FLAG}: every check a launch makes,
 nothing trained or written."""
 

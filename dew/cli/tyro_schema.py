@@ -17,7 +17,8 @@ How the types become a command line (``_ARGS``, a tyro constructor registry):
   the contract's opaque ``JsonDict``), a list of records one JSON list (``--optim.param-groups``,
   ``--trainer.hooks``), each record completed by its defaults;
 - the architecture and the objective are choices from their registries;
-- options and subcommands may come in any order (tyro's ``CascadeSubcommandArgs``).
+- a subcommand's options follow it, the others may come before or after any subcommand (tyro's
+  ``CascadeSubcommandArgs``).
 
 A bad command line ends with one line naming the option and what it takes, and exit status 2.
 """
@@ -113,7 +114,7 @@ def _record(info: StructTypeInfo) -> StructConstructorSpec | None:
     finally:
         _inside_rule = False
     if not isinstance(spec, StructConstructorSpec):
-        return spec
+        return None  # a default that does not fit: tyro's own rule says so
     fields = tuple(_field(cls, f) for f in spec.fields)
     kind = getattr(cls, NAME_KEY, None) if any(registry_of(base) for base in cls.__mro__) else None
 
@@ -126,7 +127,7 @@ def _record(info: StructTypeInfo) -> StructConstructorSpec | None:
 
 
 def _field(cls: type, field: StructFieldSpec) -> StructFieldSpec:
-    tp = field.type
+    tp: Any = field.type
     if issubclass(cls, ModelConfig) and field.name == "architecture":
         tp = Literal[tuple(architectures)]
     elif issubclass(cls, RunConfig) and field.name == "objective":
@@ -169,10 +170,14 @@ def _subcommands(base: type, default: object, *, optional: bool) -> Any:
     options = []
     for name, member in members.items():
         chosen = default if isinstance(default, member) else _default_of(member)
-        extra = {"default": chosen} if chosen is not None else {}
         aliases = (name,) if "_" in name else ()
-        name, about = name.replace("_", "-"), _summary(member)
-        options.append(Annotated[member, tyro.conf.subcommand(name, description=about, aliases=aliases, **extra)])
+        subcommand = tyro.conf.subcommand(
+            name.replace("_", "-"),
+            default=tyro.MISSING_NONPROP if chosen is None else chosen,
+            description=_summary(member),
+            aliases=aliases,
+        )
+        options.append(Annotated[member, subcommand])
     if optional:
         options.append(Annotated[None, tyro.conf.subcommand(UNSET, description="Unset.")])
     return Union[tuple(options)]  # noqa: UP007 (a union built from a tuple of types)

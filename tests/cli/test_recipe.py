@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import tomllib
 from pathlib import Path
 from typing import ClassVar
 
@@ -18,7 +19,7 @@ from dew.contract.journal import read_journal
 from dew.data.specs import Digits, TokenWindows
 from dew.recipe import Recipe
 from tests.cli.test_compose import compose_recipe
-from tests.conftest import dew
+from tests.conftest import REPO, dew
 from tests.training.conftest import fast_env
 
 TINY_MODEL = '{"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": 2}'
@@ -208,3 +209,8 @@ def test_a_bad_command_line_ends_with_one_line(args: str, message: str, capsys):
     assert stop.value.code == 2
     assert err.startswith("dew-recipe: error: ") and err.count("\n") == 1, err
     assert message in err, err
+
+
+def test_the_console_script_is_declared():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["dew-recipe"] == "dew.cli.recipe:main"
