@@ -13,7 +13,8 @@ A recipe of one's own calls the two functions with its own class and defaults::
     train_recipe(run, prog="my-recipe")
 
 Its defaults are the dataclasses' (``RunConfig``'s: the contract's), not conf/'s: ``dew-train``'s
-command line starts from conf/config.yaml (``data=digits``, ``trainer.log_every=10``, ...).
+command line starts from conf/config.yaml (``data=digits``; ``data=token_windows`` picks the
+transformer), ``dew-recipe``'s from ``Recipe()`` (``oxford_flowers102``; the model is named).
 """
 
 from __future__ import annotations

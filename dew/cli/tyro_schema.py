@@ -116,7 +116,7 @@ def _record(info: StructTypeInfo) -> StructConstructorSpec | None:
     if not isinstance(spec, StructConstructorSpec):
         return None  # a default that does not fit: tyro's own rule says so
     fields = tuple(_field(cls, f) for f in spec.fields)
-    kind = getattr(cls, NAME_KEY, None) if any(registry_of(base) for base in cls.__mro__) else None
+    kind = getattr(cls, NAME_KEY, None) if any(registry_of(base) is not None for base in cls.__mro__) else None
 
     def record(**values: object) -> dict[str, object]:
         # A default tyro hands on whole (an unchanged record) is still a dataclass: written as JSON.

@@ -35,7 +35,7 @@ HYDRA = [
     "trainer.steps=2",
     "trainer.batch_size=16",
     "trainer.log_every=1",
-    "trainer.eval_every=2",
+    "trainer.eval_every=null",
     "trainer.checkpoint_every=null",
     "trainer.compilation_cache_dir=null",
     "flow_matching.samples_per_class=1",
@@ -45,7 +45,7 @@ HYDRA = [
 TYRO = (
     f"data:digits --model.dtype float32 --model.config '{TINY_MODEL}' optim.schedule:cosine "
     "--optim.schedule.warmup-steps 1 --optim.learning-rate 0.003 --trainer.steps 2 --trainer.batch-size 16 "
-    "--trainer.log-every 1 --trainer.eval-every 2 --trainer.checkpoint-every None "
+    "--trainer.log-every 1 --trainer.eval-every None --trainer.checkpoint-every None "
     "--trainer.compilation-cache-dir None --flow-matching.samples-per-class 1 --flow-matching.sample-steps 1 "
     "--trainer.name same"
 )
