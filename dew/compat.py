@@ -8,9 +8,10 @@ update that moves one fails there, loudly and by name, instead of somewhere deep
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import optuna
@@ -25,6 +26,7 @@ WRITTEN_FOR = {
     "hydra-core": "1.3.8",
     "submitit": "1.5.4",
     "optuna": "2.10.1",
+    "tyro": "1.0.16",
 }
 """The versions whose internals the functions below were written against."""
 
@@ -348,3 +350,58 @@ def optuna_trial(study: optuna.Study, number: int) -> optuna.trial.Trial:
 
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     return optuna.trial.Trial(study, trial_id)
+
+
+# ------------------------------------------------------------------------------------------- tyro
+
+
+@contextlib.contextmanager
+def tyro_parse_errors(report: Callable[[str], NoReturn]) -> Iterator[None]:
+    """Within it, a command line ``tyro.cli`` rejects is handed to ``report`` as one line (the
+    option, the value, what it takes) instead of tyro's box of help; ``report`` raises to take over.
+    tyro 1.0.16 reports a rejected command line only through ``tyro._errors.on_parse_error``, a hook
+    it calls private and experimental; its events carry tyro's internal argument records."""
+    from tyro import _errors
+
+    def hook(event: _errors.ParseErrorEvent) -> None:
+        report(_tyro_error_line(event))
+
+    with _errors.on_parse_error(hook):
+        yield
+
+
+def _tyro_error_line(event: Any) -> str:
+    """One line for a tyro parse-failure event (``tyro._errors``): what was wrong and where."""
+    from tyro import _errors
+
+    if isinstance(event, _errors.InvalidChoice):
+        return f"{event.argument.display_name()}: {event.value!r} is not one of {', '.join(event.choices)}"
+    if isinstance(event, _errors.BadValue):
+        name, nargs = event.argument.display_name(), event.argument.lowered.nargs
+        if event.offending_value is not None:
+            return f"{name} is fixed and takes no value, found {event.offending_value!r}"
+        return f"{name}: expects {nargs} value{'' if nargs == 1 else 's'}, found fewer"
+    if isinstance(event, _errors.MissingArgs):
+        names = [a.arg.display_name() for a in event.missing_arguments]
+        return (
+            f"missing {', '.join(names)}, which {'has' if len(names) == 1 else 'have'} no default "
+            f"(a subcommand's options go after it)"
+        )
+    if isinstance(event, _errors.MissingSubcommand):
+        return f"expected one of {', '.join(event.subcommand_spec.parser_from_name)}"
+    if isinstance(event, _errors.UnrecognizedArgs):
+        return f"unrecognized {' '.join(event.tokens)} ({event.prog} --help lists the options)"
+    if isinstance(event, _errors.InstantiationFailure):
+        where = f"{event.argument.display_name()}: " if event.argument is not None else ""
+        union = re.match(r"no type matching (\S+) could be instantiated from \[(.*?)\]", event.message)
+        if union:  # the reason of each member of the union, one by one, says less than this
+            return f"{where}{union.group(2)} is not {union.group(1)}"
+        return f"{where}{' '.join(event.message.split())}"
+    if isinstance(event, _errors.SubcommandConflict):
+        return (
+            f"{event.attempted} conflicts with {event.already_selected}, which {event.trigger_flag} chose: "
+            f"name the subcommand before the options that belong to it"
+        )
+    if isinstance(event, _errors.MutexConflict):
+        return f"{event.first_token} and {event.second_token} cannot be given together"
+    return f"the command line was rejected ({type(event).__name__}; {event.prog} --help lists the options)"

@@ -4,9 +4,14 @@ A failure here names the dependency update that moved one: read dew/compat.py's 
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import subprocess
 import sys
+from typing import Literal
+
+import pytest
+import tyro
 
 from dew import compat
 
@@ -252,4 +257,27 @@ def test_optuna_trial_is_the_running_trial_of_that_number(tmp_path):
     assert [(t.number, t.state.name, t.user_attrs) for t in study.trials] == [
         (0, "COMPLETE", {}),
         (1, "FAIL", {"why": "because"}),
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class TyroArgs:
+    mode: Literal["a", "b"] = "a"
+    count: int = 1
+
+
+def test_tyro_parse_errors_hand_a_rejected_command_line_over_as_one_line():
+    lines: list[str] = []
+
+    def report(line: str):
+        lines.append(line)
+        raise LookupError(line)
+
+    for args in (["--mode", "c"], ["--count", "x"], ["--cuont", "2"]):
+        with pytest.raises(LookupError), compat.tyro_parse_errors(report):
+            tyro.cli(TyroArgs, args=args)
+    assert lines == [
+        "--mode: 'c' is not one of a, b",
+        "--count: invalid literal for int() with base 10: 'x'",
+        f"unrecognized --cuont 2 ({lines[2].split('(')[1].split(' --help')[0]} --help lists the options)",
     ]

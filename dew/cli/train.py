@@ -327,10 +327,11 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
 
 
-def check_single_run(recipe: Recipe) -> None:
-    """``dew-train --check`` on one run: every check the run makes before it writes anything
-    (``dew.launching.checks.check_run``), over the devices it would train on here, and one line."""
-    path = os.fspath(run_dir(recipe, run_name(recipe)))
+def check_single_run(recipe: Recipe, path: str | None = None, prog: str = "dew-train") -> None:
+    """``dew-train --check`` (``dew-recipe --check``) on one run: every check the run makes before
+    it writes anything (``dew.launching.checks.check_run``), over the devices it would train on
+    here, and one line. ``path`` is the run directory (dew-train's: ``run_name`` of Hydra's job)."""
+    path = path or os.fspath(run_dir(recipe, run_name(recipe)))
     devices = None
     if not joins_a_pool(recipe.trainer.multi_host):  # this process alone: its own devices
         import dataclasses
@@ -343,7 +344,7 @@ def check_single_run(recipe: Recipe) -> None:
         devices = jax.device_count()
     check_run(recipe, path, devices)
     print(
-        f"dew-train: check: the run passes every check a launch makes; nothing was written (its directory "
+        f"{prog}: check: the run passes every check a launch makes; nothing was written (its directory "
         f"would be {path})",
         flush=True,
     )
@@ -359,9 +360,12 @@ def reported_value(recipe: Recipe, objective: Objective, name: str) -> float:
     return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
 
 
-def write_samples(objective: Objective, state: TrainState, run_path: epath.Path, *, seed: int) -> None:
-    """Samples of the trained model in the run directory, for objectives that draw them. Every
-    process takes part in gathering a model split over processes; process 0 samples alone."""
+def write_samples(
+    objective: Objective, state: TrainState, run_path: epath.Path, *, seed: int, prog: str = "dew-train"
+) -> None:
+    """Samples of the trained model in the run directory, for objectives that draw them, and one line
+    from ``prog`` naming them. Every process takes part in gathering a model split over processes;
+    process 0 samples alone."""
     if not can_sample(objective):
         return
     import jax
@@ -374,7 +378,7 @@ def write_samples(objective: Objective, state: TrainState, run_path: epath.Path,
     if jax.process_index() == 0:
         write = write_sample_grid if hasattr(objective, "sample_grid") else write_text_samples
         samples = write(objective, model, run_path, seed=seed)
-        print(f"dew-train: samples in {samples}", flush=True)
+        print(f"{prog}: samples in {samples}", flush=True)
 
 
 def _gathered(model: nnx.Module) -> nnx.Module:

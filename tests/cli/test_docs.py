@@ -7,7 +7,7 @@ prepared token directory, token shards: ``user_dir``).
   as a user's shell expands them): ``dew-train --help``/``--cfg``, ``dew-plan``, ``dew-runs``,
   ``dew-prepare``, ``dew-sample``, ``dew-export``, and the shell variables later commands read. A
   command shown with its output (a ``$``-prompt block) must print that output's first line.
-- A training command (``dew-train`` otherwise) runs as ``dew-train --check``: everything a launch checks
+- A training command (``dew-train`` or ``dew-recipe`` otherwise) runs with ``--check``: everything a launch checks
   before training, nothing written.
 - A command a page marks (``<!-- dew-docs: skip ... -->``, ``# not run: ...``) is reported with
   the page's reason and not run; any other command that is not dew's fails the test (it must be
@@ -32,7 +32,9 @@ from tests.conftest import REPO, cli_env, tree
 from tests.slurm_standin import install
 
 FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
-"""Programs run in full; dew-train runs in full only to show something (INFO_FLAGS)."""
+"""Programs run in full; dew-train and dew-recipe run in full only to show something (INFO_FLAGS)."""
+CHECKED = {"dew-train": "dew.cli.train", "dew-recipe": "dew.cli.recipe"}
+"""The training commands a page's command runs as a check, and their modules."""
 INFO_FLAGS = {"--help", "-h", "--cfg", "-c", "--info", "--hydra-help", "--check"}
 
 
@@ -47,12 +49,12 @@ def documented_commands() -> list[tuple[str, str]]:
 # --- the check: everything a launch checks, nothing trained ---------------------------------------
 
 
-def _check(args: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
-    """``dew-train --check <args>``, as a user runs it: (exit status, stderr). Everything a launch
-    checks before training (for a study: its first trials), nothing written."""
+def _check(args: list[str], cwd: Path, env: dict[str, str], program: str = "dew-train") -> tuple[int, str]:
+    """``dew-train --check <args>`` (or ``dew-recipe``'s), as a user runs it: (exit status, stderr).
+    Everything a launch checks before training (for a study: its first trials), nothing written."""
     from tests.conftest import dew
 
-    result = dew("--check", *args, cwd=cwd, env=env)
+    result = dew("--check", *args, cwd=cwd, env=env, script=CHECKED[program])
     return result.returncode, result.stderr
 
 
@@ -139,7 +141,7 @@ def mode(command: Command) -> str:
         return "skip"
     if command.program in FULL or command.program == "python -m dew":
         return "full"
-    if command.program == "dew-train":
+    if command.program in CHECKED:
         return "full" if INFO_FLAGS & set(command.argv()) else "check"
     return "unmarked"
 
@@ -166,9 +168,10 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
             problems += _full(command, variables, cwd)
         else:
             words = _words(command, variables, cwd)
-            args = words[words.index("dew-train") + 1 :]
+            args = words[words.index(command.program) + 1 :]
             # A SLURM launch is checked where sbatch exists (the stand-in's: a check submits nothing).
-            status, stderr = _check(args, cwd, install(cwd.parent / "slurm").env(cli_env(**command.env())))
+            env = install(cwd.parent / "slurm").env(cli_env(**command.env()))
+            status, stderr = _check(args, cwd, env, command.program)
             if status:
                 problems.append(f"{command}: exit {status}: {stderr.strip()}")
             elif read := _read_later(command, commands):
@@ -277,7 +280,7 @@ def test_every_command_of_a_page_runs(page, user_template, tmp_path):
     writers = [
         c
         for c in commands
-        if (mode(c) == "full" and c.program not in ("dew-train", "variable"))
+        if (mode(c) == "full" and c.program not in (*CHECKED, "variable"))
         or (mode(c) == "check" and _read_later(c, commands))
     ]
     if not writers:

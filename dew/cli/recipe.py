@@ -1,0 +1,158 @@
+"""``dew-recipe``: the run from a tyro command line, trained as ``dew-train`` trains it.
+
+The API contract's door: "Recipes parse it with tyro, build the objective and the data it names, and
+hand both to RunConfig.train". ``parse`` (``dew.cli.tyro_schema``) reads a ``Recipe`` with tyro and
+converts it with the reader ``dew-train`` converts Hydra's config with, and ``train_recipe`` builds and
+trains it through ``dew-train``'s own set-up, so the same values make the same ``run.json``, the same
+run directory and the same exit statuses (``dew.cli.train``'s ``EXIT_*``). What it has of Hydra's is
+nothing: no config groups, no sweeps (``dew-train -m``), no ``.hydra/`` in the run directory.
+
+A recipe of one's own calls the two functions with its own class and defaults::
+
+    run = parse(MyRecipe, default=MyRecipe(data=Digits(), ...), prog="my-recipe")
+    train_recipe(run, prog="my-recipe")
+
+Its defaults are the dataclasses' (``RunConfig``'s: the contract's), not conf/'s: ``dew-train``'s
+command line starts from conf/config.yaml (``data=digits``; ``data=token_windows`` picks the
+transformer), ``dew-recipe``'s from ``Recipe()`` (``oxford_flowers102``; the model is named).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sys
+from typing import TYPE_CHECKING, NoReturn
+
+from dew.build import build_run
+from dew.cli.console import console_script
+from dew.cli.train import agree, check_single_run, debugging, refusal, stop_status, write_samples
+from dew.cli.tyro_schema import EXIT_BAD_INPUT, parse
+from dew.contract.config import RunConfig
+from dew.launching.checks import CHECK_FLAG
+from dew.launching.pool import from_process_zero
+from dew.launching.stop_exit import exit_after_stop
+from dew.recipe import Recipe
+from dew.training.preemption import Preempted
+from dew.training.run_directory import refuse_if_held, run_dir
+
+if TYPE_CHECKING:
+    from dew.training.setup import Planned
+    from dew.training.step import TrainState
+
+PROG = "dew-recipe"
+
+DESCRIPTION = f"""Train a run described on the command line (tyro), as dew-train trains it: the same
+values make the same run.json. A dataset is a subcommand, data:NAME, one per registered dataset; so is the
+learning-rate schedule (optim.schedule:NAME) and each optional record (lora:on, trainer.wandb:on, ...).
+A subcommand's options follow it; the others may come anywhere. --model.config and --optim.optimizer-opts
+take one JSON object.
+Defaults are the dataclasses' (dew.config), not dew-train's conf/. {CHECK_FLAG}: every check a launch makes,
+nothing trained or written."""
+
+
+def fail(message: str, status: int = EXIT_BAD_INPUT, prog: str = PROG) -> NoReturn:
+    """End with one line on stderr and ``status``; while debugging (``DEW_DEBUG=1``), re-raise the
+    error being handled instead."""
+    if debugging() and sys.exc_info()[1] is not None:
+        raise
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+_STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def run_name(run: RunConfig) -> str:
+    """The run's directory under ``trainer.checkpoint_dir``: ``trainer.name``, else the start time."""
+    return run.trainer.name or f"run-{_STAMP}"
+
+
+def train_recipe(run: RunConfig, *, prog: str = PROG) -> TrainState:
+    """Build ``run`` and train it as ``dew-train`` does (the same set-up, metrics, summary, samples
+    and record); a run refused before it trains, or one that stops on its own terms, ends with one
+    line and ``dew-train``'s exit status for it."""
+    from dew.objectives.metrics import builtin_metrics  # heavy: JAX loads once the config is valid
+    from dew.training.setup import set_up
+    from dew.training.trainer import train
+
+    held = contextlib.ExitStack()  # the lock and the signal handlers, to the end of the run
+    try:
+        (run, objective, dataset, name), setup = set_up(run.trainer, held, lambda: plan(run), agree=agree)
+    except Exception as err:
+        refused = refusal(err)
+        if refused is None:
+            raise  # a bug: its traceback is the report
+        held.close()
+        fail(*refused, prog=prog)
+    import jax
+
+    try:
+        with held:
+            state = train(
+                run,
+                objective,
+                dataset,
+                name=name,
+                metrics=builtin_metrics(objective),
+                summary=objective.summary(),
+                setup=setup,
+            )
+            write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
+    except Preempted as stopped:
+        print(f"{prog}: run {name!r}: {stopped}", file=sys.stderr, flush=True)
+        exit_after_stop(stopped.signum)
+    except Exception as err:
+        status = stop_status(err)
+        if status is None:
+            raise
+        fail(str(err), status, prog=prog)
+    if jax.process_index() == 0:
+        print(f"{prog}: run {name!r} is in {setup.path}", flush=True)
+    return state
+
+
+def plan(run: RunConfig) -> Planned:
+    """What the run trains, once the process pool is up: process 0's record and name (a time-stamped
+    name can differ by a second between processes), the data loaded and the objective built."""
+    from dew.training.setup import Planned  # heavy: JAX loads once the config is valid
+
+    record, name = from_process_zero("run", [run.to_dict(), run_name(run)])
+    if record != run.to_dict():
+        run = type(run).from_dict(record)
+    refuse_if_held(run_dir(run, name))
+    return Planned(*build_run(run), name)
+
+
+def check_recipe(run: RunConfig, *, prog: str = PROG) -> None:
+    """``--check``: every check a launch makes (``dew-train --check``'s), nothing written."""
+    try:
+        check_single_run(run, os.fspath(run_dir(run, run_name(run))), prog=prog)
+    except Exception as err:
+        refused = refusal(err)
+        if refused is None:
+            raise
+        fail(*refused, prog=prog)
+
+
+@console_script
+def main() -> None:
+    args = sys.argv[1:]
+    check = CHECK_FLAG in args
+    args = [a for a in args if a != CHECK_FLAG]
+    run = parse(Recipe, args, prog=PROG, description=DESCRIPTION)
+    try:
+        if check:
+            check_recipe(run)
+        else:
+            train_recipe(run)
+    except KeyboardInterrupt:  # Ctrl-C twice (dew.training.preemption), or one before the set-up
+        if debugging():
+            raise
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
