@@ -445,8 +445,9 @@ def _run(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Positi
             _finish(p, setup, state, at, t)
     except Preempted:
         raise  # its stop event is written where the signal is honoured
-    except NonFiniteError as err:
-        p.tracker.event("stop", step=at.step, reason="nonfinite", message=str(err))
+    except FloatingPointError as err:  # dew's NonFiniteError, or JAX's own under trainer.debug_nans
+        said = str(err) if isinstance(err, NonFiniteError) else f"jax_debug_nans in step {at.step + 1}: {err}"
+        p.tracker.event("stop", step=at.step, reason="nonfinite", message=said.splitlines()[0])
         raise
     except Exception as err:
         p.tracker.event("stop", step=at.step, reason="error", message=f"{type(err).__name__}: {err}")
