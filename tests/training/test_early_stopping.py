@@ -162,4 +162,4 @@ def test_early_stopping_stops_where_the_rule_says_and_survives_a_preemption(tmp_
     assert evals_of(cut_journal) == evals and losses(cut_journal) == losses(whole_journal)
     a, b = load_params(whole, stop), load_params(cut, stop)
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    assert [r for r in journal(tmp_path, "cut") if r.get("event") == "early_stop"][0]["waited"] == 2
+    assert next(r for r in journal(tmp_path, "cut") if r.get("event") == "early_stop")["waited"] == 2
