@@ -12,6 +12,7 @@ import dew.recipe  # noqa: F401  (registers Recipe as a known writer of run reco
 from dew.contract.config import (
     ConfigError,
     DataSpec,
+    EarlyStopping,
     JsonDict,
     Layout,
     LoRA,
@@ -38,6 +39,7 @@ from dew.contract.config import (
 __all__ = [
     "ConfigError",
     "DataSpec",
+    "EarlyStopping",
     "JsonDict",
     "Layout",
     "LoRA",

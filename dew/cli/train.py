@@ -205,6 +205,7 @@ def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None
 def stop_status(err: BaseException) -> int | None:
     """The exit status of a run that stopped on its own terms, None for any other error."""
     from dew.training.checkpointing.checkpoints import CheckpointDamagedError  # heavy: orbax and JAX
+    from dew.training.early_stopping import EarlyStoppingMetricError
     from dew.training.trainer import NonFiniteError
 
     statuses = {
@@ -212,6 +213,7 @@ def stop_status(err: BaseException) -> int | None:
         RunDirError: EXIT_REFUSED,
         NonFiniteError: EXIT_NONFINITE,
         CheckpointDamagedError: EXIT_NO_INTACT_CHECKPOINT,
+        EarlyStoppingMetricError: EXIT_BAD_INPUT,
     }
     return next((code for cls, code in statuses.items() if isinstance(err, cls)), None)
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ConfigError",
     "DataSpec",
+    "EarlyStopping",
     "HookSpec",
     "JsonDict",
     "Layout",
@@ -389,6 +390,42 @@ class ProfileWindow:
             raise ValueError(f"trainer.profile: warmup={self.warmup} must be >= 0 and steps={self.steps} > 0")
 
 
+@dataclasses.dataclass(frozen=True)
+class EarlyStopping:
+    """Stop the run once an evaluation value stops improving: at the first evaluation after
+    ``warmup`` at which ``patience`` evaluations in a row have not bettered the best by more than
+    ``min_delta``. The run then ends as a finished one does, with its last checkpoint and a note in
+    the journal, and the same command trains nothing more (docs/training.md, "Early stopping")."""
+
+    metric: str | None = None
+    """The evaluation value watched (``eval/loss``, ``eval/<metric>``). Unset watches the one that
+    chooses the best checkpoint (the objective's metric marked best, else ``eval/loss``)."""
+    mode: Literal["min", "max"] | None = None
+    """Whether lower or higher is better. Unset takes the metric's own direction (a metric marked
+    higher-is-better: max; ``eval/loss`` and the rest: min)."""
+    patience: int = 3
+    """Evaluations in a row without an improvement after which the run stops."""
+    min_delta: float = 0.0
+    """The least gain over the best value so far that counts as an improvement, in the metric's
+    units (0: any gain)."""
+    warmup: int = 0
+    """Evaluations at the start of the run that may not stop it (they do set the best value and
+    count towards the patience)."""
+
+    def __post_init__(self) -> None:
+        if self.metric is not None and not self.metric.startswith("eval/"):
+            raise ValueError(
+                f"trainer.early_stopping.metric={self.metric!r} must be an evaluation value "
+                "(eval/loss, eval/<metric>): only evaluations feed the rule"
+            )
+        if self.patience < 1:
+            raise ValueError(f"trainer.early_stopping.patience={self.patience} must be >= 1 evaluation")
+        if not math.isfinite(self.min_delta) or self.min_delta < 0:
+            raise ValueError(f"trainer.early_stopping.min_delta={self.min_delta} must be finite and >= 0")
+        if self.warmup < 0:
+            raise ValueError(f"trainer.early_stopping.warmup={self.warmup} must be >= 0 evaluations")
+
+
 QType = Literal["int8", "int4", "float8_e4m3fn", "float8_e5m2"]
 
 
@@ -504,6 +541,21 @@ class TrainerConfig:
     """Regular expressions over parameter paths (``head/kernel``) that init_from leaves as the seed
     initialised them: the parameters whose shape must differ from the source's (a new vocabulary
     or class count). Every other parameter must match the source's shape."""
+    early_stopping: EarlyStopping | None = None
+    """Stop the run once an evaluation value stops improving (patience, min_delta, warmup); unset
+    trains the whole length."""
+    overfit_batches: int | None = None
+    """Train on the first this many batches of the data, served again and again, instead of on all
+    of it: a model that cannot drive its loss down on one batch has a bug (``debug=overfit``).
+    Evaluation still reads the held-out data. Unset trains on the whole data."""
+    debug_nans: bool = False
+    """Turn on JAX's ``jax_debug_nans``: a compiled step whose output holds a NaN is run again op by
+    op and raises at the operation that made it (slow; ``debug=nan``). Infinities are left alone:
+    an attention mask's -inf is one."""
+    check_resume: bool = False
+    """At the run's first checkpoint, read it back as a resumed run would (the state, the data
+    position, the hooks' state) and check it holds the live run's values bit for bit; a debugging
+    aid (``debug=fast``) that costs one restore."""
 
     def __post_init__(self) -> None:
         if self.init_from is not None and "://" not in self.init_from:
@@ -558,6 +610,18 @@ class TrainerConfig:
                     f"trainer.batch_size={self.batch_size} and reach it in whole "
                     f"increments of {ramp.increment}"
                 )
+        if self.overfit_batches is not None and self.overfit_batches <= 0:
+            raise ValueError(f"trainer.overfit_batches={self.overfit_batches} must be a positive number of batches")
+        if self.overfit_batches is not None and self.batch_ramp is not None:
+            raise ValueError(
+                f"trainer.overfit_batches={self.overfit_batches} repeats batches of one size: unset "
+                "trainer.batch_ramp (or trainer.overfit_batches)"
+            )
+        if self.early_stopping is not None and self.eval_every is None:
+            raise ValueError(
+                "trainer.early_stopping is set but trainer.eval_every=null: the rule watches evaluations; "
+                "give a number of steps or 'epoch'"
+            )
         if self.name is not None:
             _check_run_name(self.name)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.contract.rundir import JOURNAL_VERSION, LIFECYCLE
+from dew.contract.rundir import EARLY_STOP, JOURNAL_VERSION, LIFECYCLE
 
 
 class JournalError(ValueError):
@@ -95,6 +95,20 @@ class JournalView:
         for event in reversed(self.events):
             if event["event"] in ("start", "resume", "stop", "end"):
                 return event
+        return None
+
+    def early_stop(self) -> dict[str, Any] | None:
+        """The ``early_stop`` event of a run that ended early: the one right before its last ``end``
+        (None when the run ran its whole length, or has not ended)."""
+        ended = False
+        for event in reversed(self.events):
+            kind = event["event"]
+            if kind == "end" and not ended:
+                ended = True
+            elif ended and kind == EARLY_STOP:
+                return event
+            elif ended and kind in ("start", "resume", "stop", "end"):
+                return None
         return None
 
     def last_step(self) -> int:

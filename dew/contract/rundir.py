@@ -61,7 +61,13 @@ JOURNAL_VERSION = 1
 accepts the versions it knows and says so when it meets a newer one; a change that old readers
 would misread raises it."""
 
-LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback")
+EARLY_STOP = "early_stop"
+"""The event of a run that ended before its last step because something asked it to, not a signal
+(``trainer.early_stopping``, or a hook's stop request: its ``reason``). The run then ends as a
+finished one does, with its last checkpoint and an ``end`` event after this one, and a resume trains
+nothing; ``dew-runs`` shows it as stopped early."""
+
+LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback", EARLY_STOP)
 """The journal's lifecycle events: the run's history, kept even when a later resume supersedes
 their step (the other records are metrics, evaluations and checkpoints)."""
 

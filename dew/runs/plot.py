@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dew.contract.data import datasets
 from dew.contract.models import architectures
 from dew.contract.objectives import natural_objective, objectives
-from dew.runs.status import Run
+from dew.runs.status import ENDED, Run
 from dew.runs.table import differing_fields, flatten, number, short_names
 
 UNITS = {
@@ -150,7 +150,7 @@ def plot_data(runs: Sequence[Run], metrics: Sequence[str], *, smoothing: float =
                     steps=steps,
                     values=values,
                     smoothed=smooth(values, smoothing) if smoothing > 0 else None,
-                    finished=run.summary.status == "finished",
+                    finished=run.summary.status in ENDED,
                 )
             )
     fields = (
@@ -181,7 +181,7 @@ def plot_data(runs: Sequence[Run], metrics: Sequence[str], *, smoothing: float =
                             metric=metric,
                             x=flatten(run.record).get(field),
                             y=values[-1],
-                            finished=run.summary.status == "finished",
+                            finished=run.summary.status in ENDED,
                         )
                     )
     return PlotData(

@@ -5,6 +5,8 @@ The state comes from the files alone, in this order:
 * running: a live process holds the run directory's lock (``dew.contract.lock.holder``);
 * damaged: ``run.json`` is missing or unreadable, or the journal cannot be read;
 * finished: the journal's last word is ``end``;
+* stopped early: its last word is ``end`` right after an ``early_stop`` event (``trainer.early_stopping``
+  ended it, or a hook's stop request), with the event's reason and message; as final as finished;
 * stopped / failed: its last word is a ``stop`` event: preempted and interrupted runs stopped on a
   signal, ``nonfinite`` and ``error`` ones failed, with the event's message as the reason;
 * stopped (no end recorded): the journal stops after a start or resume, nobody holds the lock, so
@@ -29,6 +31,12 @@ from dew.contract.lock import describe, holder
 from dew.contract.rundir import BEST_METRIC, FAILURES, RUN_RECORD
 from dew.runs.discover import checkpoint_steps, find_journal
 
+STOPPED_EARLY = "stopped early"
+"""The state of a run that a stop request ended before its last step (``rundir.EARLY_STOP``)."""
+
+ENDED = ("finished", STOPPED_EARLY)
+"""The states of a run that is over: the same command trains nothing more."""
+
 
 @dataclasses.dataclass
 class RunSummary:
@@ -37,7 +45,8 @@ class RunSummary:
     name: str
     path: str
     status: str
-    """running, finished, stopped, failed, never started, damaged or unknown (no journal found)."""
+    """running, finished, stopped early, stopped, failed, never started, damaged or unknown (no journal
+    found)."""
     reason: str | None = None
     """Why it stopped or failed, what is damaged, or who is running it."""
     step: int | None = None
@@ -147,6 +156,9 @@ def _state(view: journals.JournalView) -> tuple[str, str | None]:
         return "stopped", "the journal holds no start event"
     kind = last["event"]
     if kind == "end":
+        early = view.early_stop()
+        if early is not None:
+            return STOPPED_EARLY, f"{early.get('reason', 'unknown')}: {early.get('message', '')}".rstrip(": ")
         return "finished", None
     if kind == "stop":
         reason = str(last.get("reason", "unknown"))

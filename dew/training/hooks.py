@@ -14,6 +14,12 @@ makes the host wait for the step it just queued. A hook with a ``phase`` (an eva
 takes time that is not step time: before it the loop reports the metrics it holds and checks the
 state is finite, and the throughput clock restarts after it. ``on_eval`` hooks run at each
 evaluation, with its values.
+
+A hook may end the run early: ``Started.request_stop`` asks the loop to stop after the step in
+flight, as a finished run ends (``dew.training.preemption.StopRequest``; early stopping is one such
+hook). A hook with a ``state_key`` keeps its ``state()`` in every checkpoint and gets it back in
+``Started.saved`` when the run resumes from one, so a resumed run goes on exactly as an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dew.contract.registry import Registry
 if TYPE_CHECKING:
     from dew.contract.config import HookSpec, RunConfig
     from dew.objectives.base import Objective
+    from dew.training.preemption import StopRequest
     from dew.training.reporting.tracker import Tracker
     from dew.training.step import TrainState
 
@@ -49,6 +56,12 @@ class Started:
     step: int
     """The step the loop starts from: 0, or the step it resumed from."""
     total_steps: int
+    request_stop: Callable[[StopRequest], None]
+    """Ask the run to end after the step in flight, as a finished run ends (every process must ask
+    at the same step: ``dew.training.preemption``)."""
+    saved: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The hooks' states in the checkpoint the run resumed from, by ``Hook.state_key`` (empty for a
+    new run)."""
 
 
 @dataclasses.dataclass
@@ -78,6 +91,9 @@ class Hook:
     """Get ``on_step`` one step late, with the step's metrics fetched as numbers."""
     phase: ClassVar[str | None] = None
     """A phase of the run's report (``eval``, ``checkpoint``): time that is not step time."""
+    state_key: ClassVar[str | None] = None
+    """Where each checkpoint keeps this hook's ``state()`` (handed back in ``Started.saved`` on a
+    resume); None keeps nothing."""
 
     def __init__(self, every: int | None = 1) -> None:
         self.every = every
@@ -101,6 +117,11 @@ class Hook:
 
     def close(self) -> None:
         """When the run ends, however it ends."""
+
+    def state(self) -> Mapping[str, Any]:
+        """What a checkpoint keeps of this hook (JSON values), read at each save; only for a hook
+        with a ``state_key``."""
+        return {}
 
 
 hooks: Registry[type[Hook]] = Registry("hook")
@@ -139,6 +160,9 @@ class Hooks:
         phase: Callable[[str], AbstractContextManager[object]],
     ) -> None:
         self.hooks = list(hooks)
+        keys = [h.state_key for h in self.hooks if h.state_key is not None]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"hooks: state keys {keys} repeat; each hook's state needs its own key")
         self._before = [h for h in self.hooks if type(h).before is not Hook.before]
         self.derive = derive
         """The objective's derived metrics from the fetched ones."""
@@ -180,6 +204,10 @@ class Hooks:
                 hook.on_step(at)
         if paused:
             self.restart(at.records)  # evaluation and the save's copy are not step time
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """Every stateful hook's state, by its key: what a checkpoint keeps."""
+        return {h.state_key: dict(h.state()) for h in self.hooks if h.state_key is not None}
 
     def evaluated(self, step: int, values: Mapping[str, float], state: TrainState) -> None:
         for hook in self.hooks:

@@ -1,4 +1,5 @@
-"""Stopping a run on a signal, at a step boundary every process agrees on, with nothing lost.
+"""Stopping a run on a signal, at a step boundary every process agrees on, with nothing lost; and
+stopping it because something asked (``StopRequest``: early stopping, a hook).
 
 SIGUSR2 is what submitit sends before a time limit and on preemption, SIGTERM what a scheduler
 sends, SIGINT what Ctrl-C sends. Any of them makes the run finish the step in flight, save a
@@ -14,15 +15,25 @@ only, so a SIGUSR2 or SIGINT handler here sends the process a SIGTERM and lets J
 the rest. The per-step check is a C++ call that compares two integers (measured 2.6-4 us here),
 with no collective and no device sync, so it sits in the loop at every step. A run alone in its
 process checks a flag the handler set.
+
+A stop request (``StopSignals.request``) is the other way a run stops before its last step: not a
+signal but a decision of the run's own (``trainer.early_stopping``, or any hook, which is handed
+``request`` in ``Started.request_stop``). It is honoured at the same step boundary, but the run then
+ends as a finished one does: its last checkpoint saved, an ``early_stop`` event and the ``end``
+event in the journal, and no ``Preempted``; the checkpoint records the request, so the same command
+trains nothing more. It is not shared between processes: every process of a pool must ask at the
+same step, which a decision computed from values all of them hold (an evaluation's) does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -43,6 +54,27 @@ class Preempted(Exception):
         super().__init__(
             f"{what}: stopped at step {step} with a checkpoint in {path}; the same command resumes the run"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequest:
+    """A request to end the run at the next step boundary, from the run itself (not a signal)."""
+
+    reason: str
+    """Who asked, in a word (``early_stopping``): the ``reason`` of the journal's ``early_stop``
+    event."""
+    message: str
+    """Why, in one line: logged, written into the event and shown by ``dew-runs``."""
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """JSON values written into the event beside them (the rule's numbers)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The request as the checkpoint records it (and ``from_json`` reads it back)."""
+        return {"reason": self.reason, "message": self.message, "details": dict(self.details)}
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> StopRequest:
+        return cls(str(value["reason"]), str(value["message"]), dict(value.get("details") or {}))
 
 
 SIGNAL_KEY = "dew/stop_signal"
@@ -82,6 +114,14 @@ class StopSignals:
         self._passed_on = False
         self._in_pool: bool | None = None
         self._stepped = False
+        self.requested: StopRequest | None = None
+        """The first stop request (``request``), None while nothing asked."""
+
+    def request(self, request: StopRequest) -> None:
+        """Ask the run to end after the step in flight, as a finished run ends (the first request
+        stands). Every process of a pool must ask at the same step: the request is not shared."""
+        if self.requested is None:
+            self.requested = request
 
     def _pool(self) -> bool:
         """Whether this process is in a pool of more than one, where JAX's notifier agrees the step
@@ -158,7 +198,10 @@ class StopSignals:
         self.received = int(recorded) if recorded else (self.received or signal.SIGTERM)
 
     def stop_at(self, step: int) -> bool:
-        """Whether the run stops after ``step``: called once per step, with increasing steps."""
+        """Whether the run stops after ``step`` (on a signal, or ``requested``): called once per
+        step, with increasing steps."""
+        if self.requested is not None:
+            return True
         if self._pool():
             from jax.experimental import multihost_utils
 

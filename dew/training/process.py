@@ -13,7 +13,7 @@ from dew.launching.pool import join_process_pool
 
 
 def prepare_process(trainer: TrainerConfig) -> None:
-    """Apply ``xla_flags``, the compilation cache and ``multi_host`` to this process."""
+    """Apply ``xla_flags``, the compilation cache, ``debug_nans`` and ``multi_host`` to this process."""
     import jax
 
     if trainer.xla_flags:
@@ -32,6 +32,8 @@ def prepare_process(trainer: TrainerConfig) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         _count_cache_events()
+    if trainer.debug_nans:  # on for the rest of the process; off, it leaves JAX's setting (JAX_DEBUG_NANS) alone
+        jax.config.update("jax_debug_nans", True)
     join_process_pool(trainer.multi_host)
 
 

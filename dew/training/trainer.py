@@ -35,18 +35,22 @@ from jax.sharding import Mesh, NamedSharding
 from dew.contract.config import RunConfig, TrainerConfig
 from dew.contract.data import BatchIterator, Dataset
 from dew.contract.objectives import can_sample
+from dew.contract.rundir import EARLY_STOP
+from dew.data.overfit import OverfitBatches
 from dew.models.flops import flops_per_example
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints
+from dew.training.checkpointing.resume_check import ResumeCheck
 from dew.training.checkpointing.saving import NonFiniteError, Saver
+from dew.training.early_stopping import EarlyStop, watched
 from dew.training.evaluate import Evaluator, derived_metrics
 from dew.training.hooks import At, Hook, Hooks, Started, from_config
 from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
-from dew.training.preemption import Preempted, StopSignals
+from dew.training.preemption import Preempted, StopRequest, StopSignals
 from dew.training.process import compilation_cache_stats
 from dew.training.ramp import stage_at, tokens_seen_fn
 from dew.training.reporting.late_metrics import Reporter
@@ -150,6 +154,8 @@ class Evaluate(Hook):
         """Tells the hooks of each evaluation (``Hooks.evaluated``)."""
         self.last: dict[str, float] = {}
         """The last evaluation's values (empty before one)."""
+        self.step: int | None = None
+        """The step of the last evaluation."""
 
     def on_step(self, at: At) -> None:
         values = self.evaluator(at.state.params)
@@ -158,6 +164,7 @@ class Evaluate(Hook):
         self.tracker.metrics(at.step, values)
         self.tracker.event("eval", step=at.step, **values)
         at.evaluation = self.last = values
+        self.step = at.step
 
 
 class Samples(Hook):
@@ -182,6 +189,8 @@ def _train(
     criterion: tuple[str, bool],
 ) -> TrainState:
     t = run.trainer
+    if t.overfit_batches is not None:  # debug=overfit: the first batches, again and again
+        dataset = OverfitBatches(dataset, t.overfit_batches)
     to_file = _log_to_file(setup.path)
     checkpoints = Checkpoints(setup.path, keep=t.keep, best_metric=criterion[0], higher_is_better=criterion[1])
     try:
@@ -191,10 +200,9 @@ def _train(
         )
         # (4) Resume from the latest checkpoint.
         iterator = dataset.iterator(jax.process_index(), jax.process_count())
-        state, latest, records, wandb_id, fallbacks = _resume(checkpoints, state, iterator, setup.name)
+        state, latest, meta, fallbacks = _resume(checkpoints, state, iterator, setup.name)
         step = int(jax.device_get(state.step))
-        if latest is not None and step >= setup.total_steps:  # a finished run launched again: nothing to do
-            log.info("%s already completed its %d steps; nothing to train", setup.name, setup.total_steps)
+        if latest is not None and _ended(setup, step, meta):  # a run that ended, launched again: nothing to do
             return state
         tracker = Tracker(
             t,
@@ -203,7 +211,7 @@ def _train(
             summary=summary or {},
             total_steps=setup.total_steps,
             resume_step=latest,
-            wandb_id=wandb_id,
+            wandb_id=meta.get("wandb_id"),
             is_main=jax.process_index() == 0,
             changed=setup.changed,
         )
@@ -236,16 +244,31 @@ def _train(
             story,
             iterator,
             latest,
+            meta.get("hooks", {}),
+            metrics=metrics,
+            criterion=criterion,
             train_step=train_step,
             eval_step=eval_step,
             place=place,
         )
-        return _run(parts, setup, t, state, Position(step, records))
+        return _run(parts, setup, t, state, Position(step, meta.get("records", 0)))
     finally:
         checkpoints.close()
         if to_file is not None:  # this run's log file takes this run's lines only (a notebook trains many)
             logging.getLogger().removeHandler(to_file)
             to_file.close()
+
+
+def _ended(setup: Setup, step: int, meta: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint resumed from (at ``step``, with its record ``meta``) ends the run: its
+    last step, or a stop request (early stopping) honoured there; says so in the log."""
+    if step >= setup.total_steps:
+        log.info("%s already completed its %d steps; nothing to train", setup.name, setup.total_steps)
+        return True
+    if (request := meta.get("stop_request")) is not None:
+        log.info("%s stopped early at step %d (%s); nothing to train", setup.name, step, request["message"])
+        return True
+    return False
 
 
 def _build(
@@ -314,17 +337,18 @@ def compile_train_step(
 
 def _resume(
     checkpoints: Checkpoints, state: TrainState, iterator: BatchIterator, name: str
-) -> tuple[TrainState, int | None, int, str | None, list]:
-    """The state, the step restored (None for a new run), the records consumed, the W&B run's id and
-    the damaged checkpoints walked past; the data iterator is put where the checkpoint left it."""
+) -> tuple[TrainState, int | None, dict[str, Any], list]:
+    """The state, the step restored (None for a new run), the checkpoint's record (``Saver.meta``:
+    the records consumed, the W&B run's id, the hooks' states; empty for a new run) and the damaged
+    checkpoints walked past; the data iterator is put where the checkpoint left it."""
     if checkpoints.latest_step() is None:
-        return state, None, 0, None, []
+        return state, None, {}, []
     latest, restored, meta, fallbacks = checkpoints.restore_intact(state, move_damaged=jax.process_index() == 0)
     restored = restored.replace(graphdef=state.graphdef, rest=state.rest)
     if meta.get("data") is not None:
         iterator.set_state(meta["data"])
     log.info("resuming %s from step %d (%d records consumed)", name, latest, meta["records"])
-    return restored, latest, meta["records"], meta.get("wandb_id"), fallbacks
+    return restored, latest, meta, fallbacks
 
 
 def _parts(
@@ -337,12 +361,16 @@ def _parts(
     story: RunReport,
     iterator: BatchIterator,
     latest: int | None,
+    saved: Mapping[str, Any],
     *,
+    metrics: Sequence[Metric],
+    criterion: tuple[str, bool],
     train_step: Callable,
     eval_step: Callable,
     place: Callable,
 ) -> Parts:
-    """The loop's parts, each given what it reads, and its hooks in the order they run at a step."""
+    """The loop's parts, each given what it reads, and its hooks in the order they run at a step
+    (``saved``: the hooks' states in the checkpoint resumed from)."""
     t = run.trainer
     derive = functools.partial(derived_metrics, objective)
     evaluator = Evaluator(
@@ -367,17 +395,25 @@ def _parts(
     )
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
     own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
-    own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), evaluate, saver]
+    own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), evaluate]
     if t.wandb is not None:
         own.append(Samples(tracker, objective, t.seed))
+    if t.early_stopping is not None:
+        own.append(EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion)))
+    # The checkpoint comes last at a step, so that it holds what every hook decided there.
+    last: list[Hook] = (
+        [saver, ResumeCheck(saver, dataset.iterator, every=setup.ckpt_every)] if t.check_resume else [saver]
+    )
     hooks = Hooks(
-        [*own, *from_config(t.hooks)],
+        [*own, *from_config(t.hooks), *last],
         derive=derive,
         check_finite=saver.check_finite,
         restart=meter.restart,
         phase=story.phase,
     )
-    evaluate.told = hooks.evaluated  # an evaluation tells every hook (the samples)
+    evaluate.told = hooks.evaluated  # an evaluation tells every hook (the samples, early stopping)
+    saver.hook_states = hooks.states
+    saver.requested = lambda: setup.stop.requested
     return Parts(
         train_step=train_step,
         place=place,
@@ -389,7 +425,7 @@ def _parts(
         evaluate=evaluate,
         saver=saver,
         stop=setup.stop,
-        started=Started(run, objective, tracker, latest or 0, setup.total_steps),
+        started=Started(run, objective, tracker, latest or 0, setup.total_steps, setup.stop.request, saved),
     )
 
 
@@ -409,8 +445,9 @@ def _run(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Positi
             _finish(p, setup, state, at, t)
     except Preempted:
         raise  # its stop event is written where the signal is honoured
-    except NonFiniteError as err:
-        p.tracker.event("stop", step=at.step, reason="nonfinite", message=str(err))
+    except FloatingPointError as err:  # dew's NonFiniteError, or JAX's own under trainer.debug_nans
+        said = str(err) if isinstance(err, NonFiniteError) else f"jax_debug_nans in step {at.step + 1}: {err}"
+        p.tracker.event("stop", step=at.step, reason="nonfinite", message=said.splitlines()[0])
         raise
     except Exception as err:
         p.tracker.event("stop", step=at.step, reason="error", message=f"{type(err).__name__}: {err}")
@@ -443,16 +480,26 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
         p.hooks.after(At(at.step, at.records, state, step_metrics, last))
         if not last and p.stop.stop_at(at.step):  # the same step on every process (preemption.py)
             p.hooks.flush(state)
-            raise p.saver.stopped(p.stop, at.step, at.records, state)
+            if p.stop.requested is None:  # a signal: save, and stop to be resumed
+                raise p.saver.stopped(p.stop, at.step, at.records, state)
+            _stopped_early(p, p.stop.requested, at.step)  # asked: the run ends here as a finished one
+            break
     p.hooks.flush(state)
     p.saver.check_finite(state)
     return state
 
 
+def _stopped_early(p: Parts, request: StopRequest, step: int) -> None:
+    """The journal's ``early_stop`` event and the log line of a run that a stop request ends."""
+    log.warning("stopping early at step %d: %s", step, request.message)
+    p.tracker.event(EARLY_STOP, step=step, reason=request.reason, message=request.message, **request.details)
+
+
 def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, t: TrainerConfig) -> None:
     """(6) The end: wait for the saves, publish the last checkpoint, write the ``end`` event."""
+    evaluation = p.evaluate.last if p.evaluate.step == at.step else {}  # a stop request may end a step without one
     with p.story.phase("checkpoint"):
-        p.saver.last(at.step, at.records, state, p.evaluate.last)
+        p.saver.last(at.step, at.records, state, evaluation)
     p.tracker.publish_checkpoint(setup.name, p.saver.checkpoints.step_path(at.step), at.step)
     cache = compilation_cache_stats()
     if t.compilation_cache_dir:

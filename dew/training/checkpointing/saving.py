@@ -13,7 +13,7 @@ import numpy as np
 
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.hooks import At, Hook
-from dew.training.preemption import Preempted, StopSignals
+from dew.training.preemption import Preempted, StopRequest, StopSignals
 from dew.training.ramp import stage_at
 
 if TYPE_CHECKING:
@@ -53,6 +53,11 @@ class Saver(Hook):
         self.stages, self.total_steps = stages, total_steps
         self.last_saved = last_saved
         """The step of the last checkpoint, restored or saved (None: none yet)."""
+        self.hook_states: Callable[[], Mapping[str, Any]] = dict
+        """The stateful hooks' states (``Hooks.states``), kept in each checkpoint."""
+        self.requested: Callable[[], StopRequest | None] = lambda: None
+        """The run's stop request, if one came (``StopSignals.requested``): a checkpoint that holds
+        one tells a resume that the run ended there."""
 
     def meta(self, step: int, records: int) -> dict[str, Any]:
         """What a resume reads beside the state: the step, the records consumed, the data position."""
@@ -63,6 +68,8 @@ class Saver(Hook):
             "wandb_id": self.tracker.wandb_id,
             "ramp_stage": stage_at(self.stages, step),
             "total_steps": self.total_steps,
+            **({"hooks": plain(states)} if (states := self.hook_states()) else {}),
+            **({"stop_request": request.to_json()} if (request := self.requested()) is not None else {}),
         }
 
     def on_step(self, at: At) -> None:

@@ -4,6 +4,7 @@ written where TensorBoard's profile plugin and Perfetto read it. A hook of the l
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,8 @@ from dew.training.hooks import At, Hook
 if TYPE_CHECKING:
     from dew.contract.config import ProfileWindow
     from dew.training.step import TrainState
+
+log = logging.getLogger("dew")
 
 
 class Profiler(Hook):
@@ -42,6 +45,20 @@ class Profiler(Hook):
             self.close()
 
     def close(self) -> None:
-        if self.tracing:
+        if self.tracing and self.profile is not None:
             jax.profiler.stop_trace()
             self.tracing = False
+            log.info("profile of steps %d-%d written to %s", *self.window(), trace_path(self.profile.directory))
+
+    def window(self) -> tuple[int, int]:
+        """The first and last steps traced (counted from 1)."""
+        assert self.profile is not None
+        return self.profile.warmup + 1, self.profile.warmup + self.profile.steps
+
+
+def trace_path(directory: str) -> str:
+    """Where the last trace under ``directory`` went: JAX writes each into a new
+    ``plugins/profile/<time>/`` folder (TensorBoard's layout), which is what to open."""
+    root = os.path.join(os.path.abspath(os.path.expanduser(directory)), "plugins", "profile")
+    runs = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    return os.path.join(root, runs[-1]) if runs else os.path.abspath(directory)

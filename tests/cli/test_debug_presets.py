@@ -1,0 +1,127 @@
+"""The debug presets (conf/debug/) run as a user types them: ``debug=fast`` exactly as documented,
+the others on the tiny model of the trainer's tests (the preset's own settings untouched), each
+checked for what it promises: every cadence reached once, a loss that falls on one repeated batch, a
+trace whose folder is printed, a non-finite step caught one step later with jax_debug_nans on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dew.contract.journal import read_journal
+from dew.data.overfit import OverfitBatches
+from tests.conftest import REPO
+from tests.training.conftest import TINY, dew_train, fast_env
+
+PRESETS = {"fast", "overfit", "profile", "nans"}
+SMALL = [o for o in TINY if not o.startswith("optim.schedule.")]
+"""The trainer tests' tiny model and short samples; not their warmup: a debug preset unsets the schedule."""
+
+
+def test_every_debug_preset_is_run_here():
+    assert {p.stem for p in (REPO / "conf" / "debug").glob("*.yaml")} == PRESETS
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """A working directory whose runs share one compilation cache."""
+    return tmp_path_factory.mktemp("debug")
+
+
+def env(work: Path) -> dict[str, str]:
+    return fast_env(DEW_COMPILATION_CACHE=str(work / "xla"))
+
+
+def run_of(work: Path, preset: str) -> tuple[Path, list[dict]]:
+    """The one run directory the preset made (named by its start time) and its journal."""
+    [run] = list((work / "checkpoints").glob(f"debug-{preset}-*"))
+    return run, read_journal(work / "tracking" / run.name / "journal.jsonl")
+
+
+def events(journal: list[dict], kind: str) -> list[int]:
+    return [r["step"] for r in journal if r.get("event") == kind]
+
+
+@pytest.mark.slow
+def test_debug_fast_as_documented_reaches_every_cadence_once(work):
+    result = dew_train("experiment=digits", "debug=fast", cwd=work, env=env(work))
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    run, journal = run_of(work, "fast")
+    assert (
+        events(journal, "eval") == [2, 4] and events(journal, "checkpoint") == [2, 4] and events(journal, "end") == [4]
+    )
+    assert sorted(r["step"] for r in journal if "train/loss" in r) == [1, 2, 3, 4]  # the log at every step
+    assert "resume check: step 2's checkpoint restores the run's" in result.stdout
+    assert (run / "samples.png").is_file()
+    record = json.loads((run / "run.json").read_text())
+    assert record["optim"]["schedule"] is None and record["model"]["config"]["depth"] == 4  # the experiment's model
+
+
+@pytest.mark.slow
+def test_debug_overfit_drives_the_loss_down_on_one_batch(work):
+    result = dew_train(*SMALL, "debug=overfit", cwd=work, env=env(work))
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    _, journal = run_of(work, "overfit")
+    loss = {r["step"]: r["train/loss"] for r in journal if "train/loss" in r}
+    assert sorted(loss)[-1] == 200
+    # Flow matching draws its times and noise afresh each step, so even a memorised batch keeps a
+    # floor above zero (about 0.6 for this model): the loss must fall well towards it.
+    first, last = loss[1], np.mean([loss[s] for s in sorted(loss)[-20:]])
+    assert last < 0.55 * first, (first, last)
+
+
+def test_overfit_batches_serves_the_first_batches_again_and_resumes_in_the_cycle():
+    from dew.build import build_run
+    from tests.training.conftest import compose
+
+    _, _, dataset = build_run(compose("trainer.batch_size=8"))
+    stream = OverfitBatches(dataset, 2).iterator()
+    served = [stream.next()["label"] for _ in range(5)]
+    fresh = dataset.iterator()
+    first = [fresh.next()["label"], fresh.next()["label"]]
+    assert all(np.array_equal(a, b) for a, b in zip(served, [*first, *first, first[0]]))
+    assert not np.array_equal(first[0], first[1])
+    again = OverfitBatches(dataset, 2).iterator()
+    again.set_state(stream.get_state())
+    assert np.array_equal(again.next()["label"], first[1])
+    with pytest.raises(ValueError, match="not one of trainer.overfit_batches=3"):
+        OverfitBatches(dataset, 3).iterator().set_state(stream.get_state())
+
+
+@pytest.mark.slow
+def test_debug_profile_prints_where_the_trace_is(work):
+    result = dew_train(*SMALL, "debug=profile", cwd=work, env=env(work))
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    [line] = [line for line in result.stdout.splitlines() if "profile of steps 4-6 written to" in line]
+    trace = Path(line.rsplit(" written to ", 1)[1])
+    assert trace.parent == work / "profiles" / "plugins" / "profile" and list(trace.glob("*.xplane.pb"))
+
+
+@pytest.mark.slow
+def test_debug_nans_stops_at_the_step_with_jax_debug_nans_on(work):
+    import jax
+
+    # As typed: a rate that blows the weights up on its first full step (the warmup's first has rate
+    # 0); the loss goes non-finite at the next, and the run stops one step later, naming the step (the
+    # metrics are fetched every step, one step late).
+    result = dew_train(*TINY, "debug=nans", "optim.learning_rate=1e30", "trainer.steps=20", cwd=work, env=env(work))
+    assert result is not None and result.returncode == 5, result.stdout[-3000:]
+    assert "became non-finite at step 3; the run stops" in result.stdout
+    _, journal = run_of(work, "nans")
+    [stop] = [r for r in journal if r.get("event") == "stop"]
+    assert stop["reason"] == "nonfinite" and stop["step"] == 4
+
+    # The preset turns JAX's own check on in the process that trains (and leaves it on there).
+    from dew.config import TrainerConfig
+    from dew.training.process import prepare_process
+    from tests.training.conftest import compose
+
+    assert compose("debug=nans").trainer.debug_nans
+    try:
+        prepare_process(TrainerConfig(debug_nans=True, multi_host=False, compilation_cache_dir=None))
+        assert jax.config.jax_debug_nans
+    finally:
+        jax.config.update("jax_debug_nans", False)
