@@ -281,3 +281,22 @@ def test_tyro_parse_errors_hand_a_rejected_command_line_over_as_one_line():
         "--count: invalid literal for int() with base 10: 'x'",
         f"unrecognized --cuont 2 ({lines[2].split('(')[1].split(' --help')[0]} --help lists the options)",
     ]
+
+
+def test_submitit_local_results_wait_reports_a_job_without_a_result_at_once(tmp_path):
+    """A local job that is done without a result file raises submitit's UncompletedJobError after
+    the wait given (1 s here), not after submitit's own 15 s; outside, submitit's wait is back."""
+    import time
+
+    from submitit.core.utils import UncompletedJobError
+    from submitit.local import local
+
+    job = local.LocalJob(tmp_path, "1")  # no task ever writes 1_0_result.pkl
+    with compat.submitit_local_results_wait(1.0):
+        assert job._results_timeout_s == 1.0
+        began = time.monotonic()
+        with pytest.raises(UncompletedJobError, match="has not produced any output"):
+            job._get_outcome_and_result()
+        waited = time.monotonic() - began
+    assert waited < 10, waited  # submitit's own wait is 15 s
+    assert local.LocalJob._results_timeout_s == 15 and "_results_timeout_s" not in vars(local.LocalJob)

@@ -28,6 +28,11 @@ from dew.launching.naming import SweepInPickle
 from dew.launching.pool import free_ports
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR, wait_until_released
 
+RESULT_WAIT_S = 1.0
+"""How long the launching process waits for the result of a local job that ended without one (a
+run stopped by a signal) before it reports the job: one look again, not submitit's 15 s
+(``compat.submitit_local_results_wait``)."""
+
 STOP_FILE = "stop"
 """In the sweep's ``.launch`` directory: written by the launching process at Ctrl-C, watched by
 every task of its jobs."""
@@ -57,7 +62,7 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
         self.record_sweep()
         self.launcher_pid = os.getpid()
         self.controllers: list[Any] = []
-        with compat.submitit_local_controllers(self.controllers):
+        with compat.submitit_local_controllers(self.controllers), compat.submitit_local_results_wait(RESULT_WAIT_S):
             return super().start_and_wait(job_overrides, initial_job_idx)
 
     def run_jobs(self, jobs: list[Any], job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:

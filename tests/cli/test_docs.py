@@ -16,7 +16,6 @@ prepared token directory, token shards: ``user_dir``).
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import shutil
@@ -56,27 +55,6 @@ def _check(args: list[str], cwd: Path, env: dict[str, str], program: str = "dew-
 
     result = dew("--check", *args, cwd=cwd, env=env, script=CHECKED[program])
     return result.returncode, result.stderr
-
-
-def _jobs(args: list[str]) -> list[list[str]]:
-    """The overrides of each job a command runs: itself, or for ``-m`` every combination of its swept
-    values, as Hydra's basic sweeper expands them. An interval (a search space for
-    hydra/sweeper=optuna: docs/search.md, whose commands tests/cli/test_search.py trains) is left out:
-    the key keeps its configured value."""
-    if "-m" not in args and "--multirun" not in args:
-        return [args]
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    args = [a for a in args if a not in ("-m", "--multirun")]
-    choices = []
-    for arg, parsed in zip(args, OverridesParser.create().parse_overrides(args)):
-        if parsed.is_interval_sweep():
-            continue
-        if parsed.is_sweep_override():
-            choices.append([f"{parsed.get_key_element()}={v}" for v in parsed.sweep_string_iterator()])
-        else:
-            choices.append([arg])
-    return [list(job) for job in itertools.product(*choices)]
 
 
 # --- the user's directory: the files the pages say to have -----------------------------------------

@@ -36,7 +36,7 @@ EXPERIMENTS = {"digits": [*SAMPLES], "tiny_lm": [TOKENS], "tiny_mdlm": [TOKENS]}
 """Each experiment preset and the overrides it needs besides the model and the length: a token file
 for the token runs (the path the preset's own comment names)."""
 SEARCHES = {
-    "digits": (["experiment=digits", *SAMPLES], 3),
+    "digits": (["experiment=digits", *SAMPLES], 2),
     "tiny_lm": (["experiment=tiny_lm", TOKENS, "trainer.batch_size=4", "data.seq_len=16"], 1),
 }
 """Each search preset: the experiment its comment pairs it with (plus what that needs; tiny_lm's

@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
-from tests.cli.test_docs import _jobs
 from tests.conftest import REPO, dew, tree
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
 from tests.training.conftest import TINY, fast_env, losses
@@ -268,16 +267,17 @@ def launch_readme_commands() -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_command_of_the_cluster_guide_runs(workdir: Path):
+def test_the_cluster_guides_slurm_commands_print_their_scripts(workdir: Path):
     """launch/README.md's SLURM commands as dry runs (no cluster here: nothing on PATH answers
-    ``sbatch``), the others composed and converted as tests/cli/test_docs.py does."""
+    ``sbatch``): the script each prints. (tests/cli/test_docs.py runs every command of the page
+    through ``dew-train --check``.)"""
     import numpy as np
 
     (workdir / "data").mkdir()
     np.random.default_rng(0).integers(0, 256, 200_000).astype("<u2").tofile(workdir / "data" / "corpus.bin")
     # the vocabulary beside it, as dew-prepare writes it (a dry run checks the jobs as a launch does)
     (workdir / "data" / "tokens.json").write_text('{"format": "dew-tokens", "version": 1, "vocab_size": 256}')
-    commands = launch_readme_commands()
+    commands, dry_runs = launch_readme_commands(), 0
     assert len(commands) >= 4, commands
     for command in commands:
         args = shlex.split(command)[1:]
@@ -297,10 +297,8 @@ def test_every_command_of_the_cluster_guide_runs(workdir: Path):
                     "#SBATCH --job-name=lm-16gpu-sweep-",
                 ):
                     assert line in result.stdout, line
-            continue
-        for job in _jobs(args) if "--cfg" not in args else [args]:
-            result = dew(*(job if "--cfg" in job else ["--cfg", "job", "--resolve", *job]), cwd=workdir)
-            assert result.returncode == 0, (command, result.stderr[-3000:])
+            dry_runs += 1
+    assert dry_runs >= 2, commands
 
 
 def test_a_dry_run_checks_the_jobs_as_a_launch_does(workdir: Path):
