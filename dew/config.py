@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dew.recipe  # noqa: F401  (registers Recipe as a known writer of run records)
 from dew.contract.config import (
+    CSV,
     ConfigError,
     DataSpec,
     EarlyStopping,
@@ -17,6 +18,7 @@ from dew.contract.config import (
     Layout,
     LoRA,
     MeshSpec,
+    MLflow,
     ModelConfig,
     NoRunRecord,
     OptimConfig,
@@ -28,6 +30,8 @@ from dew.contract.config import (
     RunRecord,
     RunRecordError,
     ScheduleSpec,
+    TensorBoard,
+    Trackers,
     TrainerConfig,
     Wandb,
     default_compilation_cache_dir,
@@ -37,12 +41,14 @@ from dew.contract.config import (
 )
 
 __all__ = [
+    "CSV",
     "ConfigError",
     "DataSpec",
     "EarlyStopping",
     "JsonDict",
     "Layout",
     "LoRA",
+    "MLflow",
     "MeshSpec",
     "ModelConfig",
     "NoRunRecord",
@@ -55,6 +61,8 @@ __all__ = [
     "RunRecord",
     "RunRecordError",
     "ScheduleSpec",
+    "TensorBoard",
+    "Trackers",
     "TrainerConfig",
     "Wandb",
     "default_compilation_cache_dir",

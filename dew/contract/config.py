@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from dew.training.step import TrainState
 
 __all__ = [
+    "CSV",
     "ConfigError",
     "DataSpec",
     "EarlyStopping",
@@ -46,6 +47,7 @@ __all__ = [
     "JsonDict",
     "Layout",
     "LoRA",
+    "MLflow",
     "MeshSpec",
     "ModelConfig",
     "OptimConfig",
@@ -55,6 +57,8 @@ __all__ = [
     "Ramp",
     "RunConfig",
     "ScheduleSpec",
+    "TensorBoard",
+    "Trackers",
     "TrainerConfig",
     "Wandb",
     "default_compilation_cache_dir",
@@ -229,6 +233,53 @@ class Wandb:
     def __post_init__(self) -> None:
         if not self.project:
             raise ValueError("trainer.wandb.project must be a non-empty W&B project name")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorBoard:
+    """TensorBoard event files (docs/tracking.md): every scalar the journal logs, the resolved config
+    as text, the samples of each evaluation."""
+
+    directory: str | None = None
+    """The folder that holds each run's event files, in ``<directory>/<run name>``; unset:
+    ``tensorboard/`` in the run's tracking folder, so ``tensorboard --logdir <tracking dir>`` shows
+    every run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MLflow:
+    """An MLflow run (docs/tracking.md): the resolved config as params, the metrics by step, run.json
+    and the samples as artifacts. A resumed run logs into the same MLflow run."""
+
+    tracking_uri: str | None = None
+    """The tracking server or store (``http://host:5000``, ``sqlite:///mlflow.db``); unset:
+    ``MLFLOW_TRACKING_URI``, else MLflow's own default."""
+    experiment: str | None = None
+    """The experiment the run joins, created if it does not exist; unset: ``MLFLOW_EXPERIMENT_NAME``,
+    else MLflow's default experiment."""
+
+    def __post_init__(self) -> None:
+        if self.experiment is not None and not self.experiment.strip():
+            raise ValueError("trainer.trackers.mlflow.experiment must be a non-empty name, or null for the default")
+
+
+@dataclasses.dataclass(frozen=True)
+class CSV:
+    """One CSV of the run's logged metrics, ``metrics.csv`` beside the journal: a row per metric
+    record the journal's history holds (docs/tracking.md)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Trackers:
+    """Where a run reports besides its journal (always written) and ``trainer.wandb``: each set
+    record turns one on, in any combination (``dew-train trainer/trackers=[tensorboard,csv]``)."""
+
+    tensorboard: TensorBoard | None = None
+    """TensorBoard event files (tensorboardX, ``pip install 'dew[trackers]'``)."""
+    mlflow: MLflow | None = None
+    """An MLflow run (mlflow-skinny, ``pip install 'dew[trackers]'``)."""
+    csv: CSV | None = None
+    """``metrics.csv`` beside the journal (no extra library)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -523,6 +574,10 @@ class TrainerConfig:
     every run."""
     wandb: Wandb | None = None
     """Optional W&B sink in addition to the local tracking journal."""
+    trackers: Trackers = dataclasses.field(default_factory=Trackers)
+    """TensorBoard, MLflow and CSV, besides the journal and ``wandb`` (docs/tracking.md). Process 0
+    writes them; a tracker that fails (a server down) is warned about once and turned off, never
+    ending the run."""
     multi_host: bool | None = None
     """Join the JAX process pool. None asks and continues alone only when no cluster is configured;
     True requires the pool; False never asks."""

@@ -56,6 +56,10 @@ JOURNAL = "journal.jsonl"
 """A run's journal in its tracking folder: JSON lines, appended to, never rewritten
 (docs/journal.md)."""
 
+METRICS_CSV = "metrics.csv"
+"""The CSV of a run's logged metrics beside its journal, written when ``trainer.trackers.csv`` is
+set (docs/tracking.md): a row per metric record of the journal's history."""
+
 JOURNAL_VERSION = 1
 """The journal's format (docs/journal.md), declared by every start and resume event. A reader
 accepts the versions it knows and says so when it meets a newer one; a change that old readers

@@ -69,6 +69,7 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.keep",
     "trainer.profile",
     "trainer.wandb",
+    "trainer.trackers",
     "trainer.compilation_cache_dir",
     "trainer.multi_host",
     "trainer.mesh",

@@ -30,6 +30,7 @@ from dew.training.optim.build import Optimizer, build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import tokens_seen_fn
+from dew.training.reporting import trackers
 from dew.training.reporting.tracker import tracking_dir
 from dew.training.run_directory import (
     RunDirError,
@@ -98,6 +99,7 @@ def check(
         )
     preflight.check_attention(run)
     from_config(t.hooks)  # each named hook is registered and takes its options
+    trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)

@@ -35,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding
 from dew.contract.config import RunConfig, TrainerConfig
 from dew.contract.data import BatchIterator, Dataset
 from dew.contract.objectives import can_sample
-from dew.contract.rundir import EARLY_STOP
+from dew.contract.rundir import EARLY_STOP, RUN_RECORD
 from dew.data.overfit import OverfitBatches
 from dew.models.flops import flops_per_example
 from dew.objectives.base import Metric, Objective
@@ -57,6 +57,7 @@ from dew.training.reporting.late_metrics import Reporter
 from dew.training.reporting.profiler import Profiler
 from dew.training.reporting.summary import RunReport, log_samples
 from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
+from dew.training.reporting.trackers import takes_samples
 from dew.training.run_directory import is_local
 from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState, make_eval_step, make_train_step
@@ -168,7 +169,8 @@ class Evaluate(Hook):
 
 
 class Samples(Hook):
-    """Samples logged to W&B at each evaluation (every process: sampling may span all of them)."""
+    """Samples logged to the trackers that take them (W&B, TensorBoard, MLflow) at each evaluation
+    (every process: sampling may span all of them)."""
 
     def __init__(self, tracker: Tracker, objective: Objective, seed: int) -> None:
         super().__init__(every=None)
@@ -212,6 +214,8 @@ def _train(
             total_steps=setup.total_steps,
             resume_step=latest,
             wandb_id=meta.get("wandb_id"),
+            mlflow_id=meta.get("mlflow_id"),
+            run_record=setup.path / RUN_RECORD,
             is_main=jax.process_index() == 0,
             changed=setup.changed,
         )
@@ -339,7 +343,7 @@ def _resume(
     checkpoints: Checkpoints, state: TrainState, iterator: BatchIterator, name: str
 ) -> tuple[TrainState, int | None, dict[str, Any], list]:
     """The state, the step restored (None for a new run), the checkpoint's record (``Saver.meta``:
-    the records consumed, the W&B run's id, the hooks' states; empty for a new run) and the damaged
+    the records consumed, the W&B and MLflow run ids, the hooks' states; empty for a new run) and the damaged
     checkpoints walked past; the data iterator is put where the checkpoint left it."""
     if checkpoints.latest_step() is None:
         return state, None, {}, []
@@ -396,7 +400,7 @@ def _parts(
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
     own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
     own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), evaluate]
-    if t.wandb is not None:
+    if takes_samples(t):
         own.append(Samples(tracker, objective, t.seed))
     if t.early_stopping is not None:
         own.append(EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion)))

@@ -102,6 +102,7 @@ class _Checkpoints:
 
 class _Tracker:
     wandb_id = "w1"
+    mlflow_id = "m1"
 
     def __init__(self) -> None:
         self.events: list[tuple[str, int]] = []
@@ -139,6 +140,7 @@ def test_a_save_records_where_the_run_is_and_a_stop_saves_once():
         "records": 160,
         "data": {"pos": 7, "seq": [0.5]},
         "wandb_id": "w1",
+        "mlflow_id": "m1",
         "ramp_stage": 1,
         "total_steps": 10,
     }

@@ -66,6 +66,7 @@ class Saver(Hook):
             "records": records,
             "data": plain(self.data_state()),
             "wandb_id": self.tracker.wandb_id,
+            "mlflow_id": self.tracker.mlflow_id,
             "ramp_stage": stage_at(self.stages, step),
             "total_steps": self.total_steps,
             **({"hooks": plain(states)} if (states := self.hook_states()) else {}),

@@ -243,7 +243,7 @@ def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step:
     key = jax.random.PRNGKey(seed + 3)  # the key dew-train's final samples are drawn with
     if hasattr(objective, "sample_grid"):
         images, labels = objective.sample_grid(model, key)
-        if tracker.wandb_run is not None:
+        if tracker.takes_media:
             folder = tracker.directory / "samples"
             folder.mkdir(parents=True, exist_ok=True)
             path = write_grid(os.fspath(folder / f"{step}.png"), images, rows=max(int(np.max(labels)) + 1, 1), scale=4)

@@ -1,4 +1,5 @@
-"""Run tracking: a local journal always, W&B when configured, and a progress display.
+"""Run tracking: a local journal always, W&B and the trackers of ``trainer.trackers`` (TensorBoard,
+MLflow, CSV: dew.training.reporting.trackers) when configured, and a progress display.
 
 Library code talks to a ``Tracker``; only this module imports wandb. The journal is JSON lines in a
 tracking directory separate from the run directory: one record per logged step (its metrics) and
@@ -31,6 +32,7 @@ from etils import epath
 from dew.contract.config import TrainerConfig
 from dew.contract.journal import read
 from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
+from dew.training.reporting import trackers
 from dew.training.reporting.peak import measured_peak_flops
 from dew.training.run_directory import absolute, is_local
 
@@ -100,7 +102,7 @@ class Journal:
 
 
 class Tracker:
-    """Where a run reports: the journal, W&B (optional) and the terminal."""
+    """Where a run reports: the journal, W&B and ``trainer.trackers`` (optional) and the terminal."""
 
     def __init__(
         self,
@@ -114,6 +116,8 @@ class Tracker:
         wandb_id: str | None,
         is_main: bool,
         changed: Sequence[str] = (),
+        mlflow_id: str | None = None,
+        run_record: epath.Path | None = None,
     ) -> None:
         self.is_main = is_main
         self.total_steps = total_steps
@@ -140,6 +144,24 @@ class Tracker:
                 config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
             )
             self.wandb_id = self.wandb_run.id
+        self._mlflow_id = mlflow_id
+        self.last_event: dict[str, Any] | None = None
+        """The last ``stop`` or ``end`` event this segment wrote: how the run ended, for the trackers."""
+        # The trackers of trainer.trackers (process 0's): each told what the journal is told.
+        self.sinks = (
+            trackers.open_sinks(
+                trainer,
+                name,
+                self.directory,
+                config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
+                run_record=run_record,
+                history=self.journal.history,
+                resume_step=resume_step,
+                mlflow_id=mlflow_id,
+            )
+            if self.journal is not None
+            else []
+        )
         self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
         # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
         self.event(
@@ -150,20 +172,41 @@ class Tracker:
             **({"changed": list(changed)} if changed else {}),
         )
 
+    @property
+    def mlflow_id(self) -> str | None:
+        """The MLflow run this run logs to (kept in each checkpoint, so a resume continues it)."""
+        return next((s.resume_id for s in self.sinks if s.field == "mlflow"), self._mlflow_id)
+
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None and not self.complete:
-            self.journal.write({"event": kind, "step": step, "time": time.time(), **fields})
+            record = {"event": kind, "step": step, "time": time.time(), **fields}
+            self.journal.write(record)
+            if kind in ("stop", "end"):
+                self.last_event = record
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
         if self.journal is None or self._progress is None:  # not the process that reports
             return
-        self.journal.write({"step": step, "time": time.time(), **values})
+        record = {"step": step, "time": time.time(), **values}
+        self.journal.write(record)
+        for sink in self.sinks:
+            sink.call("metrics", record)
         if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
             self.wandb_run.log(dict(values), step=step)
         self._progress.update(step, values)
 
+    @property
+    def takes_media(self) -> bool:
+        """Whether a tracker takes the samples of each evaluation (W&B, TensorBoard, MLflow)."""
+        return self.wandb_run is not None or any(s.field != "csv" for s in self.sinks)
+
     def log_media(self, step: int, *, image: str | None = None, texts: list[str] | None = None) -> None:
-        """Log samples to W&B at ``step``: an image file, or text samples as a table."""
+        """Log samples at ``step``: an image file, or text samples (a table on W&B)."""
+        for sink in self.sinks:
+            if image is not None:
+                sink.call("image", step, image)
+            if texts:
+                sink.call("texts", step, texts)
         if self.wandb_run is None:
             return
         import wandb
@@ -188,6 +231,9 @@ class Tracker:
             self._progress.close()
         if self.journal is not None:
             self.journal.close()
+        ended = trackers.outcome(self.last_event)
+        for sink in self.sinks:
+            sink.call("close", ended)
         if self.wandb_run is not None:
             self.wandb_run.finish()
 
