@@ -113,6 +113,14 @@ def how_to_set(path: str, record: type, conf: str | None, example: str = "...") 
     group = path.replace(".", "/")
     if conf is not None and (options := sorted(p.stem for p in Path(conf, group).glob("*.yaml"))):
         return f"choose one first, e.g. {group}={options[0]} (options: {', '.join(options)}), then set its fields"
+    parent, _, option = group.rpartition("/")
+    if conf is not None and parent and Path(conf, parent, f"{option}.yaml").is_file():
+        # One option of a group that takes several (trainer/trackers=[tensorboard,csv]).
+        options = sorted(p.stem for p in Path(conf, parent).glob("*.yaml"))
+        return (
+            f"choose it first, e.g. {parent}={option} (options: {', '.join(options)}; several as "
+            f"{parent}=[{','.join(options[:2])}]), then set its fields"
+        )
     members = registry_of(record)
     if members is not None:
         return f"choose one first, e.g. {path}='{{kind: {next(iter(members))}}}' (kinds: {', '.join(members)})"

@@ -15,7 +15,7 @@ from dew.contract.schedules import schedules
 from dew.recipe import Recipe
 
 CONF = Path(conf_dir())
-GROUPS = ["model", "data", "optim", "optim/schedule", "trainer", "experiment"]
+GROUPS = ["model", "data", "optim", "optim/schedule", "trainer", "trainer/trackers", "experiment"]
 
 
 def options(group: str) -> list[str]:
@@ -55,6 +55,10 @@ def test_every_option_composes_and_converts(group, option):
         assert recipe.optim.schedule.name == option  # type: ignore[union-attr]
     elif group == "optim":
         assert recipe.optim.optimizer == option
+    elif group == "trainer/trackers" and option == "wandb":
+        assert recipe.trainer.wandb is not None and recipe.trainer.wandb.project == "dew"
+    elif group == "trainer/trackers":
+        assert getattr(recipe.trainer.trackers, option) is not None
     elif group == "model":
         assert recipe.model.architecture in ("simple_dit", "transformer")
     assert Recipe.from_dict(recipe.to_dict()) == recipe

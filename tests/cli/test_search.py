@@ -130,6 +130,7 @@ UNSET = {
     "trainer.profile.steps=3": "trainer.profile='{steps: 3}' (its fields: warmup, steps, directory)",
     "trainer.wandb.project=p": "trainer.wandb='{project: p}' (its fields: project, entity, offline)",
     "trainer.quantization.weight_qtype=int8": "trainer.quantization='{weight_qtype: int8}'",
+    "trainer.trackers.mlflow.experiment=e": "trainer/trackers=mlflow (options: csv, mlflow, tensorboard, wandb;",
 }
 
 

@@ -23,21 +23,22 @@ from dew.training.hooks import At, Hook, hooks
 from dew.training.reporting.trackers import read_csv
 from tests.training.conftest import compose, train_tiny
 
+FAILED: set[int] = set()
+"""The steps ``fail_once_at`` has failed at, in this process."""
+
 
 @hooks.register("fail_once_at")
 class FailOnceAt(Hook):
     """Raise at ``step`` the first time a run reaches it: a run that fails after logging past its
     last checkpoint, which the same command resumes."""
 
-    failed: set[int] = set()
-
     def __init__(self, every: int | None = 1, step: int = 0) -> None:
         super().__init__(every)
         self.step = step
 
     def on_step(self, at: At) -> None:
-        if at.step == self.step and self.step not in FailOnceAt.failed:
-            FailOnceAt.failed.add(self.step)
+        if at.step == self.step and self.step not in FAILED:
+            FAILED.add(self.step)
             raise RuntimeError(f"failing at step {at.step}")
 
 
@@ -185,3 +186,19 @@ def test_a_tracker_that_fails_is_warned_about_once_and_the_journal_keeps_everyth
     rows = read_csv(tmp_path / "tracking" / "r" / "metrics.csv")
     assert [(r["step"], r["train/loss"]) for r in rows] == [(1, 1.0), (2, 0.5), (3, 1 / 3)]
     assert all(math.isnan(r["train/lr"]) for r in rows)
+
+
+def test_a_tracker_that_cannot_work_is_refused_before_the_run_starts(monkeypatch: pytest.MonkeyPatch):
+    from etils import epath
+
+    from dew.training.reporting import trackers
+
+    trainer = compose("trainer/trackers=[tensorboard,mlflow]").trainer
+    trackers.check(trainer, epath.Path("/tmp/tracking"))  # both installed (the test extra), a local folder
+    with pytest.raises(ValueError, match=r"^trainer.trackers.tensorboard writes .* gs://b/tracking is not local: set"):
+        trackers.check(trainer, epath.Path("gs://b/tracking"))
+    monkeypatch.setitem(trackers.LIBRARIES, "mlflow", "dew_not_a_library")
+    with pytest.raises(
+        ValueError, match=r"^trainer.trackers.mlflow needs the dew_not_a_library package, .*dew\[trackers\]"
+    ):
+        trackers.check(trainer, epath.Path("/tmp/tracking"))
