@@ -24,8 +24,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from etils import epath
 
@@ -35,6 +35,9 @@ from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
 from dew.training.reporting import trackers
 from dew.training.reporting.peak import measured_peak_flops
 from dew.training.run_directory import absolute, is_local
+
+if TYPE_CHECKING:
+    import wandb
 
 log = logging.getLogger("dew")
 
@@ -125,25 +128,10 @@ class Tracker:
         self.journal = Journal(self.directory / JOURNAL) if is_main else None
         # A run started again after it completed adds nothing: its history already ends there.
         self.complete = self.journal is not None and resume_step is not None and self.journal.ended_at(resume_step)
-        self.wandb_run = None
+        self.wandb_run: wandb.Run | None = None
         self.wandb_id = wandb_id
         if is_main and trainer.wandb is not None:
-            import wandb
-
-            cfg = trainer.wandb
-            self.wandb_run = wandb.init(
-                project=cfg.project,
-                entity=cfg.entity,
-                name=name,
-                id=wandb_id,
-                resume="allow",
-                mode="offline" if cfg.offline else "online",
-                # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
-                # when the tracking directory is not local (gs://).
-                dir=os.fspath(tracking_dir(trainer) / name) if is_local(os.fspath(tracking_dir(trainer))) else None,
-                config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
-            )
-            self.wandb_id = self.wandb_run.id
+            self._wandb(lambda: self._open_wandb(trainer, name, record=record, summary=summary))
         self._mlflow_id = mlflow_id
         self.last_event: dict[str, Any] | None = None
         """The last ``stop`` or ``end`` event this segment wrote: how the run ended, for the trackers."""
@@ -172,6 +160,41 @@ class Tracker:
             **({"changed": list(changed)} if changed else {}),
         )
 
+    def _open_wandb(
+        self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any], summary: Mapping[str, object]
+    ) -> None:
+        import wandb  # heavy: only a run that reports to W&B loads it
+
+        cfg = trainer.wandb
+        assert cfg is not None
+        tracking = tracking_dir(trainer)
+        self.wandb_run = wandb.init(
+            project=cfg.project,
+            entity=cfg.entity,
+            name=name,
+            id=self.wandb_id,
+            resume="allow",
+            mode="offline" if cfg.offline else "online",
+            # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
+            # when the tracking directory is not local (gs://).
+            dir=os.fspath(tracking / name) if is_local(os.fspath(tracking)) else None,
+            config={"run": dict(record), "summary": dict(summary), "total_steps": self.total_steps},
+        )
+        self.wandb_id = self.wandb_run.id
+
+    def _wandb(self, call: Callable[[], object]) -> None:
+        """Call W&B; a failure (no network, a refused key) turns it off with one warning, never the
+        run: the journal keeps every record, and the W&B id stays for a resume to continue."""
+        try:
+            call()
+        except Exception as err:  # any failure of W&B: the run and its journal go on
+            log.warning(
+                "trainer.wandb failed (%s: %s); it is off for the rest of this run, whose journal keeps every record",
+                type(err).__name__,
+                err,
+            )
+            self.wandb_run = None
+
     @property
     def mlflow_id(self) -> str | None:
         """The MLflow run this run logs to (kept in each checkpoint, so a resume continues it)."""
@@ -191,8 +214,9 @@ class Tracker:
         self.journal.write(record)
         for sink in self.sinks:
             sink.call("metrics", record)
-        if self.wandb_run is not None and step > (self.wandb_run.starting_step or 0) - 1:
-            self.wandb_run.log(dict(values), step=step)
+        run = self.wandb_run
+        if run is not None and step > (run.starting_step or 0) - 1:
+            self._wandb(lambda: run.log(dict(values), step=step))
         self._progress.update(step, values)
 
     @property
@@ -207,24 +231,31 @@ class Tracker:
                 sink.call("image", step, image)
             if texts:
                 sink.call("texts", step, texts)
-        if self.wandb_run is None:
+        run = self.wandb_run
+        if run is None:
             return
-        import wandb
+        import wandb  # heavy: only a run that reports to W&B loads it
 
         if image is not None:
-            self.wandb_run.log({"samples": wandb.Image(image, caption=f"step {step}")}, step=step)
+            self._wandb(lambda: run.log({"samples": wandb.Image(image, caption=f"step {step}")}, step=step))
         if texts:
-            self.wandb_run.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=step)
+            self._wandb(
+                lambda: run.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=step)
+            )
 
     def publish_checkpoint(self, name: str, path: str, step: int) -> None:
         """Publish the checkpoint a run ends on as a W&B artifact (by reference: no copy)."""
-        if self.wandb_run is None:
+        run = self.wandb_run
+        if run is None:
             return
-        import wandb
+        import wandb  # heavy: only a run that reports to W&B loads it
 
-        artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
-        artifact.add_reference(f"file://{os.path.abspath(path)}" if is_local(path) else path)
-        self.wandb_run.log_artifact(artifact)
+        def publish() -> None:
+            artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
+            artifact.add_reference(f"file://{os.path.abspath(path)}" if is_local(path) else path)
+            run.log_artifact(artifact)
+
+        self._wandb(publish)
 
     def close(self) -> None:
         if self._progress is not None:
@@ -234,8 +265,8 @@ class Tracker:
         ended = trackers.outcome(self.last_event)
         for sink in self.sinks:
             sink.call("close", ended)
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        if (run := self.wandb_run) is not None:
+            self._wandb(run.finish)
 
 
 # Peak dense matmul FLOP/s of one device, by the start of jax's ``device_kind``, from the vendors'

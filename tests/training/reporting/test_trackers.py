@@ -165,10 +165,16 @@ def test_a_tracker_that_fails_is_warned_about_once_and_the_journal_keeps_everyth
 ):
     from dew.training.reporting.tracker import Tracker
 
+    import wandb
+
+    def no_network(**kwargs: object) -> None:
+        raise ConnectionError("wandb.init: no network")
+
+    monkeypatch.setattr(wandb, "init", no_network)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     trainer = compose(
         f"trainer.checkpoint_dir={tmp_path / 'ck'}",
-        "trainer/trackers=[mlflow,csv]",
+        "trainer/trackers=[mlflow,csv,wandb]",
         f"trainer.trackers.mlflow.tracking_uri=http://127.0.0.1:{_free_port()}",  # nothing listens there
     ).trainer
     with caplog.at_level(logging.WARNING, logger="dew"):
@@ -179,8 +185,10 @@ def test_a_tracker_that_fails_is_warned_about_once_and_the_journal_keeps_everyth
             tracker.metrics(step, {"train/loss": 1.0 / step, "train/lr": math.nan})
         tracker.event("end", step=3)
         tracker.close()
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith("trainer.trackers.mlflow failed (")
+    warnings = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert len(warnings) == 2, warnings  # one for each tracker that failed, however often it was called
+    assert warnings[0].startswith("trainer.trackers.mlflow failed (MlflowException: ")
+    assert warnings[1].startswith("trainer.wandb failed (ConnectionError: wandb.init: no network)")
     history = read(tmp_path / "tracking" / "r" / "journal.jsonl").history()
     assert [r["step"] for r in history if "event" not in r] == [1, 2, 3]
     rows = read_csv(tmp_path / "tracking" / "r" / "metrics.csv")
