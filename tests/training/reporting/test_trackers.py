@@ -163,9 +163,9 @@ def test_a_failed_run_and_its_resume_reach_tensorboard_mlflow_and_csv_as_the_jou
 def test_a_tracker_that_fails_is_warned_about_once_and_the_journal_keeps_everything(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ):
-    from dew.training.reporting.tracker import Tracker
-
     import wandb
+
+    from dew.training.reporting.tracker import Tracker
 
     def no_network(**kwargs: object) -> None:
         raise ConnectionError("wandb.init: no network")
