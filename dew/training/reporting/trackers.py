@@ -240,14 +240,13 @@ class TensorBoardSink(Sink):
         resume_step: int | None,
     ) -> None:
         from tensorboardX import SummaryWriter  # heavy: only a run that turns TensorBoard on loads it
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
 
         folder = os.path.join(board.directory, name) if board.directory is not None else directory / "tensorboard"
-        self.writer = SummaryWriter(logdir=os.fspath(folder), flush_secs=30)
         start = 0 if resume_step is None else resume_step + 1
-        # TensorBoard's reader drops every event at or past a START's step that came before it: what
-        # a killed process logged past the resumed checkpoint, or a whole earlier attempt.
-        self.writer._get_file_writer().add_event(Event(step=start, session_log=SessionLog(status=SessionLog.START)))
+        # purge_step: a SessionLog START event at ``start``, on which TensorBoard's reader drops every
+        # event at or past it that came before: what a killed process logged past the resumed
+        # checkpoint, or a whole earlier attempt.
+        self.writer = SummaryWriter(logdir=os.fspath(folder), flush_secs=30, purge_step=start)
         text = json.dumps(config, indent=2, default=str)
         self.writer.add_text("config", "\n".join("    " + line for line in text.splitlines()), global_step=start)
 
