@@ -129,9 +129,9 @@ def _record(info: StructTypeInfo) -> StructConstructorSpec | None:
 def _field(cls: type, field: StructFieldSpec) -> StructFieldSpec:
     tp: Any = field.type
     if issubclass(cls, ModelConfig) and field.name == "architecture":
-        tp = Literal[tuple(architectures)]
+        tp = Literal[tuple(sorted(architectures))]  # sorted: registration order follows import order
     elif issubclass(cls, RunConfig) and field.name == "objective":
-        tp = Literal[tuple(objectives)] | None
+        tp = Literal[tuple(sorted(objectives))] | None
     return dataclasses.replace(field, type=_cli_type(tp, field.default), helptext=_plain_help(field.helptext))
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import cli_env
+from tests.conftest import SUITE_CACHE, cli_env
 
 # The tiny steps these tests train compile ~3x faster unoptimised, and their checks compare runs
 # compiled alike (two subprocesses, or one process), never against an optimised build.
@@ -46,7 +46,7 @@ TINY = [
     "optim.schedule.warmup_steps=1",
     "flow_matching.samples_per_class=1",
     "flow_matching.sample_steps=1",
-    "trainer.compilation_cache_dir=null",
+    f"trainer.compilation_cache_dir={SUITE_CACHE}",
 ]
 
 
