@@ -604,9 +604,12 @@ class TrainerConfig:
     of it: a model that cannot drive its loss down on one batch has a bug (``debug=overfit``).
     Evaluation still reads the held-out data. Unset trains on the whole data."""
     debug_nans: bool = False
-    """Turn on JAX's ``jax_debug_nans``: a compiled step whose output holds a NaN is run again op by
-    op and raises at the operation that made it (slow; ``debug=nan``). Infinities are left alone:
-    an attention mask's -inf is one."""
+    """Turn on JAX's ``jax_debug_nans`` and ``jax_debug_infs``: a compiled call (the train step, an
+    evaluation) whose output holds a NaN or an infinity is run again op by op, and the run stops at
+    the operation that made the first one, naming the step and the operation (``debug=nans``). Each
+    call then waits for its outputs and checks them on the host: for debugging, not for speed. An
+    infinity inside a compiled call that never reaches its outputs (an attention mask's -inf) is not
+    checked; one that does stops the run as a NaN does."""
     check_resume: bool = False
     """At the run's first checkpoint, read it back as a resumed run would (the state, the data
     position, the hooks' state) and check it holds the live run's values bit for bit; a debugging

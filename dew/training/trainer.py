@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -51,7 +51,7 @@ from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopRequest, StopSignals
-from dew.training.process import compilation_cache_stats
+from dew.training.process import compilation_cache_stats, nan_checks_held
 from dew.training.ramp import stage_at, tokens_seen_fn
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.reporting.profiler import Profiler
@@ -444,15 +444,18 @@ class Position:
 def _run(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Position) -> TrainState:
     """The loop and the end, with the journal's ``stop`` event for a run that fails."""
     try:
-        with p.hooks.held():
+        with p.hooks.held(), nan_checks_held():  # JAX's checks (trainer.debug_nans) on every call
             state = _loop(p, setup, t, state, at)
             _finish(p, setup, state, at, t)
     except Preempted:
         raise  # its stop event is written where the signal is honoured
-    except FloatingPointError as err:  # dew's NonFiniteError, or JAX's own under trainer.debug_nans
-        said = str(err) if isinstance(err, NonFiniteError) else f"jax_debug_nans in step {at.step + 1}: {err}"
-        p.tracker.event("stop", step=at.step, reason="nonfinite", message=said.splitlines()[0])
+    except NonFiniteError as err:  # dew's check, or JAX's in a step (trainer.debug_nans: _jax_check)
+        p.tracker.event("stop", step=at.step, reason="nonfinite", message=str(err))
         raise
+    except FloatingPointError as err:  # JAX's check (trainer.debug_nans) in a hook: an evaluation
+        stop = p.saver.nonfinite(_found_by_jax(err, f"a hook after step {at.step}"))
+        p.tracker.event("stop", step=at.step, reason="nonfinite", message=str(stop))
+        raise stop from err
     except Exception as err:
         p.tracker.event("stop", step=at.step, reason="error", message=f"{type(err).__name__}: {err}")
         raise
@@ -470,7 +473,7 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
         batch_size = p.stages[stage_at(p.stages, at.step)][0]
         batch = p.place(p.iterator.next(batch_size))
         first = p.story.starting_step()
-        with jax.profiler.StepTraceAnnotation("train", step_num=at.step):
+        with jax.profiler.StepTraceAnnotation("train", step_num=at.step), _jax_check(p, at.step + 1, state):
             state, step_metrics = p.train_step(state, batch)
         # Step s is queued behind s-1: wait for s-1 (for s once steps are long), so the host leads the
         # devices by one step at most and a stop, a save or a progress line is about steps they have run.
@@ -491,6 +494,26 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
     p.hooks.flush(state)
     p.saver.check_finite(state)
     return state
+
+
+@contextlib.contextmanager
+def _jax_check(p: Parts, step: int, state: TrainState) -> Iterator[None]:
+    """The call of step ``step`` (1-based) on ``state``, where JAX's checks (``trainer.debug_nans``)
+    raise when the step's output holds a NaN or an infinity: the previous step's metrics reported,
+    then the run's ``NonFiniteError``, naming the step and the operation JAX's op-by-op re-run
+    stopped at."""
+    try:
+        yield
+    except FloatingPointError as err:
+        p.hooks.flush(state)  # the last finite step's metrics (the state is not donated under the checks)
+        raise p.saver.nonfinite(_found_by_jax(err, f"step {step}")) from err
+
+
+def _found_by_jax(err: FloatingPointError, where: str) -> str:
+    """One line: where JAX's check fired and what its op-by-op re-run found (the first line of its
+    message: ``invalid value (nan) encountered in mul``)."""
+    finding = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"jax_debug_nans: {where} made a non-finite value; re-run op by op: {finding}"
 
 
 def _stopped_early(p: Parts, request: StopRequest, step: int) -> None:

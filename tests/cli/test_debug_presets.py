@@ -1,7 +1,8 @@
 """The debug presets (conf/debug/) run as a user types them: ``debug=fast`` exactly as documented,
 the others on the tiny model of the trainer's tests (the preset's own settings untouched), each
 checked for what it promises: every cadence reached once, a loss that falls on one repeated batch, a
-trace whose folder is printed, a non-finite step caught one step later with jax_debug_nans on."""
+trace whose folder is printed, a non-finite step stopped by JAX's own check at the operation that
+made it."""
 
 from __future__ import annotations
 
@@ -101,27 +102,22 @@ def test_debug_profile_prints_where_the_trace_is(work):
 
 
 @pytest.mark.slow
-def test_debug_nans_stops_at_the_step_with_jax_debug_nans_on(work):
-    import jax
-
+def test_debug_nans_stops_at_the_operation_jax_finds(work):
     # As typed: a rate that blows the weights up on its first full step (the warmup's first has rate
-    # 0); the loss goes non-finite at the next, and the run stops one step later, naming the step (the
-    # metrics are fetched every step, one step late).
+    # 0). Step 3's forward pass overflows; JAX's check sees the infinity in the step's output, runs
+    # the step again op by op and raises at the operation that made it: the square of flow
+    # matching's error (with jax_debug_nans alone it would name reduce_sum, in the backward pass, where
+    # the NaN that follows appears). dew stops there, one line naming the step, before its own check
+    # (metrics one step late) would at step 4.
     result = dew_train(*TINY, "debug=nans", "optim.learning_rate=1e30", "trainer.steps=20", cwd=work, env=env(work))
     assert result is not None and result.returncode == 5, result.stdout[-3000:]
-    assert "became non-finite at step 3; the run stops" in result.stdout
+    assert "Invalid nan value encountered in the output of a jax.jit function" in result.stdout  # JAX's re-run
+    [error] = [line for line in result.stdout.splitlines() if line.startswith("dew-train: error:")]
+    assert error == (
+        "dew-train: error: jax_debug_nans: step 3 made a non-finite value; re-run op by op: invalid value (inf) "
+        "encountered in square; the run stops. The last good checkpoint, left intact: none was saved"
+    )
     _, journal = run_of(work, "nans")
     [stop] = [r for r in journal if r.get("event") == "stop"]
-    assert stop["reason"] == "nonfinite" and stop["step"] == 4
-
-    # The preset turns JAX's own check on in the process that trains (and leaves it on there).
-    from dew.config import TrainerConfig
-    from dew.training.process import prepare_process
-    from tests.training.conftest import compose
-
-    assert compose("debug=nans").trainer.debug_nans
-    try:
-        prepare_process(TrainerConfig(debug_nans=True, multi_host=False, compilation_cache_dir=None))
-        assert jax.config.jax_debug_nans
-    finally:
-        jax.config.update("jax_debug_nans", False)
+    assert (stop["reason"], stop["step"], stop["message"]) == ("nonfinite", 2, error.removeprefix("dew-train: error: "))
+    assert sorted(r["step"] for r in journal if "train/loss" in r) == [1, 2]  # step 2's, flushed before the stop

@@ -86,13 +86,15 @@ class Saver(Hook):
         """Raise ``NonFiniteError`` naming the last good checkpoint if the state went non-finite."""
         bad = int(jax.device_get(state.nonfinite_step))
         if bad >= 0:
-            self.checkpoints.wait()  # a save in flight holds an earlier, finite state: let it land
-            last = self.checkpoints.latest_step()
-            where = f"step {last} in {self.checkpoints.step_path(last)}" if last is not None else "none was saved"
-            raise NonFiniteError(
-                f"the loss or the gradients became non-finite at step {bad + 1}; the run "
-                f"stops. The last good checkpoint, left intact: {where}"
-            )
+            raise self.nonfinite(f"the loss or the gradients became non-finite at step {bad + 1}")
+
+    def nonfinite(self, what: str) -> NonFiniteError:
+        """The error that stops a run gone non-finite (``what``: where and how), naming the last good
+        checkpoint."""
+        self.checkpoints.wait()  # a save in flight holds an earlier, finite state: let it land
+        last = self.checkpoints.latest_step()
+        where = f"step {last} in {self.checkpoints.step_path(last)}" if last is not None else "none was saved"
+        return NonFiniteError(f"{what}; the run stops. The last good checkpoint, left intact: {where}")
 
     def stopped(self, stop: StopSignals, step: int, records: int, state: TrainState) -> Preempted:
         """Save at ``step`` (unless saved there), wait for the save, write the ``stop`` event: the
