@@ -109,7 +109,8 @@ def test_debug_nans_stops_at_the_operation_jax_finds(work):
     # matching's error (with jax_debug_nans alone it would name reduce_sum, in the backward pass, where
     # the NaN that follows appears). dew stops there, one line naming the step, before its own check
     # (metrics one step late) would at step 4.
-    result = dew_train(*TINY, "debug=nans", "optim.learning_rate=1e30", "trainer.steps=20", cwd=work, env=env(work))
+    args = [*TINY, "debug=nans", "optim.learning_rate=1e30", "trainer.steps=20"]
+    result = dew_train(*args, cwd=work, env=env(work), poll=0.05)  # not polled every 2 ms: 0.16 s of CPU
     assert result is not None and result.returncode == 5, result.stdout[-3000:]
     assert "Invalid nan value encountered in the output of a jax.jit function" in result.stdout  # JAX's re-run
     [error] = [line for line in result.stdout.splitlines() if line.startswith("dew-train: error:")]
