@@ -12,6 +12,7 @@ quiet where the extra is not installed.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
@@ -49,15 +50,21 @@ class OptunaConfig(SearchPathPlugin):
 
 def store_config(base: type, target: str) -> None:
     """Store dew's sweeper config as ``hydra/sweeper/optuna``: the plugin's fields and defaults, dew's
-    class, and failures that do not end the study. Here, not beside the sweeper, so that Hydra's
-    plugin scan at every ``dew-train`` start imports no Optuna (over a second)."""
-    import dataclasses
-
+    class, failures that do not end the study, and a ``pruner`` (none by default; the options of
+    ``hydra/sweeper/pruner``). Here, not beside the sweeper, so that Hydra's plugin scan at every
+    ``dew-train`` start imports no Optuna (over a second)."""
     from hydra.core.config_store import ConfigStore
+
+    from dew.cli.pruners import PRUNERS
 
     fields = [
         ("_target_", str, dataclasses.field(default=target)),
+        ("defaults", list[Any], dataclasses.field(default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}])),
         ("max_failure_rate", float, dataclasses.field(default=1.0)),
+        ("pruner", Any, dataclasses.field(default=None)),
     ]
     node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(base,))
-    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="dew")
+    store = ConfigStore.instance()
+    store.store(group="hydra/sweeper", name="optuna", node=node, provider="dew")
+    for name, pruner in PRUNERS.items():
+        store.store(group="hydra/sweeper/pruner", name=name, node=pruner, provider="dew")
