@@ -1,16 +1,48 @@
-"""The pruners of dew's Optuna sweeper, as Hydra configs (``hydra/sweeper/pruner=<name>``;
-``hydra_plugins.dew_sweepers`` stores them): Optuna's own classes, built from these fields by Hydra
+"""dew's Optuna sweeper's config (``hydra/sweeper=optuna``), stored in Hydra's ConfigStore by
+``store_sweeper_config``: in the launching process by the plugin ``hydra_plugins.dew_sweepers``, and
+in a submitit job's process (``dew.launching.launchers.job_process_setup``), which composes its job's
+config again.
+
+Its pruners (``hydra/sweeper/pruner=<name>``) are Optuna's own classes, built from these fields by Hydra
 (``_partial_``: the sweeper and each trial call it, so a bad value ends in one line, not Hydra's
 traceback). A trial reports each evaluation's value of the metric it returns at the training step
 of the evaluation, so every ``step`` below is a training step (docs/search.md, "Pruning").
 
-No Optuna here: Hydra's plugin scan stores these at every ``dew-train`` start.
+No Optuna here: Hydra's plugin scan stores these at every ``dew-train`` start (over a second).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+SWEEPER_TARGET = "hydra_plugins.dew_sweepers.OptunaSweeper"
+"""dew's sweeper class (``hydra_plugins.dew_sweepers``: Hydra instantiates sweepers from there)."""
+
+
+def store_sweeper_config(target: str = SWEEPER_TARGET) -> None:
+    """Store dew's sweeper config as ``hydra/sweeper/optuna``: hydra-optuna-sweeper's fields and
+    defaults, dew's class, failures that do not end the study, and a ``pruner`` (none by default;
+    the options of ``hydra/sweeper/pruner``). Nothing without the ``dew[search]`` extra:
+    ``hydra/sweeper=optuna`` is then not an option, as Hydra says itself."""
+    try:
+        from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
+    except ImportError:
+        return
+    fields = [
+        ("_target_", str, dataclasses.field(default=target)),
+        ("defaults", list[Any], dataclasses.field(default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}])),
+        ("max_failure_rate", float, dataclasses.field(default=1.0)),
+        ("pruner", Any, dataclasses.field(default=None)),
+    ]
+    node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(OptunaSweeperConf,))
+    store = ConfigStore.instance()
+    store.store(group="hydra/sweeper", name="optuna", node=node, provider="dew")
+    for name, pruner in PRUNERS.items():
+        store.store(group="hydra/sweeper/pruner", name=name, node=pruner, provider="dew")
+
 
 @dataclasses.dataclass
 class MedianPrunerConf:
