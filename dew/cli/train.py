@@ -149,8 +149,12 @@ def _hydra_group_listing() -> str:
             if options := {f.stem for f in folder.glob("*.yaml")}:
                 groups.setdefault(f"hydra/{folder.relative_to(root).as_posix()}", set()).update(options)
     groups["hydra/launcher"] = {f.stem for f in (Path(launch_dir()) / "hydra" / "launcher").glob("*.yaml")}
-    for group in ("hydra/sweeper", "hydra/sweeper/sampler"):
-        groups[group] = {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml")}
+    for group in ("hydra/sweeper", "hydra/sweeper/sampler", "hydra/sweeper/pruner"):
+        try:
+            stored = ConfigStore.instance().list(group)
+        except OSError:  # hydra/sweeper/pruner without the dew[search] extra
+            stored = []
+        groups[group] = groups.get(group, set()) | {n.removesuffix(".yaml") for n in stored if n.endswith(".yaml")}
     chosen = {f"hydra/{k}": v for entry in HydraConf().defaults if isinstance(entry, dict) for k, v in entry.items()}
     for entry in OmegaConf.load(Path(conf_dir()) / "config.yaml").defaults:
         for key, value in entry.items() if isinstance(entry, DictConfig) else ():
