@@ -218,4 +218,3 @@ def replay(study: optuna.Study, number: int, journal: str, metric: str) -> Repor
     for key, value in report.attrs.items():
         trial.set_system_attr(key, value)
     return report
-

@@ -33,7 +33,11 @@ def store_sweeper_config(target: str = SWEEPER_TARGET) -> None:
         return
     fields = [
         ("_target_", str, dataclasses.field(default=target)),
-        ("defaults", list[Any], dataclasses.field(default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}])),
+        (
+            "defaults",
+            list[Any],
+            dataclasses.field(default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}]),
+        ),
         ("max_failure_rate", float, dataclasses.field(default=1.0)),
         ("pruner", Any, dataclasses.field(default=None)),
     ]

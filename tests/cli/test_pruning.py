@@ -17,8 +17,8 @@ import optuna
 import pytest
 
 from dew import compat
-from dew.cli.sweeper_conf import PRUNERS
 from dew.cli.pruning import Reported, judge, sweep_reports
+from dew.cli.sweeper_conf import PRUNERS
 from dew.contract import journal as journals
 from dew.contract.rundir import PRUNED
 from tests.training.conftest import TINY, dew_train
@@ -114,7 +114,7 @@ def test_hyperbands_bracket_is_the_same_in_every_process():
 
     pruner = compat.optuna_hyperband_pruner(min_resource=1, max_resource=27, reduction_factor=3)
     study = optuna.create_study(study_name="study")
-    for number in range(8):
+    for _ in range(8):
         study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params={}, distributions={}))
     assert pruner._get_bracket_id(study, study.trials[7]) == 0  # before its brackets are known
     study._storage.set_trial_intermediate_value(study.trials[0]._trial_id, 1, 1.0)
@@ -148,7 +148,10 @@ def test_the_sweeps_journals_say_each_trials_state_values_and_rungs(tmp_path):
             {"event": "end", "step": 5},
         ],
     )
-    _journal(tmp_path / "2-lr=3", [start, {"step": 5, "eval/loss": "nan"}, {"event": "stop", "step": 5, "reason": "nonfinite"}])
+    _journal(
+        tmp_path / "2-lr=3",
+        [start, {"step": 5, "eval/loss": "nan"}, {"event": "stop", "step": 5, "reason": "nonfinite"}],
+    )
     _journal(tmp_path / "3-lr=4", [start, {"step": 5, "eval/loss": 1.5}])  # still running
     (tmp_path / "4-lr=5").mkdir()  # refused before it trained: no journal
     reports = sweep_reports(tmp_path, "eval/loss")
@@ -177,7 +180,9 @@ def test_a_pruner_optuna_refuses_or_that_could_never_prune_is_refused(capsys):
     assert capsys.readouterr().err.strip() == (
         "dew-train: error: hydra.sweeper.pruner: Percentile must be between 0 and 100 inclusive but got 150.0."
     )
-    blind = SimpleNamespace(pruner=optuna.pruners.MedianPruner, config=OmegaConf.create({"trainer": {"eval_every": None}}))
+    blind = SimpleNamespace(
+        pruner=optuna.pruners.MedianPruner, config=OmegaConf.create({"trainer": {"eval_every": None}})
+    )
     with pytest.raises(SystemExit) as refused:
         ResumableOptunaSweeper._check_pruner(blind)
     assert refused.value.code == 2 and "trainer.eval_every=null" in capsys.readouterr().err
@@ -237,7 +242,9 @@ def check_the_bad_rates_were_pruned(work: Path, n_trials: int = 8) -> None:
             assert steps == [5, 10, 15, 20] and t.value == min(losses)
     lines = run([str(sweep), "--tracking", str(work / "tracking")]).splitlines()
     pruned = sum(r in BAD for r in rates)
-    assert lines[0] == f"study {sweep.name} (minimize): {n_trials} trials, {n_trials - pruned} complete, {pruned} pruned"
+    assert (
+        lines[0] == f"study {sweep.name} (minimize): {n_trials} trials, {n_trials - pruned} complete, {pruned} pruned"
+    )
     rows = {line.split()[0]: line for line in lines[4 : 4 + n_trials]}  # the study's table: a row per trial
     runs = {line.split("-")[0]: line for line in lines[6 + n_trials : 6 + 2 * n_trials]}  # the runs' table
     for t in trials:
@@ -246,7 +253,10 @@ def check_the_bad_rates_were_pruned(work: Path, n_trials: int = 8) -> None:
             assert rows[str(t.number)].endswith(f"(pruned by MedianPruner at step 5 of 20: eval/loss {t.value:.6g})")
             assert runs[str(t.number)].split()[1:4] == ["stopped", "early", "5/20"]
         else:
-            assert rows[str(t.number)].split()[1] == "complete" and runs[str(t.number)].split()[1:3] == ["finished", "20/20"]
+            assert rows[str(t.number)].split()[1] == "complete" and runs[str(t.number)].split()[1:3] == [
+                "finished",
+                "20/20",
+            ]
 
 
 @pytest.fixture(scope="module")
@@ -263,10 +273,10 @@ def test_a_median_pruner_prunes_the_bad_rates_before_their_end(workdir: Path, xl
 
 @pytest.mark.slow
 def test_a_median_pruner_under_the_local_launcher_two_at_a_time(workdir: Path, xla_cache):
-    """The first two trials (good rates) run together and complete; the next two (bad rates), each in
-    a process of its own, judge against the first two's journals and are pruned at step 5. Four
-    trials, not eight: each is a process that imports JAX and compiles anew."""
+    """The first two trials (good rates) run together, each in a process of its own, and complete; the
+    third (a bad rate) judges against their journals and is pruned at step 5. Three trials, not
+    eight: each is a process that imports JAX and compiles anew."""
     local = ["hydra/launcher=local", "hydra.launcher.tasks_per_node=1", "hydra.sweeper.n_jobs=2"]
-    result = dew_train(*SEARCH, *local, "hydra.sweeper.n_trials=4", xla_cache, cwd=workdir, timeout=600)
+    result = dew_train(*SEARCH, *local, "hydra.sweeper.n_trials=3", xla_cache, cwd=workdir, timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
-    check_the_bad_rates_were_pruned(workdir, n_trials=4)
+    check_the_bad_rates_were_pruned(workdir, n_trials=3)
