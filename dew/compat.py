@@ -375,6 +375,32 @@ def optuna_trial(study: optuna.Study, number: int) -> optuna.trial.Trial:
     return optuna.trial.Trial(study, trial_id)
 
 
+def optuna_hyperband_pruner(**options: Any) -> optuna.pruners.HyperbandPruner:
+    """Optuna's ``HyperbandPruner`` (``options``: its constructor's), choosing a trial's bracket with
+    a hash that is the same in every process. Optuna 2.10's ``_get_bracket_id`` hashes
+    ``"<study name>_<trial number>"`` with Python's ``hash``, salted per process
+    (``PYTHONHASHSEED``): a trial judged in a process of its own (every dew trial) would land in a
+    bracket the next process disagrees with. This is the same computation with ``zlib.crc32``, as
+    Optuna 3 made it. Reads ``_pruners``, ``_n_brackets``, ``_total_trial_allocation_budget`` and
+    ``_trial_allocation_budgets``; checked against optuna 2.10.1."""
+    import zlib
+
+    import optuna
+
+    class StableHyperband(optuna.pruners.HyperbandPruner):
+        def _get_bracket_id(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
+            if not self._pruners:
+                return 0
+            n = zlib.crc32(f"{study.study_name}_{trial.number}".encode()) % self._total_trial_allocation_budget
+            for bracket_id, budget in enumerate(self._trial_allocation_budgets):
+                n -= budget
+                if n < 0:
+                    return bracket_id
+            raise AssertionError("unreachable: the budgets sum to the total")
+
+    return StableHyperband(**options)
+
+
 # ------------------------------------------------------------------------------------------- tyro
 
 

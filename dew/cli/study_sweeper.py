@@ -20,7 +20,11 @@ What changes from the plugin's own sweeper:
   through the same checks (one an older command could not compose is recorded FAIL then);
 * a space that cannot be composed at its low end (``interval(a, b)``, floats, for an int field) is
   refused before any trial;
-* every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``).
+* every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``);
+* a ``pruner`` (``hydra/sweeper/pruner=median``, ...: Optuna's pruners) stops trials at an
+  evaluation: each trial judges itself against the sweep's journals (``dew.cli.pruning``), and this
+  process, the study's one writer, replays each trial's journal into the study when it ends (its
+  intermediate values, the pruner's attributes) and records a pruned one PRUNED.
 
 Optuna is imported here, never by ``dew-train`` itself: this module loads only when the sweeper is
 chosen.
@@ -36,7 +40,7 @@ import math
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,7 +49,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from dew import compat
 from dew.cli.overrides import unset_record
+from dew.cli.pruning import replay
 from dew.cli.train import EXIT_BUSY, conf_dir
+from dew.cli.trial import TrialOutcome
 from dew.contract.lock import RunLock, RunLockedError
 from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_LOCK_DIR, study_url
 from dew.launching.checks import checking
@@ -86,7 +92,14 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
     """The plugin's sampler (a ``functools.partial`` of the grid sampler until the space is known)."""
     n_trials: int
 
+    def __init__(self, pruner: Callable[[], optuna.pruners.BasePruner] | None = None, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.pruner = pruner
+        """``hydra.sweeper.pruner`` as Hydra built it (a ``functools.partial`` of the pruner's class),
+        None for no pruning; each trial builds its own (dew.cli.pruning)."""
+
     def sweep(self, arguments: list[str]) -> None:
+        self._check_pruner()
         space, fixed = self._search_space(arguments)
         directions = self._get_directions()
         if len(directions) != 1:
@@ -181,6 +194,22 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 BAD_INPUT,
             )
 
+    def _check_pruner(self) -> None:
+        """Refuse a pruner Optuna refuses (``percentile=150``), or one that could never prune: the
+        trials report their evaluations, so a run that never evaluates reports nothing."""
+        if self.pruner is None:
+            return
+        try:
+            self.pruner()
+        except (ValueError, TypeError) as err:
+            stop(f"hydra.sweeper.pruner: {_one_line(err)}", BAD_INPUT)
+        if OmegaConf.select(self.config, "trainer.eval_every") is None:
+            stop(
+                "hydra.sweeper.pruner is set but trainer.eval_every=null: a trial reports its evaluations to the "
+                "pruner; evaluate (trainer.eval_every=N) or drop the pruner",
+                BAD_INPUT,
+            )
+
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
         the sweep directory's name wrote lists the command line's sweeps, not the search space."""
@@ -227,13 +256,20 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         failures = []
         for trial, ret in zip(trials, returns):
             try:
-                value = float(ret.return_value)  # raises the trial's own error when it failed
+                outcome = ret.return_value  # raises the trial's own error when it failed
+                value = float(outcome)
                 if not math.isfinite(value):
                     raise ValueError(f"its value is {value}")
             except Exception as err:
                 failures.append(_fail(study, trial.number, _one_line(err)))
                 continue
-            _tell(study, trial.number, value)
+            if isinstance(outcome, TrialOutcome):  # what it reported to its pruner, as Optuna keeps it
+                replay(study, trial.number, outcome.journal, outcome.metric)
+            if isinstance(outcome, TrialOutcome) and outcome.pruned:
+                log.info("trial %d was pruned (its value so far: %s)", trial.number, value)
+                _tell(study, trial.number, state=optuna.trial.TrialState.PRUNED)
+            else:
+                _tell(study, trial.number, value)
         return failures
 
     def _report(self, study: optuna.Study) -> None:

@@ -33,6 +33,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from dew.build import build_run
@@ -40,12 +41,14 @@ from dew.cli.console import console_script
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.overrides import check_overrides, check_unset_records, first_job_to_print, hydra_help_args
 from dew.cli.schema import member_schema, register_resolvers, schema_of
-from dew.cli.trial import TrialFailed, check_direction, in_a_search, search_unavailable, selection_value
+from dew.cli.trial import TrialFailed, TrialOutcome, check_direction, in_a_search, search_unavailable, selection_value
 from dew.compat import hydra_args_parser as get_args_parser
+from dew.contract import journal as journals
 from dew.contract.data import datasets
 from dew.contract.lock import RunLockedError
 from dew.contract.objectives import can_sample
 from dew.contract.registry import plugin_conf_dirs
+from dew.contract.rundir import PRUNED
 from dew.contract.schedules import schedules
 from dew.contract.typed import ConfigError
 from dew.launching.checks import CHECK_FLAG, check_only, check_run, checked, checking, launcher_without_multirun
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
     from flax import nnx
 
     from dew.objectives.base import Objective
+    from dew.training.hooks import Hook
     from dew.training.setup import Planned
     from dew.training.step import TrainState
 
@@ -145,8 +149,12 @@ def _hydra_group_listing() -> str:
             if options := {f.stem for f in folder.glob("*.yaml")}:
                 groups.setdefault(f"hydra/{folder.relative_to(root).as_posix()}", set()).update(options)
     groups["hydra/launcher"] = {f.stem for f in (Path(launch_dir()) / "hydra" / "launcher").glob("*.yaml")}
-    for group in ("hydra/sweeper", "hydra/sweeper/sampler"):
-        groups[group] = {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group) if n.endswith(".yaml")}
+    for group in ("hydra/sweeper", "hydra/sweeper/sampler", "hydra/sweeper/pruner"):
+        try:
+            stored = ConfigStore.instance().list(group)
+        except OSError:  # hydra/sweeper/pruner without the dew[search] extra
+            stored = []
+        groups[group] = groups.get(group, set()) | {n.removesuffix(".yaml") for n in stored if n.endswith(".yaml")}
     chosen = {f"hydra/{k}": v for entry in HydraConf().defaults if isinstance(entry, dict) for k, v in entry.items()}
     for entry in OmegaConf.load(Path(conf_dir()) / "config.yaml").defaults:
         for key, value in entry.items() if isinstance(entry, DictConfig) else ():
@@ -309,6 +317,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
                 metrics=builtin_metrics(objective),
                 summary=objective.summary(),
                 setup=setup,
+                hooks=trial_hooks(recipe, objective, name, setup.total_steps, is_main),
             )
             write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
     except Preempted as stopped:
@@ -352,14 +361,43 @@ def check_single_run(recipe: Recipe, path: str | None = None, prog: str = "dew-t
     )
 
 
-def reported_value(recipe: Recipe, objective: Objective, name: str) -> float:
-    """What the task function returns to Hydra's sweeper: the run's selection value (dew.cli.trial)."""
+def reported_value(recipe: Recipe, objective: Objective, name: str) -> TrialOutcome:
+    """What the task function returns to Hydra's sweeper: the run's selection value, and whether its
+    pruner stopped it (dew.cli.trial)."""
     from dew.objectives.metrics import builtin_metrics  # heavy: JAX (a search's trial reports its value)
     from dew.training.trainer import best_criterion
 
     metric, higher_is_better = best_criterion(builtin_metrics(objective))
     check_direction(metric, higher_is_better)
-    return selection_value(tracking_dir(recipe.trainer) / name / "journal.jsonl", metric, higher_is_better)
+    journal = tracking_dir(recipe.trainer) / name / "journal.jsonl"
+    early = journals.read(journal).early_stop()
+    return TrialOutcome(
+        selection_value(journal, metric, higher_is_better),
+        os.fspath(journal),
+        metric,
+        pruned=early is not None and early.get("reason") == PRUNED,
+    )
+
+
+def trial_hooks(recipe: Recipe, objective: Objective, name: str, total_steps: int, is_main: bool) -> list[Hook]:
+    """A search's trial's pruning (``hydra.sweeper.pruner``: dew.cli.pruning), or nothing."""
+    if not in_a_search() or (spec := HydraConfig.get().sweeper.get("pruner")) is None:
+        return []
+    from dew.cli.pruning import Judge, Prune  # heavy: Optuna, in a search's trial with a pruner
+    from dew.objectives.metrics import builtin_metrics  # heavy: JAX (loaded by now: the run is set up)
+    from dew.training.trainer import best_criterion
+
+    metric, higher_is_better = best_criterion(builtin_metrics(objective))
+    hc = HydraConfig.get()
+    judge = Judge(
+        make_pruner=instantiate(spec),
+        study_name=hc.sweeper.get("study_name") or Path(hc.sweep.dir).name,
+        number=int(hc.job.num),
+        sweep_tracking=(tracking_dir(recipe.trainer) / name).parent,
+        metric=metric,
+        direction="maximize" if higher_is_better else "minimize",
+    )
+    return [Prune(judge, total_steps, is_main)]
 
 
 def write_samples(

@@ -8,11 +8,16 @@ run reports its whole history. A run that stops on its own terms (it diverged, o
 refused) raises ``TrialFailed`` there instead of ending the process: the sweeper records a failed
 trial and goes on.
 
+With a pruner (``hydra/sweeper/pruner``), the value comes with what the sweeper needs to record the
+trial as Optuna would have: its journal (its intermediate values) and the step its pruner stopped
+it at (``TrialOutcome``; dew.cli.pruning).
+
 Hydra's basic sweeper (a grid) is left as it was: a stopped job ends the sweep with its exit status.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -27,6 +32,23 @@ BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 class TrialFailed(RuntimeError):
     """A sweep trial that stopped on its own terms; the message says why (as dew-runs does)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialOutcome:
+    """What a search's trial returns to the sweeper: its selection value (``float()`` of it), and
+    where the sweeper reads what it reported to its pruner."""
+
+    value: float
+    journal: str
+    """The run's journal: its evaluations are the trial's intermediate values (``dew.cli.pruning.replay``)."""
+    metric: str
+    """The metric of the value and of the intermediate values."""
+    pruned: bool
+    """Its pruner stopped it (the journal's ``early_stop`` event, reason ``pruned``)."""
+
+    def __float__(self) -> float:
+        return self.value
 
 
 def in_a_search() -> bool:

@@ -71,6 +71,15 @@ EARLY_STOP = "early_stop"
 finished one does, with its last checkpoint and an ``end`` event after this one, and a resume trains
 nothing; ``dew-runs`` shows it as stopped early."""
 
+PRUNED = "pruned"
+"""The ``reason`` of the ``early_stop`` event of a search's trial that its pruner stopped
+(``hydra/sweeper/pruner``: docs/search.md); the study records the trial PRUNED."""
+
+PRUNE_CHECK = "prune_check"
+"""The event of a search's trial at each evaluation its pruner judged: the ``value`` reported (the
+metric the trial returns), ``pruned`` (the verdict) and the pruner's ``attrs`` for the trial
+(successive halving's rungs), which the other trials' pruners and the sweeper read back."""
+
 LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback", EARLY_STOP)
 """The journal's lifecycle events: the run's history, kept even when a later resume supersedes
 their step (the other records are metrics, evaluations and checkpoints)."""

@@ -13,8 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
 
+from dew.cli.sweeper_conf import store_sweeper_config
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
 from dew.contract.lock import RunLockedError, holder
 from dew.launching.checks import checking, failures, record_checked
@@ -198,9 +200,17 @@ def end_of_stopped(jobs: Sequence[SweepJob], *, interrupted: bool, status: int |
     sys.exit(status or (130 if interrupted or "interrupted" in reasons else 143))
 
 
-def job_process_setup() -> None:
+def job_process_setup(singleton_state: dict[str, Any]) -> None:
     """In a submitit job's own process, before its task runs: dew's stop handlers listen from the
     start (a signal during set-up or restore is the run's, not submitit's: ``dew.training.preemption``)
-    and dew's OmegaConf resolvers, which do not travel in the pickle, are registered again."""
+    and dew's OmegaConf resolvers, which do not travel in the pickle, are registered again. Then
+    Hydra's state from the launching process (``singleton_state``, what hydra-submitit-launcher
+    restores itself next) is restored here first: restoring it scans Hydra's plugins, and the scan
+    stores hydra-optuna-sweeper's config over dew's (the launching process stored dew's after its
+    scan: ``hydra_plugins.dew_sweepers``), so dew's goes back after it; the launcher's own restore
+    then finds the plugins scanned and leaves the store as it is. (The job composes its config
+    again, with ``hydra/sweeper/pruner=...`` when the search prunes.)"""
     install_early()
     register_configs()
+    Singleton.set_state(singleton_state)
+    store_sweeper_config()

@@ -91,7 +91,7 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
         return {k: v for k, v in self.__dict__.items() if k != "controllers"}  # processes do not pickle
 
     def __call__(self, sweep_overrides: list[str], job_dir_key: str, job_num: int, *args: Any) -> Any:
-        job_process_setup()
+        job_process_setup(args[-1])  # (job_id, singleton_state)
         self.restore_sweep()
         watch_launcher(self.launcher_pid, self.stop_file)
         os.environ["JAX_COORDINATOR_ADDRESS"] = f"127.0.0.1:{self.ports[job_num]}"

@@ -119,6 +119,6 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
         return nodes * gpus if isinstance(nodes, int) and isinstance(gpus, int) and gpus > 0 else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        job_process_setup()
+        job_process_setup(kwargs.get("singleton_state", args[-1]))  # hydra-submitit-launcher's last argument
         self.restore_sweep()
         return super().__call__(*args, **kwargs)  # type: ignore[misc]

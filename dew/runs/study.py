@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_FILE, study_url
+from dew.contract.rundir import PRUNED, STUDY_FAIL_REASON, STUDY_FILE, study_url
 from dew.runs.discover import RunsError
 from dew.runs.status import read_run
 from dew.runs.table import number
@@ -33,7 +33,10 @@ class Trial:
     run: str | None
     """The trial's job directory (``<number>-<searched values>``), when the trial made one."""
     reason: str | None = None
-    """For a trial that did not complete, its run's state and reason as dew-runs reads them."""
+    """For a trial that did not complete, its run's state and reason as dew-runs reads them; for a
+    pruned one, the pruner, the step and the value it stopped at."""
+    step: int | None = None
+    """For a pruned trial, the step its pruner stopped it at (its last intermediate value's)."""
 
 
 @dataclasses.dataclass
@@ -99,7 +102,10 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
             params=dict(t.params),
             run=job.name if job is not None else None,
         )
-        if trial.state != "complete":
+        if trial.state == "pruned":
+            trial.step = t.last_step
+            trial.reason = _why_pruned(job, tracking, t.last_step)
+        elif trial.state != "complete":
             trial.reason = _why(job, tracking, t.user_attrs.get(STUDY_FAIL_REASON))
         trials.append(trial)
         log_params |= {
@@ -124,6 +130,16 @@ def _why(job: epath.Path | None, tracking: str | None, failure: str | None) -> s
         if run is None:
             return "no run directory: refused before it trained (the sweep's log says why)"
     return f"run {run.summary.status}" + (f": {run.summary.reason}" if run.summary.reason else "")
+
+
+def _why_pruned(job: epath.Path | None, tracking: str | None, step: int | None) -> str:
+    """A pruned trial as its run's ``early_stop`` event says it (``pruned by MedianPruner at step 40 of
+    100: eval/loss 1.2``), else the step the study holds."""
+    run = read_run(job, job.name, tracking=tracking) if job is not None else None
+    said = run.summary.reason if run is not None else None
+    if said is not None and said.startswith(f"{PRUNED}: "):
+        return f"pruned by {said.removeprefix(f'{PRUNED}: ')}"
+    return f"pruned at step {step}" if step is not None else "pruned"
 
 
 def study_text(study: Study) -> str:

@@ -107,9 +107,12 @@ def train(
     metrics: Sequence[Metric] = (),
     summary: Mapping[str, object] | None = None,
     setup: Setup | None = None,
+    hooks: Sequence[Hook] = (),
 ) -> TrainState:
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
     evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint.
+    ``hooks`` run after those ``trainer.hooks`` names, before the checkpoint (a search's trial adds
+    its pruning: ``dew.cli.pruning``).
 
     ``setup`` is what ``dew-train`` checked and prepared (``dew.training.setup``); without it, the
     run is set up here, its lock and signal handlers held until it ends."""
@@ -119,7 +122,9 @@ def train(
         # (1) The set-up: checks, the process, the stop signals, the run directory's lock and record.
         if setup is None:
             setup = set_up(run.trainer, held, lambda: Planned(run, objective, dataset, name))[1]
-        return _train(run, objective, dataset, setup, metrics=metrics, summary=summary, criterion=criterion)
+        return _train(
+            run, objective, dataset, setup, metrics=metrics, summary=summary, criterion=criterion, hooks=hooks
+        )
 
 
 @dataclasses.dataclass
@@ -189,6 +194,7 @@ def _train(
     metrics: Sequence[Metric],
     summary: Mapping[str, object] | None,
     criterion: tuple[str, bool],
+    hooks: Sequence[Hook],
 ) -> TrainState:
     t = run.trainer
     if t.overfit_batches is not None:  # debug=overfit: the first batches, again and again
@@ -254,6 +260,7 @@ def _train(
             train_step=train_step,
             eval_step=eval_step,
             place=place,
+            hooks=hooks,
         )
         return _run(parts, setup, t, state, Position(step, meta.get("records", 0)))
     finally:
@@ -372,6 +379,7 @@ def _parts(
     train_step: Callable,
     eval_step: Callable,
     place: Callable,
+    hooks: Sequence[Hook],
 ) -> Parts:
     """The loop's parts, each given what it reads, and its hooks in the order they run at a step
     (``saved``: the hooks' states in the checkpoint resumed from)."""
@@ -408,15 +416,15 @@ def _parts(
     last: list[Hook] = (
         [saver, ResumeCheck(saver, dataset.iterator, every=setup.ckpt_every)] if t.check_resume else [saver]
     )
-    hooks = Hooks(
-        [*own, *from_config(t.hooks), *last],
+    chain = Hooks(
+        [*own, *from_config(t.hooks), *hooks, *last],
         derive=derive,
         check_finite=saver.check_finite,
         restart=meter.restart,
         phase=story.phase,
     )
-    evaluate.told = hooks.evaluated  # an evaluation tells every hook (the samples, early stopping)
-    saver.hook_states = hooks.states
+    evaluate.told = chain.evaluated  # an evaluation tells every hook (the samples, early stopping, pruning)
+    saver.hook_states = chain.states
     saver.requested = lambda: setup.stop.requested
     return Parts(
         train_step=train_step,
@@ -425,7 +433,7 @@ def _parts(
         stages=t.stages(),
         story=story,
         tracker=tracker,
-        hooks=hooks,
+        hooks=chain,
         evaluate=evaluate,
         saver=saver,
         stop=setup.stop,

@@ -18,7 +18,7 @@ from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra.plugins.sweeper import Sweeper
 
-TARGET = "hydra_plugins.dew_sweepers.OptunaSweeper"
+from dew.cli.sweeper_conf import store_sweeper_config
 
 
 class OptunaSweeper(Sweeper):
@@ -40,24 +40,4 @@ class OptunaConfig(SearchPathPlugin):
     """Makes ``hydra/sweeper=optuna`` dew's sweeper (the search path itself is left as it is)."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        try:
-            from hydra_plugins.hydra_optuna_sweeper.config import OptunaSweeperConf
-        except ImportError:
-            return  # without the extra, hydra/sweeper=optuna is not an option, as Hydra says itself
-        store_config(OptunaSweeperConf, TARGET)
-
-
-def store_config(base: type, target: str) -> None:
-    """Store dew's sweeper config as ``hydra/sweeper/optuna``: the plugin's fields and defaults, dew's
-    class, and failures that do not end the study. Here, not beside the sweeper, so that Hydra's
-    plugin scan at every ``dew-train`` start imports no Optuna (over a second)."""
-    import dataclasses
-
-    from hydra.core.config_store import ConfigStore
-
-    fields = [
-        ("_target_", str, dataclasses.field(default=target)),
-        ("max_failure_rate", float, dataclasses.field(default=1.0)),
-    ]
-    node = dataclasses.make_dataclass("DewOptunaSweeperConf", fields, bases=(base,))
-    ConfigStore.instance().store(group="hydra/sweeper", name="optuna", node=node, provider="dew")
+        store_sweeper_config()  # dew.cli.sweeper_conf: the plugin's fields, dew's class, the pruners

@@ -321,6 +321,8 @@ DOCUMENTED = {
     "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'": "test_the_documented_search_without_a_preset_runs",  # noqa: E501
     "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin": PRESETS,
     "dew-train --check -m experiment=digits hparams_search=digits": "tests/cli/test_docs.py runs it as written (a check trains nothing)",  # noqa: E501
+    "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=8 hydra.sweeper.pruner.n_startup_trials=2": "tests/cli/test_pruning.py::test_a_median_pruner_prunes_the_bad_rates_before_their_end",  # noqa: E501
+    "dew-train -m experiment=digits hparams_search=digits hydra/sweeper/pruner=successive_halving hydra.sweeper.pruner.min_resource=300": "tests/cli/test_docs.py checks it (--check builds the pruner; every pruner is tested in tests/cli/test_pruning.py)",  # noqa: E501
 }
 """Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
 same overrides plus a tiny model, a few steps and a few trials; the presets with what they set kept,
