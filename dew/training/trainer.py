@@ -41,7 +41,7 @@ from dew.models.flops import flops_per_example
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpointing import warmstart
-from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints
+from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints, Fallback
 from dew.training.checkpointing.resume_check import ResumeCheck
 from dew.training.checkpointing.saving import NonFiniteError, Saver
 from dew.training.early_stopping import EarlyStop, watched
@@ -225,15 +225,8 @@ def _train(
             is_main=jax.process_index() == 0,
             changed=setup.changed,
         )
-        if latest is not None:  # the damaged steps walked past to the one restored
-            for f in fallbacks:
-                tracker.event(
-                    "checkpoint_fallback",
-                    step=latest,
-                    damaged_step=f.damaged_step,
-                    problem=f.problem,
-                    **({"moved_to": f.moved_to} if f.moved_to else {}),
-                )
+        if latest is not None:
+            _journal_fallbacks(tracker, latest, fallbacks)
         story = RunReport(
             run,
             setup.name,
@@ -268,6 +261,18 @@ def _train(
         if to_file is not None:  # this run's log file takes this run's lines only (a notebook trains many)
             logging.getLogger().removeHandler(to_file)
             to_file.close()
+
+
+def _journal_fallbacks(tracker: Tracker, latest: int, fallbacks: Sequence[Fallback]) -> None:
+    """One ``checkpoint_fallback`` event per damaged step the restore walked past to ``latest``."""
+    for f in fallbacks:
+        tracker.event(
+            "checkpoint_fallback",
+            step=latest,
+            damaged_step=f.damaged_step,
+            problem=f.problem,
+            **({"moved_to": f.moved_to} if f.moved_to else {}),
+        )
 
 
 def _ended(setup: Setup, step: int, meta: Mapping[str, Any]) -> bool:

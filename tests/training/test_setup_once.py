@@ -32,7 +32,11 @@ def callers() -> dict[str, set[tuple[str, str]]]:
 
 def test_python_and_dew_train_set_a_run_up_through_one_function():
     found = callers()
-    assert found["set_up"] == {("training/trainer.py", "train"), ("cli/train.py", "train_from_hydra")}
+    assert found["set_up"] == {
+        ("training/trainer.py", "train"),
+        ("cli/train.py", "train_from_hydra"),
+        ("cli/recipe.py", "train_recipe"),  # dew-recipe, the tyro door
+    }
     for phase in ("listen", "check_setup", "claim"):
         assert found[phase] == {("training/setup.py", "set_up")}, phase
     # dew-train --check sets the process's flags to count its devices; it sets no run up.
