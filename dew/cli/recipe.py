@@ -23,18 +23,16 @@ import contextlib
 import datetime
 import os
 import sys
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from dew.build import build_run
 from dew.cli.console import console_script
-from dew.cli.train import agree, check_single_run, debugging, refusal, stop_status, write_samples
-from dew.cli.tyro_schema import EXIT_BAD_INPUT, parse
+from dew.cli.train import agree, check_single_run, debugging, fail, refusal, train_set_up
+from dew.cli.tyro_schema import parse
 from dew.contract.config import RunConfig
 from dew.launching.checks import CHECK_FLAG
 from dew.launching.pool import from_process_zero
-from dew.launching.stop_exit import exit_after_stop
 from dew.recipe import Recipe
-from dew.training.preemption import Preempted
 from dew.training.run_directory import refuse_if_held, run_dir
 
 if TYPE_CHECKING:
@@ -52,15 +50,6 @@ Defaults are the dataclasses' (dew.config), not dew-train's conf/. {CHECK_FLAG}:
 nothing trained or written."""
 
 
-def fail(message: str, status: int = EXIT_BAD_INPUT, prog: str = PROG) -> NoReturn:
-    """End with one line on stderr and ``status``; while debugging (``DEW_DEBUG=1``), re-raise the
-    error being handled instead."""
-    if debugging() and sys.exc_info()[1] is not None:
-        raise
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(status)
-
-
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
@@ -73,44 +62,18 @@ def train_recipe(run: RunConfig, *, prog: str = PROG) -> TrainState:
     """Build ``run`` and train it as ``dew-train`` does (the same set-up, metrics, summary, samples
     and record); a run refused before it trains, or one that stops on its own terms, ends with one
     line and ``dew-train``'s exit status for it."""
-    from dew.objectives.metrics import builtin_metrics  # heavy: JAX loads once the config is valid
-    from dew.training.setup import set_up
-    from dew.training.trainer import train
+    from dew.training.setup import set_up  # heavy: JAX loads once the config is valid
 
     held = contextlib.ExitStack()  # the lock and the signal handlers, to the end of the run
     try:
-        (run, objective, dataset, name), setup = set_up(run.trainer, held, lambda: plan(run), agree=agree)
+        planned, setup = set_up(run.trainer, held, lambda: plan(run), agree=agree)
     except Exception as err:
         refused = refusal(err)
         if refused is None:
             raise  # a bug: its traceback is the report
         held.close()
         fail(*refused, prog=prog)
-    import jax
-
-    try:
-        with held:
-            state = train(
-                run,
-                objective,
-                dataset,
-                name=name,
-                metrics=builtin_metrics(objective),
-                summary=objective.summary(),
-                setup=setup,
-            )
-            write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
-    except Preempted as stopped:
-        print(f"{prog}: run {name!r}: {stopped}", file=sys.stderr, flush=True)
-        exit_after_stop(stopped.signum)
-    except Exception as err:
-        status = stop_status(err)
-        if status is None:
-            raise
-        fail(str(err), status, prog=prog)
-    if jax.process_index() == 0:
-        print(f"{prog}: run {name!r} is in {setup.path}", flush=True)
-    return state
+    return train_set_up(planned, setup, held, prog=prog)
 
 
 def plan(run: RunConfig) -> Planned:

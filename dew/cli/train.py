@@ -26,8 +26,9 @@ import contextlib
 import datetime
 import functools
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 
     from dew.objectives.base import Objective
     from dew.training.hooks import Hook
-    from dew.training.setup import Planned
+    from dew.training.setup import Planned, Setup
     from dew.training.step import TrainState
 
 log = logging.getLogger("dew")
@@ -198,13 +199,15 @@ def debugging() -> bool:
     return any(os.environ.get(k, "") not in ("", "0") for k in ("HYDRA_FULL_ERROR", "DEW_DEBUG"))
 
 
-def fail(message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None = None) -> None:
-    """End with one line on stderr and ``status``; while debugging, re-raise ``error`` (or the error
-    being handled) so the developer sees the traceback."""
+def fail(
+    message: str, status: int = EXIT_BAD_INPUT, error: BaseException | None = None, prog: str = "dew-train"
+) -> NoReturn:
+    """End with one line from ``prog`` on stderr and ``status``; while debugging, re-raise ``error``
+    (or the error being handled) so the developer sees the traceback."""
     error = error or sys.exc_info()[1]
     if debugging() and error is not None:
         raise error
-    print(f"dew-train: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     if in_a_search():  # the sweeper records a failed trial and goes on
         raise TrialFailed(message)
     sys.exit(status)
@@ -289,9 +292,7 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         recipe = Recipe.from_dict(container)
         if checking():
             return check_single_run(recipe)
-        (recipe, objective, dataset, name), setup = set_up(
-            recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree
-        )
+        planned, setup = set_up(recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree)
     except Exception as err:
         refused = refusal(err)
         if refused is None:
@@ -302,40 +303,63 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     import jax
 
     is_main = jax.process_index() == 0
+    recipe, objective, _, name = planned  # process 0's
+    hooks = trial_hooks(recipe, objective, name, setup.total_steps, is_main)
+    state = train_set_up(planned, setup, held, hooks=hooks, hydra_cfg=cfg)
+    if not in_a_search():
+        return state
+    return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
+
+
+def train_set_up(
+    planned: Planned,
+    setup: Setup,
+    held: contextlib.ExitStack,
+    *,
+    hooks: Sequence[Hook] = (),
+    hydra_cfg: DictConfig | None = None,
+    prog: str = "dew-train",
+) -> TrainState:
+    """Train the run ``set_up`` set up (its lock and signal handlers in ``held``, released at the
+    end), write its samples and say where it is: ``dew-train``'s end of a run and ``dew-recipe``'s.
+    A stop on a signal ends the process with the signal's status, a stop on the run's own terms with
+    one line from ``prog`` and its status. ``hydra_cfg``: Hydra's composed config, whose record
+    (``.hydra/``) process 0 writes first, and whose job directory a failed sweep job leaves behind
+    empty is removed."""
+    import jax
+
     from dew.objectives.metrics import builtin_metrics  # heavy: JAX loads once the config is valid
     from dew.training.trainer import train
 
+    run, objective, dataset, name = planned
     try:
         with held:
-            if is_main:
-                write_hydra_record(setup.path, cfg)
+            if hydra_cfg is not None and jax.process_index() == 0:
+                write_hydra_record(setup.path, hydra_cfg)
             state = train(
-                recipe,
+                run,
                 objective,
                 dataset,
                 name=name,
                 metrics=builtin_metrics(objective),
                 summary=objective.summary(),
                 setup=setup,
-                hooks=trial_hooks(recipe, objective, name, setup.total_steps, is_main),
+                hooks=hooks,
             )
-            write_samples(objective, state, setup.path, seed=recipe.trainer.seed)
+            write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
     except Preempted as stopped:
-        print(f"dew-train: run {name!r}: {stopped}", file=sys.stderr, flush=True)
-
+        print(f"{prog}: run {name!r}: {stopped}", file=sys.stderr, flush=True)
         exit_after_stop(stopped.signum)
     except Exception as err:
         status = stop_status(err)
         if status is None:
             raise  # anything else is a bug: its traceback is the report
-        _leave_no_trace()
-        fail(str(err), status)
-    if is_main:
-        print(f"dew-train: run {name!r} is in {setup.path}", flush=True)
-
-    if not in_a_search():
-        return state
-    return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
+        if hydra_cfg is not None:
+            _leave_no_trace()
+        fail(str(err), status, prog=prog)
+    if jax.process_index() == 0:
+        print(f"{prog}: run {name!r} is in {setup.path}", flush=True)
+    return state
 
 
 def check_single_run(recipe: Recipe, path: str | None = None, prog: str = "dew-train") -> None:
