@@ -70,7 +70,9 @@ class Slow(wrappers.Objective):
         import jax.numpy as jnp
 
         out = self.inner.loss(model, batch, key, **kwargs)
-        x = jnp.ones((128, 128)) * batch["image"].reshape(-1)[0]  # data-dependent: not folded at compile time
+        # 256 wide: tens of ms a step, so the host gets ahead on a busy machine too (128 was a few
+        # ms, and CI once saw the host dispatch no faster than the devices ran)
+        x = jnp.ones((256, 256)) * batch["image"].reshape(-1)[0]  # data-dependent: not folded at compile time
         x = jax.lax.fori_loop(0, 8, lambda i, x: jnp.tanh(x @ x), x)
         return out._replace(total=out.total + 0.0 * x.sum())
 
