@@ -103,6 +103,10 @@ class TokenWindows(DataSpec):
     20240520 and anything else as raw ids; the others insist on one format."""
     dtype: Literal["uint16", "uint32"] = "uint16"
     """Element type of a raw file (little-endian); .npy files and llm.c shards carry their own."""
+    tokenizer: str | None = None
+    """The tokenizer the ids were made with, for the vocabulary and for decoding samples: a
+    ``tokenizer.json`` or a Hugging Face model directory holding one, or a tokens.json sidecar;
+    unset reads the sidecar beside the files (or nothing, with ``vocab_size`` set)."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -139,8 +143,9 @@ class TextStream(DataSpec):
     seq_len: int = 256
     """Tokens per window (each example holds seq_len + 1 tokens for next-token targets)."""
     tokenizer: str | None = None
-    """A tokens.json sidecar written by dew-prepare whose tokenizer encodes the text; unset encodes
-    UTF-8 bytes (vocabulary 257: the 256 byte values and end-of-text 256)."""
+    """What encodes the text: a tokens.json sidecar written by dew-prepare (its tokenizer), a
+    ``tokenizer.json`` or a Hugging Face model directory holding one (a pretrained tokenizer); unset
+    encodes UTF-8 bytes (vocabulary 257: the 256 byte values and end-of-text 256)."""
     val_path: str | None = None
     """UTF-8 text files (a path or a glob) packed once, in order, for evaluation; unset evaluates
     nothing."""
@@ -153,3 +158,72 @@ class TextStream(DataSpec):
         from dew.data.stream import load_text_stream  # heavy: grain loads only when the data is loaded
 
         return load_text_stream(self, batch_size=batch_size, seed=seed)
+
+
+@datasets.register("hf_text")
+@dataclasses.dataclass(frozen=True)
+class HFText(DataSpec):
+    """Text from a Hugging Face dataset, tokenized and packed into windows of ``seq_len + 1``.
+
+    The source is a directory ``Dataset.save_to_disk`` wrote, a hub name already in the local hub
+    cache (read offline), or data files (.jsonl, .json, .parquet, .csv, .txt; globs allowed), read
+    through the ``datasets`` library (``pip install 'dew[data]'``). Each record's ``field`` is one
+    document, followed by the end-of-text id. ``mode=cache`` tokenizes the source once into the
+    token files ``token_windows`` reads (the files ``dew-prepare --hf`` writes), kept under
+    ``cache_dir`` by source, split, field and tokenizer; ``mode=stream`` tokenizes records as they
+    are read, for data too big to cache (docs/data.md).
+    """
+
+    kind: ClassVar[str] = "tokens"
+    path: str = ""
+    """A ``save_to_disk`` directory, a hub dataset name (from the local cache: no network), or data
+    files (a path or a glob)."""
+    field: str = "text"
+    """The column holding each record's text."""
+    split: str = "train"
+    """The split that trains (data files are one split, ``train``)."""
+    subset: str | None = None
+    """A hub dataset's configuration (``load_dataset(path, subset)``)."""
+    val_split: str | None = None
+    """A split of the same source held out for evaluation; exclusive with ``val_path``."""
+    val_path: str | None = None
+    """Data files (a path or a glob) held out for evaluation."""
+    val_fraction: float = 0.0
+    """mode=cache: the fraction of the windows (the last ones) held out instead."""
+    seq_len: int = 256
+    """Tokens per window (each example reads seq_len + 1 tokens for next-token targets)."""
+    tokenizer: str | None = None
+    """A tokens.json sidecar (its tokenizer, a BPE dew-prepare trained), a ``tokenizer.json`` or a
+    Hugging Face model directory holding one; unset encodes UTF-8 bytes (vocabulary 257)."""
+    mode: Literal["cache", "stream"] = "cache"
+    """cache: tokenize once into token files and read windows from them (shuffled, every window once
+    per epoch); stream: tokenize while reading, records in their stored order, each process its own
+    share of them."""
+    cache_dir: str | None = None
+    """Where the token cache is kept; unset reads $DEW_DATA_DIR, else ~/.cache/dew/datasets."""
+    format: Literal["auto", "json", "parquet", "csv", "text"] = "auto"
+    """How data files are read: auto by their suffix (.jsonl and .json as json)."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"data.seq_len={self.seq_len} must be >= 1")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction} must lie in [0, 1)")
+        if self.mode not in ("cache", "stream"):
+            raise ValueError(f"data.mode={self.mode!r} must be cache or stream")
+        if self.format not in ("auto", "json", "parquet", "csv", "text"):
+            raise ValueError(f"data.format={self.format!r} must be one of auto, json, parquet, csv, text")
+        if not self.field:
+            raise ValueError("data.field is empty: name the column that holds the text")
+        chosen = [f for f, v in (("val_split", self.val_split), ("val_path", self.val_path)) if v]
+        if self.val_fraction:
+            chosen.append("val_fraction")
+        if len(chosen) > 1:
+            raise ValueError(f"data.{' and data.'.join(chosen)} each choose the held-out text: set one")
+        if self.val_fraction and self.mode == "stream":
+            raise ValueError("data.val_fraction holds out windows of the cache: with data.mode=stream give data.val_split or data.val_path")
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.hf_text import load_hf_text  # heavy: datasets and grain load only when the data is loaded
+
+        return load_hf_text(self, batch_size=batch_size, seed=seed)
