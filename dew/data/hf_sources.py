@@ -30,13 +30,15 @@ DISK_MARKERS = ("state.json", "dataset_dict.json", "dataset_info.json")
 
 
 def _offline() -> None:
-    """The hub stays offline for every source: a name not in the local cache fails, nothing is fetched."""
+    """The hub stays offline for every source: a name not in the local cache fails, nothing is fetched.
+    The library's progress bars are off."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import datasets.config  # heavy: the datasets library loads only when a source is opened
 
     datasets.config.HF_DATASETS_OFFLINE = True
     datasets.config.HF_HUB_OFFLINE = True
+    datasets.disable_progress_bars()  # dew says what it does in its log; bars would interleave with it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +66,12 @@ class Source:
         """What the cache is keyed by: the source's files with their sizes and modification times (so a
         changed file makes a new cache), or, for a hub dataset, its name, configuration and fingerprint."""
         if self.kind == "hub":
-            return {"hub": self.path, "subset": self.subset, "split": self.split, "fingerprint": self.open()._fingerprint}
+            return {
+                "hub": self.path,
+                "subset": self.subset,
+                "split": self.split,
+                "fingerprint": self.open()._fingerprint,
+            }
         if self.kind == "files":
             files = list(self.files)
         else:
@@ -83,15 +90,22 @@ class Source:
         import datasets  # heavy: the datasets library loads only when a source is opened
 
         if self.kind == "disk":
-            loaded = datasets.load_from_disk(self.path)
+            try:
+                loaded = datasets.load_from_disk(self.path)
+            except Exception as e:  # an empty or damaged directory fails deep inside the library
+                raise ValueError(f"{self}: cannot be read ({type(e).__name__}: {e}); empty, or not whole") from None
             if isinstance(loaded, datasets.DatasetDict):
                 if self.split not in loaded:
                     raise ValueError(f"{self}: no split {self.split!r}; it has {', '.join(loaded)}")
                 loaded = loaded[self.split]
         elif self.kind == "files":
+            if not any(os.path.getsize(f) for f in self.files):
+                raise ValueError(f"{self}: the files are empty: the split holds no records")
             try:
                 loaded = datasets.load_dataset(self.builder, data_files=list(self.files), split="train")
             except Exception as e:  # pyarrow and the builders raise many kinds on a malformed file
+                if "corresponds to no data" in str(e):
+                    raise ValueError(f"{self}: the split holds no records") from None
                 raise ValueError(f"{self}: cannot be read as {self.builder} ({type(e).__name__}: {e})") from None
         else:
             try:
@@ -136,7 +150,9 @@ def text_of(source: Source, record: dict, index: int) -> str:
         raise ValueError(f"data.field={source.field!r}: record {index} of {source} has no such field")
     text = record[source.field]
     if not isinstance(text, str):
-        raise ValueError(f"data.field={source.field!r}: record {index} of {source} holds {type(text).__name__}, not text")
+        raise ValueError(
+            f"data.field={source.field!r}: record {index} of {source} holds {type(text).__name__}, not text"
+        )
     return text
 
 
@@ -190,7 +206,9 @@ def resolve(
                 raise ValueError(f"{what}={path!r} mixes formats {', '.join(sorted(builders))}: give one")
             builder = builders.pop()
         if split != "train":
-            raise ValueError(f"data.split={split!r}: data files are one split, 'train'; hold out text with data.val_path")
+            raise ValueError(
+                f"data.split={split!r}: data files are one split, 'train'; hold out text with data.val_path"
+            )
         if builder == "text" and field != "text":
             raise ValueError(f"data.field={field!r}: the records of .txt files are their lines, in the field 'text'")
         return Source("files", path, split, field, files, builder, what=what)

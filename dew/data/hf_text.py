@@ -50,7 +50,7 @@ from dew.data.hf_sources import Source, resolve, text_of
 from dew.data.pipeline import padded_eval_batches, shard_bounds
 from dew.data.prepare import source_documents, write_token_dir
 from dew.data.token_files import SIDECAR, open_tokens, read_sidecar
-from dew.data.tokenizer import ByteTokenizer, Tokenizer, encode_documents, load_tokenizer
+from dew.data.tokenizer import ByteTokenizer, Tokenizer, absolute_record, encode_documents, load_tokenizer
 from dew.data.tokens import TokenDataset, TokenWindowRecords
 
 if TYPE_CHECKING:
@@ -254,7 +254,9 @@ class StreamIterator(grain.DatasetIterator):
 
     def next(self, batch_size: int | None = None) -> Batch:
         """This process's rows of the next global batch of ``batch_size`` windows."""
-        lo, hi = shard_bounds(self._batch_size if batch_size is None else batch_size, self._process_index, self._process_count)
+        lo, hi = shard_bounds(
+            self._batch_size if batch_size is None else batch_size, self._process_index, self._process_count
+        )
         return {"tokens": self._stream.windows(hi - lo)}
 
     def __next__(self) -> Batch:
@@ -275,7 +277,8 @@ class StreamIterator(grain.DatasetIterator):
     def set_state(self, state: Mapping[str, Any]) -> None:
         if state.get("dataset") != self._name or state.get("version") != _STATE_VERSION:
             raise ValueError(
-                f"iterator state {dict(state)} was not written by {self._name}'s stream iterator (version {_STATE_VERSION})"
+                f"iterator state {dict(state)} was not written by {self._name}'s stream iterator "
+                f"(version {_STATE_VERSION})"
             )
         processes = state.get("processes")
         if not isinstance(processes, list) or len(processes) != self._process_count:
@@ -309,10 +312,7 @@ class StreamedText:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
         self.tokens_per_record = self.spec.seq_len
-        record = self.tokenizer_impl.record()
-        if not isinstance(self.tokenizer_impl, ByteTokenizer):
-            record["file"] = os.path.abspath(self.tokenizer_impl.file)
-        self.tokenizer = record
+        self.tokenizer = absolute_record(self.tokenizer_impl)
         self._base = self.source.stream()  # a missing field fails at load, before any step
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

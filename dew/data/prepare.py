@@ -86,7 +86,9 @@ def choose_tokenizer(name: str, vocab_size: int, train_files: Sequence[str], out
         return ByteTokenizer()
     if name == "bpe":
         if not train_files:
-            raise ValueError("--tokenizer bpe trains on text files; for a dataset give a trained or pretrained tokenizer")
+            raise ValueError(
+                "--tokenizer bpe trains on text files; for a dataset give a trained or pretrained tokenizer"
+            )
         os.makedirs(out, exist_ok=True)
         return train_bpe(train_files, vocab_size, os.path.join(out, "tokenizer.json"))
     return load_tokenizer(name, "--tokenizer")
@@ -148,7 +150,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> dict:
-    given = [(flag, value) for flag, value in (("--hf", args.hf), ("--jsonl", args.jsonl), ("--parquet", args.parquet)) if value]
+    given = [
+        (flag, value)
+        for flag, value in (("--hf", args.hf), ("--jsonl", args.jsonl), ("--parquet", args.parquet))
+        if value
+    ]
     if not given:
         if not args.files:
             raise ValueError("give text files, or a dataset with --hf, --jsonl or --parquet")

@@ -221,7 +221,10 @@ class HFText(DataSpec):
         if len(chosen) > 1:
             raise ValueError(f"data.{' and data.'.join(chosen)} each choose the held-out text: set one")
         if self.val_fraction and self.mode == "stream":
-            raise ValueError("data.val_fraction holds out windows of the cache: with data.mode=stream give data.val_split or data.val_path")
+            raise ValueError(
+                "data.val_fraction holds out windows of the cache: with data.mode=stream give data.val_split "
+                "or data.val_path"
+            )
 
     def load(self, batch_size: int, seed: int) -> Dataset:
         from dew.data.hf_text import load_hf_text  # heavy: datasets and grain load only when the data is loaded

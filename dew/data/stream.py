@@ -29,7 +29,7 @@ import numpy as np
 from dew.contract.data import Batch
 from dew.data.pipeline import padded_eval_batches, shard_bounds
 from dew.data.token_files import expand
-from dew.data.tokenizer import BPETokenizer, ByteTokenizer, Tokenizer, from_sidecar
+from dew.data.tokenizer import Tokenizer, absolute_record, document, load_tokenizer
 from dew.data.tokens import TokenWindowRecords
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def _read(path: str) -> str:
 
 
 def _encode_document(tokenizer: Tokenizer, path: str) -> np.ndarray:
-    return np.append(tokenizer.encode(_read(path)), np.int32(tokenizer.eos_id)).astype(np.int32)
+    return document(tokenizer, tokenizer.encode(_read(path)))
 
 
 class StreamIterator(grain.DatasetIterator):
@@ -111,10 +111,7 @@ class StreamDataset:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
         self.tokens_per_record = self.spec.seq_len
-        record = self.tokenizer_impl.record()
-        if isinstance(self.tokenizer_impl, BPETokenizer):
-            record["file"] = self.tokenizer_impl.file
-        self.tokenizer = record
+        self.tokenizer = absolute_record(self.tokenizer_impl)
 
     def _windows(self) -> grain.IterDataset:
         tok, files = self.tokenizer_impl, self.files
@@ -170,5 +167,5 @@ def load_text_stream(spec: TextStream, batch_size: int, seed: int) -> StreamData
     shuffled from ``seed``."""
     files = expand(spec.path, "data.path")
     val_files = expand(spec.val_path, "data.val_path") if spec.val_path else []
-    tokenizer = from_sidecar(spec.tokenizer) if spec.tokenizer else ByteTokenizer()
+    tokenizer = load_tokenizer(spec.tokenizer, "data.tokenizer")
     return StreamDataset(spec, files, val_files, tokenizer, batch_size, seed)

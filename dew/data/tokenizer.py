@@ -198,6 +198,15 @@ def encode_documents(tokenizer: Tokenizer, texts: Sequence[str]) -> list[np.ndar
     return [document(tokenizer, tokenizer.encode(text)) for text in texts]
 
 
+def absolute_record(tokenizer: Tokenizer) -> dict:
+    """``tokenizer.record()`` with its ``file`` an absolute path: what a loaded dataset hands its
+    objective and sampler, wherever the run is started from."""
+    record = tokenizer.record()
+    if not isinstance(tokenizer, ByteTokenizer):
+        record["file"] = os.path.abspath(tokenizer.file)
+    return record
+
+
 def copy_files(tokenizer: Tokenizer, directory: str) -> None:
     """Put the files ``tokenizer.record()`` names (relative to a sidecar) into ``directory``: a BPE's
     or a pretrained tokenizer's ``tokenizer.json``, and the ``tokenizer_config.json`` beside it."""

@@ -23,6 +23,7 @@ import numpy as np
 from dew.contract.data import Batch
 from dew.data.pipeline import RecordDataset
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
+from dew.data.tokenizer import absolute_record, load_tokenizer
 
 if TYPE_CHECKING:
     from dew.data.specs import TokenWindows  # its load() imports this module
@@ -102,12 +103,20 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
             f"data.val_path={spec.val_path!r} and data.val_fraction="
             f"{spec.val_fraction} both choose the held-out windows: set one"
         )
-    sidecar = None
-    if spec.vocab_size is not None:
+    tokenizer: Mapping[str, object] | None = None
+    if spec.tokenizer is not None:
+        named = load_tokenizer(spec.tokenizer, "data.tokenizer")
+        tokenizer = absolute_record(named)
+        vocab_size = spec.vocab_size if spec.vocab_size is not None else named.vocab_size
+        if vocab_size < named.vocab_size:
+            raise ValueError(
+                f"data.vocab_size={vocab_size} is smaller than data.tokenizer's vocabulary of {named.vocab_size} ids"
+            )
+    elif spec.vocab_size is not None:
         vocab_size = spec.vocab_size
     else:
         sidecar = read_sidecar(paths + val_paths)
-        vocab_size = sidecar["vocab_size"]
+        vocab_size, tokenizer = sidecar["vocab_size"], sidecar.get("tokenizer")
 
     shards, val_shards = _open_all(paths, spec), _open_all(val_paths, spec)
     for path, shard in zip(paths + val_paths, shards + val_shards):
@@ -143,5 +152,5 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
         seed=seed,
         fields={"vocab_size": vocab_size, "seq_len": spec.seq_len},
         tokens_per_record=spec.seq_len,
-        tokenizer=None if sidecar is None else sidecar.get("tokenizer"),
+        tokenizer=tokenizer,
     )
