@@ -22,8 +22,9 @@ import dew
 from dew.build import build_run
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.data import Dataset
-from dew.contract.rundir import RUN_RECORD
+from dew.contract.rundir import RUN_RECORD, TOKENIZER_DIR
 from dew.contract.typed import ConfigError, differences
+from dew.data.tokenizer import saved_record
 from dew.objectives.base import Objective
 from dew.recipe import Recipe
 from dew.training import adapt
@@ -105,6 +106,15 @@ def rebuild(recipe: Recipe, record: str) -> tuple[Objective, Dataset]:
     return objective, dataset
 
 
+def recorded_tokenizer(objective: Objective, run_dir: str) -> Objective:
+    """``objective`` decoding with the tokenizer the run recorded in its directory (``TOKENIZER_DIR``)
+    where it kept one: the one it trained on, even if the source it was read from changed since."""
+    record = saved_record(os.path.join(run_dir, TOKENIZER_DIR))
+    if record is None or not dataclasses.is_dataclass(objective) or not hasattr(objective, "tokenizer"):
+        return objective
+    return dataclasses.replace(objective, tokenizer=record)
+
+
 def read_step(
     checkpoints: Checkpoints, step: int, abstract_params: nnx.State, ema: bool | None
 ) -> tuple[bool, nnx.State | None]:
@@ -160,6 +170,7 @@ def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema:
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
         objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD))
+        objective = recorded_tokenizer(objective, run_dir)
         # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
         abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
         graphdef, abstract_params, rest = _split(abstract, recipe)

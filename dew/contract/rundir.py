@@ -43,6 +43,12 @@ def damaged_name(step: int, stamp: str, n: int = 1) -> str:
     return f"{step}.{DAMAGED}-{stamp}" + (f"-{n}" if n > 1 else "")
 
 
+TOKENIZER_DIR = "tokenizer"
+"""The folder of a token run's directory that holds the tokenizer its data was encoded with: its
+record (``tokens.json``, the sidecar's form) and its files (``tokenizer.json``, and a pretrained
+tokenizer's ``tokenizer_config.json``), copied when the run starts, so ``dew-sample`` decodes with the
+tokenizer the run trained on even if the one it was read from changes."""
+
 SAMPLE_PREFIX = "samples"
 """How the samples in a run's directory are named: ``samples.png`` or ``samples.txt``, which
 ``dew-train`` draws at the end of a run (``dew.sampling``), and ``dew-sample``'s

@@ -222,6 +222,35 @@ def copy_files(tokenizer: Tokenizer, directory: str) -> None:
             shutil.copyfile(source, target)
 
 
+def save_record(record: Mapping[str, object], directory: str) -> None:
+    """Keep a loaded dataset's tokenizer ``record`` (``file`` absolute) in ``directory``: its files
+    copied there and the record, naming them, as the ``tokens.json`` sidecar (written last)."""
+    os.makedirs(directory, exist_ok=True)
+    kept = dict(record)
+    if "file" in record:
+        source = str(record["file"])
+        config = os.path.join(os.path.dirname(source), TOKENIZER_CONFIG)
+        for path in [source] + ([config] if record.get("kind") == "pretrained" and os.path.isfile(config) else []):
+            shutil.copyfile(path, os.path.join(directory, os.path.basename(path)))
+        kept["file"] = os.path.basename(source)
+    tmp = os.path.join(directory, f"{SIDECAR}.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"tokenizer": kept}, f, indent=2)
+    os.replace(tmp, os.path.join(directory, SIDECAR))
+
+
+def saved_record(directory: str) -> dict | None:
+    """The record ``save_record`` kept in ``directory`` (``file`` absolute), None when there is none."""
+    sidecar = os.path.join(directory, SIDECAR)
+    if not os.path.isfile(sidecar):
+        return None
+    with open(sidecar) as f:
+        record = dict(json.load(f)["tokenizer"])
+    if "file" in record:
+        record["file"] = os.path.join(os.path.abspath(directory), str(record["file"]))
+    return record
+
+
 def load_tokenizer(path: str | None, field: str) -> Tokenizer:
     """The tokenizer ``path`` names: None the UTF-8 bytes; a ``tokens.json`` sidecar (or a directory
     holding one) the tokenizer dew-prepare recorded there; a ``tokenizer.json``, or a model directory

@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import os
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from etils import epath
@@ -25,11 +25,14 @@ from etils import epath
 from dew.contract.config import NoRunRecord, RunConfig, RunRecord, RunRecordError
 from dew.contract.lock import RunLock, RunLockedError, describe, holder
 from dew.contract.objectives import summary_name
+from dew.contract.rundir import TOKENIZER_DIR
 from dew.contract.typed import differences
+from dew.data.tokenizer import save_record
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from dew.contract.data import Dataset
     from dew.objectives.base import Objective
 
 
@@ -157,6 +160,16 @@ def prepare_run_dir(config: RunConfig, name: str, *, write: bool = True, trains:
     if write:
         config.save(os.fspath(path))
     return path
+
+
+def record_tokenizer(path: epath.Path, dataset: Dataset) -> None:
+    """Keep a token dataset's tokenizer in the run directory (``TOKENIZER_DIR``), for ``dew-sample``;
+    a resume keeps the one the run started with. Nothing for other data, or a run directory that is
+    not local."""
+    record = getattr(dataset, "tokenizer", None)
+    folder = path / TOKENIZER_DIR
+    if isinstance(record, Mapping) and is_local(os.fspath(path)) and not folder.exists():
+        save_record(record, os.fspath(folder))
 
 
 @contextlib.contextmanager

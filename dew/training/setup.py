@@ -37,6 +37,7 @@ from dew.training.run_directory import (
     hold,
     prepare_run_dir,
     read_record,
+    record_tokenizer,
     resume_changes,
     run_dir,
     trained_objective,
@@ -206,4 +207,6 @@ def set_up(
         raise
     agree(None)
     claim(planned.run, setup, held)
+    if jax.process_index() == 0:
+        record_tokenizer(setup.path, planned.dataset)
     return planned, setup

@@ -159,13 +159,24 @@ def test_stream_packs_in_order_resumes_and_splits_records_over_processes(tmp_pat
         ds.iterator(0, 2).set_state(state)
 
 
-def make_tokenizer(directory, texts=TEXTS):
-    """A small word-level tokenizer in a model directory, with <s> and </s> named in its config."""
+def make_tokenizer(directory, texts=TEXTS, reverse=False):
+    """A small word-level tokenizer in a model directory, with <s> and </s> named in its config;
+    ``reverse``: the same words, their ids in reverse order."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=["<unk>", "<s>", "</s>"]))
+    if reverse:
+        vocab = tok.get_vocab()
+        words = sorted((w for w in vocab if vocab[w] > 2), key=vocab.get)
+        tok = Tokenizer(
+            models.WordLevel(
+                {**{w: vocab[w] for w in vocab if vocab[w] <= 2}, **{w: 3 + i for i, w in enumerate(reversed(words))}},
+                unk_token="<unk>",
+            )
+        )
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
     directory.mkdir(exist_ok=True)
     tok.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": {"content": "</s>"}}))

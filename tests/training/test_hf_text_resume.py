@@ -1,5 +1,6 @@
 """A tiny language model trained on hf_text streamed from JSONL with a pretrained tokenizer, crashed
-after a checkpoint and resumed: parameters and losses bit-identical to the uninterrupted run's."""
+after a checkpoint and resumed: parameters and losses bit-identical to the uninterrupted run's; the
+run keeps the tokenizer in its directory, and dew-sample decodes with that copy."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import numpy as np
 import pytest
 
 from dew.build import build_run
+from dew.cli.restore import recorded_tokenizer
 from dew.config import ModelConfig, TrainerConfig
+from dew.contract.rundir import TOKENIZER_DIR
 from dew.data.specs import HFText
+from dew.data.tokenizer import from_record
 from dew.recipe import Recipe
 from tests.conftest import SUITE_CACHE
 from tests.data.test_hf_text import TEXTS, make_tokenizer
@@ -53,3 +57,15 @@ def test_a_streamed_hf_text_run_resumes_bit_for_bit(tmp_path: Path, monkeypatch)
     for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert losses(resumed_journal) == losses(whole_journal) and sorted(losses(whole_journal)) == list(range(1, 7))
+    # The tokenizer the run trained with is in its directory: dew-sample decodes with it, even once
+    # the model directory it came from holds another.
+    run = tmp_path / "b" / "ck" / "run"
+    trained = make_tokenizer(tmp_path / "model")
+    ids = trained.encode(TEXTS[3], add_special_tokens=False).ids
+    make_tokenizer(tmp_path / "model", reverse=True)
+    _, objective, _ = build_run(Recipe.load(str(run)))
+    kept = recorded_tokenizer(objective, str(run))
+    assert kept.tokenizer["file"] == str(run / TOKENIZER_DIR / "tokenizer.json")
+    assert (
+        from_record(kept.tokenizer).decode(ids) == trained.decode(ids) != from_record(objective.tokenizer).decode(ids)
+    )
