@@ -16,6 +16,7 @@ prepared token directory, token shards: ``user_dir``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -63,8 +64,13 @@ def _check(args: list[str], cwd: Path, env: dict[str, str], program: str = "dew-
 @pytest.fixture(scope="module")
 def user_template(tmp_path_factory) -> Path:
     """A corpus (``corpus/*.txt``, ``held_out.txt``), the token directory dew-prepare makes of it
-    (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md) and
-    raw token shards (``shards/``: docs/data.md, docs/weights.md)."""
+    (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md),
+    raw token shards (``shards/``: docs/data.md, docs/weights.md), a Hugging Face dataset as JSONL,
+    Parquet and a save_to_disk directory (``web/``) and a model directory's tokenizer (``model/``:
+    docs/data.md)."""
+    import datasets
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     from dew.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("user")
@@ -76,6 +82,18 @@ def user_template(tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     rng.integers(0, 256, 200_000).astype("<u2").tofile(root / "data" / "corpus.bin")
     (root / "data" / "tokens.json").write_text('{"format": "dew-tokens", "version": 1, "vocab_size": 256}')
+    (root / "web").mkdir()
+    rows = [{"text": f"Record {i}: the quick brown fox jumps over the lazy dog. " * 8} for i in range(60)]
+    (root / "web" / "part-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.Dataset.from_list(rows).to_parquet(str(root / "web" / "part-0.parquet"))
+    splits = {"train": datasets.Dataset.from_list(rows[:50]), "test": datasets.Dataset.from_list(rows[50:])}
+    datasets.DatasetDict(splits).save_to_disk(str(root / "web" / "saved"))
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([r["text"] for r in rows], trainers.WordLevelTrainer(special_tokens=["<unk>", "</s>"]))
+    (root / "model").mkdir()
+    tok.save(str(root / "model" / "tokenizer.json"))
+    (root / "model" / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     (root / "shards").mkdir()
     for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
         rng.integers(0, 50257, n).astype("<u2").tofile(root / "shards" / name)
