@@ -192,6 +192,9 @@ class RecordStream:
         self._start(None)
 
     def _start(self, source_state: Mapping[str, Any] | None) -> None:
+        previous = getattr(self, "_iterator", None)
+        if previous is not None and hasattr(previous, "close"):
+            previous.close()  # the library's readers of the last epoch (an open Parquet file, ...)
         self._records = self._make()
         if source_state is not None:
             self._records.load_state_dict(dict(source_state))
