@@ -269,3 +269,56 @@ def test_a_vocabulary_larger_than_the_model_is_refused_before_a_step(tmp_path):
         build_run(recipe)
     assert "\n" not in str(err.value)
     assert PretrainedTokenizer.from_path(str(tmp_path / "model")).vocab_size > 16
+
+
+TWO_PROCESSES = """
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+p, port, path, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=p)
+from dew.data.specs import HFText
+ds = HFText(path=path, seq_len=8, mode="stream").load(4, 0)
+it = ds.iterator(p, 2)
+for _ in range(3):
+    it.next()
+state = it.get_state()
+want = [it.next()["tokens"].tolist() for _ in range(8)]
+fresh = ds.iterator(p, 2)
+fresh.set_state(json.loads(json.dumps(state)))
+got = [fresh.next()["tokens"].tolist() for _ in range(8)]
+json.dump({"state": state, "resumed": got == want}, open(out, "w"))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_save_the_streams_position_together_and_each_resumes_its_own(tmp_path):
+    import subprocess
+    import sys
+
+    from dew.launching.pool import free_ports
+    from tests.conftest import cli_env
+
+    path = write_source(tmp_path, "jsonl")
+    (port,) = free_ports(1).values()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TWO_PROCESSES, str(p), str(port), path, str(tmp_path / f"{p}.json")],
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for p in (0, 1)
+    ]
+    try:
+        outs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0], outs
+    results = [json.loads((tmp_path / f"{p}.json").read_text()) for p in (0, 1)]
+    assert results[0]["state"] == results[1]["state"]  # one position, gathered: what a checkpoint holds
+    mine = results[0]["state"]["processes"]
+    assert len(mine) == 2 and mine[0] != mine[1] and all(r["resumed"] for r in results)
