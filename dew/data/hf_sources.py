@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import importlib.util
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Literal
@@ -34,6 +35,10 @@ def _offline() -> None:
     The library's progress bars are off."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if importlib.util.find_spec("datasets") is None:
+        raise ValueError(
+            "Hugging Face datasets need the datasets package, which is not installed: pip install 'dew[data]'"
+        )
     import datasets.config  # heavy: the datasets library loads only when a source is opened
 
     datasets.config.HF_DATASETS_OFFLINE = True
