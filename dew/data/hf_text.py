@@ -317,6 +317,7 @@ class StreamedText:
         self.tokens_per_record = self.spec.seq_len
         self.tokenizer = absolute_record(self.tokenizer_impl)
         self._base = self.source.stream()  # a missing field fails at load, before any step
+        _ = self._held_out_records  # the held-out text is read whole once: its errors too, here
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {"tokens": ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32))}
