@@ -322,3 +322,30 @@ def test_two_processes_save_the_streams_position_together_and_each_resumes_its_o
     assert results[0]["state"] == results[1]["state"]  # one position, gathered: what a checkpoint holds
     mine = results[0]["state"]["processes"]
     assert len(mine) == 2 and mine[0] != mine[1] and all(r["resumed"] for r in results)
+
+
+@pytest.mark.parametrize("mode", ["cache", "stream"])
+def test_held_out_text_from_a_split_or_files(tmp_path, mode):
+    import datasets as hf
+
+    rows = [{"text": t} for t in TEXTS]
+    hf.DatasetDict({"train": hf.Dataset.from_list(rows[:15]), "test": hf.Dataset.from_list(rows[15:])}).save_to_disk(
+        str(tmp_path / "dict")
+    )
+    val = byte_ids(TEXTS[15:])
+    windows = np.stack([val[i * L : i * L + L + 1] for i in range((len(val) - 1) // L)])
+    by_split = HFText(path=str(tmp_path / "dict"), val_split="test", seq_len=L, mode=mode).load(4, 0)
+    (tmp_path / "val").mkdir()
+    files = HFText(
+        path=write_source(tmp_path, "jsonl", TEXTS[:15]),
+        val_path=write_source(tmp_path / "val", "jsonl", TEXTS[15:]),
+        seq_len=L,
+        mode=mode,
+    ).load(4, 0)
+    for ds in (by_split, files):
+        assert ds.num_eval_records == len(windows)
+        batches = list(ds.eval_batches())
+        got = np.concatenate([b["tokens"][b["mask"] > 0] for b in batches])
+        np.testing.assert_array_equal(got, windows)
+    with pytest.raises(ValueError, match="no split 'validation'; it has train, test"):
+        HFText(path=str(tmp_path / "dict"), val_split="validation", mode=mode).load(4, 0)
