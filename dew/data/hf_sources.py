@@ -1,8 +1,11 @@
 """Where ``hf_text`` and ``dew-prepare --hf/--jsonl/--parquet`` read text from: a Hugging Face dataset.
 
-A source is one of three things, told apart by what ``path`` is:
+A source is one of four things, told apart by what ``path`` is:
 
 - a directory ``Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``) wrote: ``load_from_disk``;
+- another directory: a dataset repository as the hub holds one (data files, their splits named by
+  the files or folders, ``train``/``test``/``validation``, or by the card's ``configs``), cloned or
+  copied here: ``load_dataset(directory)``;
 - data files, a path or a glob (``.jsonl``/``.json``, ``.parquet``, ``.csv``, ``.txt``): the
   ``datasets`` builder of their format (``json``, ``parquet``, ``csv``, ``text``; a ``.txt`` file's
   records are its lines, in the column ``text``), one split, ``train``;
@@ -50,9 +53,9 @@ def _offline() -> None:
 class Source:
     """One split of a dataset, and the column that holds its text."""
 
-    kind: Literal["disk", "files", "hub"]
+    kind: Literal["disk", "repo", "files", "hub"]
     path: str
-    """The directory (``disk``), the glob as given (``files``) or the hub name (``hub``)."""
+    """The directory (``disk``, ``repo``), the glob as given (``files``) or the hub name (``hub``)."""
     split: str
     field: str
     files: tuple[str, ...] = ()
@@ -81,7 +84,11 @@ class Source:
             files = list(self.files)
         else:
             files = sorted(
-                os.path.join(d, f) for d, _, names in os.walk(self.path) for f in names if not f.startswith(".")
+                os.path.join(d, f)
+                for d, _, names in os.walk(self.path)
+                if not os.path.relpath(d, self.path).startswith(".")  # .git and the like
+                for f in names
+                if not f.startswith(".")
             )
         return {
             "kind": self.kind,
@@ -116,6 +123,8 @@ class Source:
             try:
                 loaded = datasets.load_dataset(self.path, self.subset, split=self.split)
             except (FileNotFoundError, ConnectionError, ValueError) as e:
+                if self.kind == "repo":
+                    raise ValueError(f"{self}: cannot be read as a dataset repository ({e})") from None
                 raise FileNotFoundError(
                     f"{self}: not a save_to_disk directory, no data file, and not a dataset in the local hub cache "
                     f"(the hub is not reached: download it first, or save it with save_to_disk) ({e})"
@@ -139,6 +148,8 @@ class Source:
             try:
                 stream = datasets.load_dataset(self.path, self.subset, split=self.split, streaming=True)
             except (FileNotFoundError, ConnectionError, ValueError) as e:
+                if self.kind == "repo":
+                    raise ValueError(f"{self}: cannot be read as a dataset repository ({e})") from None
                 raise FileNotFoundError(f"{self}: not in the local hub cache (the hub is not reached) ({e})") from None
         if stream.column_names is not None:
             self.check(stream.column_names)
@@ -188,12 +199,9 @@ def resolve(
         raise ValueError(f"{what} is empty: give a save_to_disk directory, data files or a hub dataset name")
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
-        if not any(os.path.isfile(os.path.join(expanded, m)) for m in DISK_MARKERS):
-            raise FileNotFoundError(
-                f"{what}={path!r} is a directory but not one save_to_disk wrote (none of {', '.join(DISK_MARKERS)}); "
-                "give its data files as a glob instead"
-            )
-        return Source("disk", expanded, split, field, what=what)
+        if any(os.path.isfile(os.path.join(expanded, m)) for m in DISK_MARKERS):
+            return Source("disk", expanded, split, field, what=what)
+        return Source("repo", expanded, split, field, subset=subset, what=what)
     files = tuple(sorted(f for f in glob.glob(expanded) if os.path.isfile(f)))
     if files:
         if fmt != "auto":

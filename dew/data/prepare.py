@@ -3,8 +3,8 @@
     dew-prepare --out data/tiny corpus/*.txt                     # UTF-8 bytes, vocabulary 257
     dew-prepare --out data/tiny --tokenizer bpe --vocab-size 4096 --val held_out.txt corpus/*.txt
     dew-prepare --out data/llama --tokenizer path/to/model corpus/*.txt          # a pretrained tokenizer
-    dew-prepare --out data/web --hf path/to/saved_dataset --field text             # a Hugging Face dataset
-    dew-prepare --out data/web --jsonl 'web/*.jsonl' --val-split ...               # data files
+    dew-prepare --out data/web --hf path/to/saved_dataset --field text --val-split test  # a Hugging Face dataset
+    dew-prepare --out data/web --jsonl 'web/*.jsonl' --val 'held_out/*.jsonl'           # data files
 
 writes ``<out>/train.bin`` (and ``<out>/val.bin`` with ``--val``) as llm.c shards, every document
 (an input file, or a record of a dataset) followed by the end-of-text id, and the sidecar
@@ -139,7 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--val", nargs="*", default=[], help="held-out text files -> val.bin")
     source = parser.add_argument_group("a Hugging Face dataset instead of text files (one document per record)")
-    source.add_argument("--hf", metavar="DIR_OR_NAME", help="a save_to_disk directory or a hub name in the local cache")
+    source.add_argument(
+        "--hf",
+        metavar="DIR_OR_NAME",
+        help="a save_to_disk directory, a dataset repository, or a hub name in the local cache",
+    )
     source.add_argument("--jsonl", metavar="GLOB", help="JSON-lines files")
     source.add_argument("--parquet", metavar="GLOB", help="Parquet files")
     source.add_argument("--field", default="text", help="the column holding the text (default text)")

@@ -335,6 +335,12 @@ def test_held_out_text_from_a_split_or_files(tmp_path, mode):
     val = byte_ids(TEXTS[15:])
     windows = np.stack([val[i * L : i * L + L + 1] for i in range((len(val) - 1) // L)])
     by_split = HFText(path=str(tmp_path / "dict"), val_split="test", seq_len=L, mode=mode).load(4, 0)
+    (tmp_path / "repo" / "data").mkdir(parents=True)  # a dataset repository, as cloned from the hub
+    for split, part in (("train", rows[:15]), ("test", rows[15:])):
+        (tmp_path / "repo" / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    repo = HFText(path=str(tmp_path / "repo"), val_split="test", seq_len=L, mode=mode).load(4, 0)
+    if mode == "cache":
+        assert repo.num_records == by_split.num_records == (len(byte_ids(TEXTS[:15])) - 1) // L
     (tmp_path / "val").mkdir()
     files = HFText(
         path=write_source(tmp_path, "jsonl", TEXTS[:15]),
@@ -342,7 +348,7 @@ def test_held_out_text_from_a_split_or_files(tmp_path, mode):
         seq_len=L,
         mode=mode,
     ).load(4, 0)
-    for ds in (by_split, files):
+    for ds in (by_split, repo, files):
         assert ds.num_eval_records == len(windows)
         batches = list(ds.eval_batches())
         got = np.concatenate([b["tokens"][b["mask"] > 0] for b in batches])
