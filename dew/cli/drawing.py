@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> str:
         write_grid(out, to_uint8(images), rows=max(getattr(r.objective, "num_classes", 1), 1), scale=4)
         names = tuple(getattr(r.dataset, "class_names", ()))  # image_folder, hf_images: run.json's data.classes
         if args.npz:
-            np.savez(args.npz, images=images, labels=labels, **({"class_names": np.array(names)} if names else {}))
+            arrays = {"images": images, "labels": labels} | ({"class_names": np.array(names)} if names else {})
+            np.savez(args.npz, **arrays)
             print(f"dew-sample: images and labels in {args.npz}", flush=True)
         print(f"dew-sample: {len(images)} images ({source}) in {out}", flush=True)
         if names:

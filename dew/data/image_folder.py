@@ -63,7 +63,9 @@ def split_folders(spec: ImageFolder) -> tuple[str, str | None]:
 
 
 def _folders(directory: str) -> str:
-    return ", ".join(sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))) or "none"
+    return (
+        ", ".join(sorted(e.name for e in os.scandir(directory) if e.is_dir() and not e.name.startswith("."))) or "none"
+    )
 
 
 def class_files(directory: str) -> dict[str, list[str]]:
@@ -136,12 +138,12 @@ def load_image_folder(spec: ImageFolder, batch_size: int, seed: int) -> ImageDat
     held_out = None if eval_dir is None else folder_records(class_files(eval_dir), names, eval_dir, spec, pool)
     if held_out is not None and spec.eval_fraction:
         raise ValueError(
-            f"data.eval_fraction={spec.eval_fraction}: data.root={spec.root!r} has a {os.path.basename(eval_dir or '')}/ "
-            "split that evaluates; hold out a fraction only of data without one"
+            f"data.eval_fraction={spec.eval_fraction}: data.root={spec.root!r} has a "
+            f"{os.path.basename(eval_dir or '')}/ split that evaluates; hold out a fraction only of data without one"
         )
     for records in (train, held_out):
         if records is not None:
-            check_sources(records.num_records, records.fetch, records.name, pool)
+            check_sources(records)
     if spec.eval_fraction:
         kept, held = held_out_by_class(train.labels, spec.eval_fraction, spec.root)
         train, held_out = train.subset(kept), train.subset(held)

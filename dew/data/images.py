@@ -2,16 +2,18 @@
 threads, resized and centre-cropped to the run's size, optionally flipped, on dew's record pipeline.
 
 A source (a file path or an image's bytes) becomes a square uint8 array: the image is decoded
-(JPEG at a reduced DCT scale, as large as the crop needs), converted to RGB (or grey with
-``channels=1``), centre-cropped to its shorter side and resized to ``image_size`` (bicubic), in one
-``resize`` over the crop box. A batch's images are decoded in a ``ThreadPoolExecutor``: Pillow
-releases the GIL while it decodes and resizes, so threads decode in parallel without forking a
-process that holds JAX's threads (bench/data_pipeline.py measures threads against one process and
+(a JPEG at the smallest DCT scale that still covers twice the output size, which Pillow's ``draft``
+picks), converted to RGB (or grey with ``channels=1``), centre-cropped to its shorter side and
+resized to ``image_size`` (bicubic). A batch's images are decoded in a ``ThreadPoolExecutor``:
+Pillow releases the GIL while it decodes and resizes, so threads decode in parallel without forking
+a process that holds JAX's threads (bench/data_pipeline.py measures threads against one thread and
 against a pool of processes; docs/performance.md).
 
-Every source is opened and checked once when the dataset loads (``check_sources``, in the same
-pool: Pillow's ``verify``, which for a PNG reads every chunk and its CRC), so a file that is not an
-image, or is cut short where the check reads, fails before the first step, naming the file.
+Every image is read through once when the dataset loads (``check_sources``, in the same pool): a
+PNG by Pillow's ``verify`` (every chunk and its CRC, without inflating the pixels), a JPEG or WebP
+by decoding it as a batch would. So a file that is not an image, or one cut short, fails before the
+first step, naming the file; the price is one decode of each JPEG and WebP at load
+(docs/performance.md).
 
 The random horizontal flip belongs to the stream position: position ``q`` of epoch ``e`` is flipped
 when ``default_rng([seed, FLIP_STREAM, e]).random(n)[q % n] < 0.5``. It depends on nothing but the
@@ -66,8 +68,8 @@ def to_pixels(source: Source, image_size: int, channels: int) -> np.ndarray:
         w, h = image.size
         side = min(w, h)
         left, top = (w - side) // 2, (h - side) // 2
-        box = (left, top, left + side, top + side)
-        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC, box=box)
+        image = image.crop((left, top, left + side, top + side))
+        image = image.resize((image_size, image_size), Image.Resampling.BICUBIC)
         return np.asarray(image, np.uint8).reshape(image_size, image_size, channels)
 
 
@@ -75,11 +77,15 @@ UNREADABLE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 """What Pillow raises for a file that is not an image, or a damaged one (some plugins raise SyntaxError)."""
 
 
-def verify(source: Source) -> None:
-    """Open ``source`` and check it as far as Pillow's ``verify`` reads (a PNG's chunks and CRCs, a
-    JPEG's or WebP's header); raises what Pillow raises."""
+def check_image(source: Source, image_size: int, channels: int) -> None:
+    """Read ``source`` through: a PNG by Pillow's ``verify`` (every chunk and its CRC, to the end
+    chunk, without inflating the pixels), any other image by decoding it as a batch would
+    (``to_pixels``: a JPEG or WebP cut short fails only there). Raises what Pillow raises."""
     with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
-        image.verify()
+        if image.format == "PNG":
+            image.verify()
+            return
+    to_pixels(source, image_size, channels)
 
 
 class DecodePool:
@@ -99,23 +105,22 @@ class DecodePool:
         return list(self._pool.map(fn, items))
 
 
-def check_sources(
-    count: int, fetch: Callable[[np.ndarray], list[Source]], name: Callable[[int], str], pool: DecodePool
-) -> None:
-    """Open and check each of ``count`` records' images (``fetch`` reads them by index), in chunks;
-    the first unreadable one raises ``ImageError`` naming it (``name(index)``)."""
+def check_sources(records: ImageRecords) -> None:
+    """Read each of ``records``' images through (``check_image``), in chunks, in their pool; the
+    first unreadable one raises ``ImageError`` naming it."""
 
     def check(item: tuple[int, Source]) -> str | None:
         try:
-            verify(item[1])
+            check_image(item[1], records.image_size, records.channels)
         except UNREADABLE as err:
-            return f"{name(item[0])}: not a readable image ({type(err).__name__}: {err})"
+            return f"{records.name(item[0])}: not a readable image ({type(err).__name__}: {err})"
         return None
 
     chunk = 1024
-    for start in range(0, count, chunk):
-        indices = np.arange(start, min(count, start + chunk), dtype=np.int64)
-        problems = [p for p in pool.map(check, list(zip(indices.tolist(), fetch(indices), strict=True))) if p]
+    for start in range(0, records.num_records, chunk):
+        indices = np.arange(start, min(records.num_records, start + chunk), dtype=np.int64)
+        items = list(zip(indices.tolist(), records.fetch(indices), strict=True))
+        problems = [p for p in records.pool.map(check, items) if p]
         if problems:
             raise ImageError(problems[0])
 
@@ -242,7 +247,7 @@ def held_out_by_class(labels: np.ndarray, fraction: float, what: str) -> tuple[n
     held = []
     for label in np.unique(labels):
         members = np.flatnonzero(labels == label)
-        take = int(round(fraction * len(members)))
+        take = round(fraction * len(members))
         if take >= len(members):
             raise ValueError(
                 f"data.eval_fraction={fraction} holds out all {len(members)} images of {what} class {int(label)}"
