@@ -28,6 +28,7 @@ import pytest
 
 from tests.cli.doc_commands import Command, collect, documented, pages
 from tests.conftest import REPO, cli_env, tree
+from tests.data.shapes import write_parquet, write_shapes
 from tests.slurm_standin import install
 
 FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
@@ -63,8 +64,9 @@ def _check(args: list[str], cwd: Path, env: dict[str, str], program: str = "dew-
 @pytest.fixture(scope="module")
 def user_template(tmp_path_factory) -> Path:
     """A corpus (``corpus/*.txt``, ``held_out.txt``), the token directory dew-prepare makes of it
-    (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md) and
-    raw token shards (``shards/``: docs/data.md, docs/weights.md)."""
+    (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md),
+    raw token shards (``shards/``: docs/data.md, docs/weights.md) and images (``photos/``,
+    ``hf/*.parquet``: docs/data.md)."""
     from dew.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("user")
@@ -79,6 +81,11 @@ def user_template(tmp_path_factory) -> Path:
     (root / "shards").mkdir()
     for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
         rng.integers(0, 50257, n).astype("<u2").tofile(root / "shards" / name)
+    # Images (docs/data.md): a class-folder tree in Hugging Face's split layout, and Parquet files.
+    write_shapes(root / "photos", 4, split="train")
+    write_shapes(root / "photos", 1, split="validation", seed=1)
+    write_parquet(root / "hf" / "train.parquet", 4)
+    write_parquet(root / "hf" / "val.parquet", 1, seed=1)
     return root
 
 

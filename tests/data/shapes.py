@@ -3,9 +3,12 @@ colour, drawn with Pillow at a few sizes and in PNG, JPEG and WebP."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
 CLASSES = {"bar": (230, 210, 40), "circle": (220, 40, 40), "square": (40, 200, 60), "triangle": (40, 80, 230)}
@@ -41,3 +44,19 @@ def write_shapes(root: Path, per_class: int, *, split: str | None = None, seed: 
         for i in range(per_class):
             draw(name, rng).save(folder / f"{i:04d}.{FORMATS[i % len(FORMATS)]}")
     return root
+
+
+def write_parquet(path: Path, per_class: int, *, seed: int = 0) -> Path:
+    """A Parquet file as another tool writes one, read by ``hf_images``: an ``image`` column of
+    {bytes, path} records (PNG) and a ``label`` column of class names; ``path``."""
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for i in range(per_class * len(CLASSES)):
+        name = sorted(CLASSES)[i % len(CLASSES)]
+        buffer = io.BytesIO()
+        draw(name, rng).save(buffer, "PNG")
+        images.append({"bytes": buffer.getvalue(), "path": f"{i}.png"})
+        labels.append(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"image": images, "label": labels}), path)
+    return path
