@@ -18,7 +18,13 @@ cache and machine load; each figure is the median over rounds of pipeline throug
 
     JAX_PLATFORMS=cpu python bench/data_pipeline.py [--tokens 50000000 --seq-len 1024 --batch 64]
 
-The last line printed is JSON: {"bench": "data_pipeline", "ratio": ..., "hf_text_ratio": ..., ...}.
+Then ``image_folder``'s decoding (bench/_image_decode.py): images per second on this machine's cores
+(threads, one thread, a pool of processes), the load-time check, and one batch's decode as a share of a
+step of the digits experiment's DiT; the record's ``image_folder`` field.
+
+    JAX_PLATFORMS=cpu python bench/data_pipeline.py [--images 1024 --image-source 64 --image-size 8 --channels 1]
+
+The last line printed is JSON: {"bench": "data_pipeline", "ratio": ..., "hf_text_ratio": ..., "image_folder": {...}, ...}.
 """
 
 from __future__ import annotations
@@ -49,6 +55,11 @@ def hf_text_source(directory: str, tokens: int) -> str:
     datasets.Dataset.from_dict({"text": [text[i * 2_000 : (i + 1) * 2_000] for i in range(docs)]}).save_to_disk(path)
     return path
 
+if __package__:  # imported as bench.data_pipeline
+    from bench._image_decode import image_decode
+else:  # run as a script: bench/ is first on sys.path
+    from _image_decode import image_decode
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -58,6 +69,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--batches", type=int, default=20, help="batches per side per round")
     parser.add_argument("--hf-tokens", type=int, default=20_000_000, help="bytes of text in the hf_text source")
+    parser.add_argument("--images", type=int, default=1024, help="image_folder: generated images")
+    parser.add_argument("--image-source", type=int, default=64, help="image_folder: their side, pixels")
+    parser.add_argument("--image-size", type=int, default=8, help="image_folder: data.image_size (digits: 8)")
+    parser.add_argument("--channels", type=int, default=1, help="image_folder: data.channels (digits: 1)")
+    parser.add_argument("--image-batch", type=int, default=128, help="image_folder: batch (the digits experiment's)")
     args = parser.parse_args()
     L, B = args.seq_len, args.batch
 
@@ -145,7 +161,10 @@ def main() -> None:
             "file_tokens": args.tokens,
             "rounds": args.rounds,
         }
-        print(json.dumps(result))
+    result["image_folder"] = image_decode(
+        args.images, args.image_source, args.image_batch, args.image_size, args.channels, rounds=7
+    )
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ The objective's JAX side is imported only when it is built.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dew.contract.config import RunConfig
@@ -48,7 +49,11 @@ def build_objective(run: RunConfig, dataset: Dataset) -> Any:
 
 
 def resolve(run: RunConfig, dataset: Dataset) -> RunConfig:
-    """``run`` with the model fields that follow from ``dataset`` (and the objective) filled in."""
+    """``run`` with the model fields that follow from ``dataset`` (and the objective) filled in, and
+    the data spec's own where the dataset states them (``data_fields``: an image dataset's class
+    names), so run.json records what the data gave."""
+    if hasattr(dataset, "data_fields"):
+        run = dataclasses.replace(run, data=dataclasses.replace(run.data, **dataset.data_fields()))
     spec = objective_spec(run, data_kind(run, dataset))
     try:
         return with_data_fields(run, spec.model_fields(dataset))

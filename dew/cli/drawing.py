@@ -1,8 +1,9 @@
 """The body of dew-sample (``dew.cli.sample`` parses its arguments): samples drawn from a restored run.
 
-Images become a PNG grid, one row per class, and on request an ``.npz`` of the images (float32 NHWC
-in the data's [-1, 1]) and their labels; text is decoded with the tokenizer the dataset recorded,
-printed and written to a file. Samples drawn with the same seed are identical.
+Images become a PNG grid, one row per class (named where the data names its classes), and on
+request an ``.npz`` of the images (float32 NHWC in the data's [-1, 1]), their labels and the class
+names; text is decoded with the tokenizer the dataset recorded, printed and written to a file.
+Samples drawn with the same seed are identical.
 """
 
 from __future__ import annotations
@@ -107,10 +108,14 @@ def run(args: argparse.Namespace) -> str:
         )
         out = args.out or stem + ".png"
         write_grid(out, to_uint8(images), rows=max(getattr(r.objective, "num_classes", 1), 1), scale=4)
+        names = tuple(getattr(r.dataset, "class_names", ()))  # image_folder, hf_images: run.json's data.classes
         if args.npz:
-            np.savez(args.npz, images=images, labels=labels)
+            arrays = {"images": images, "labels": labels} | ({"class_names": np.array(names)} if names else {})
+            np.savez(args.npz, **arrays)
             print(f"dew-sample: images and labels in {args.npz}", flush=True)
         print(f"dew-sample: {len(images)} images ({source}) in {out}", flush=True)
+        if names:
+            print(f"dew-sample: rows, top to bottom: {', '.join(names)}", flush=True)
         return out
     for name in ("guidance_scale", "sampler", "npz"):
         if getattr(args, name) is not None:

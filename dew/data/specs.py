@@ -230,3 +230,101 @@ class HFText(DataSpec):
         from dew.data.hf_text import load_hf_text  # heavy: datasets and grain load only when the data is loaded
 
         return load_hf_text(self, batch_size=batch_size, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageTransforms(DataSpec):
+    """The fields ``image_folder`` and ``hf_images`` share: how images are sized, flipped, labelled
+    and held out (dew/data/images.py decodes them, a batch at a time, in a pool of threads)."""
+
+    kind: ClassVar[str] = "image"
+    image_size: int = 32
+    """Side of the square images, in pixels: each is centre-cropped to its shorter side and resized
+    (bicubic) to it."""
+    channels: int = 3
+    """3 reads RGB, 1 grey levels (any other mode is converted; a palette's or RGBA's alpha is dropped)."""
+    flip: bool = False
+    """Flip training images left to right at random (half of them), drawn from the run's seed and
+    the record's stream position, so a resumed run flips as an uninterrupted one."""
+    classes: tuple[str, ...] = ()
+    """The class names, in label order. Empty: every class the training split holds (sorted folder
+    names; a dataset's ClassLabel names, or its sorted label values). The run records the names it
+    trained with in run.json, and dew-sample names its rows by them; a class the data holds and this
+    does not name, or one named here the data lacks, is an error."""
+    split: str = "train"
+    """The split that trains: ``root/<split>/`` when the folder has one (Hugging Face's imagefolder
+    layout), a split of a Hugging Face DatasetDict."""
+    eval_split: str | None = None
+    """The split that evaluates. Unset: ``validation`` when the data has one, else none (or
+    ``eval_fraction``); named, it must exist."""
+    eval_fraction: float = 0.0
+    """Fraction of each class's training images held out to evaluate (a fixed choice, drawn from
+    seed 0), for data without an evaluation split; 0 holds none out."""
+    decode_threads: int = 0
+    """Threads that decode a batch's images; 0: one per CPU core the process may use (at most 16)."""
+
+    def __post_init__(self) -> None:
+        if self.image_size < 1:
+            raise ValueError(f"data.image_size={self.image_size} must be >= 1")
+        if self.channels not in (1, 3):
+            raise ValueError(f"data.channels={self.channels} must be 1 (grey) or 3 (RGB)")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ValueError(f"data.eval_fraction={self.eval_fraction} must lie in [0, 1)")
+        if self.eval_fraction and self.eval_split is not None:
+            raise ValueError(
+                f"data.eval_fraction={self.eval_fraction} and data.eval_split={self.eval_split!r}: "
+                "evaluate on a split or on a held-out fraction, not both"
+            )
+        if self.decode_threads < 0:
+            raise ValueError(f"data.decode_threads={self.decode_threads} must be >= 0 (0: one per core)")
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"data.classes={list(self.classes)} names a class twice")
+
+
+@datasets.register("image_folder")
+@dataclasses.dataclass(frozen=True)
+class ImageFolder(ImageTransforms):
+    """Images in a folder of class folders: ``root/<class>/*.{png,jpg,jpeg,webp}`` (nested folders
+    within a class folder included), or Hugging Face's imagefolder layout, ``root/train/<class>/...``
+    beside ``root/validation/<class>/...``. Labels are the sorted class folder names."""
+
+    root: str = ""
+    """The folder of class folders, or of split folders (``train/``, ``validation/``, ...) that hold them."""
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.image_folder import load_image_folder  # heavy: grain loads only when the data is loaded
+
+        return load_image_folder(self, batch_size=batch_size, seed=seed)
+
+
+@datasets.register("hf_images")
+@dataclasses.dataclass(frozen=True)
+class HFImages(ImageTransforms):
+    """Images and labels from a Hugging Face dataset (``pip install 'dew[data]'``): a directory
+    ``save_to_disk`` wrote (a Dataset or a DatasetDict), or data files (Parquet, Arrow, JSON lines,
+    CSV) read by the ``datasets`` library, offline."""
+
+    path: str = ""
+    """A ``save_to_disk`` directory, or data files: a file or a glob (.parquet, .arrow, .jsonl, .json, .csv)."""
+    val_path: str | None = None
+    """Data files that evaluate (a file or a glob): the ``validation`` split of ``path``'s files."""
+    image_field: str = "image"
+    """The column of images: an Image feature, a {bytes, path} record, encoded bytes, or a file path
+    (relative to the data file's folder)."""
+    label_field: str = "label"
+    """The column of labels: a ClassLabel, strings (the class names) or whole numbers."""
+    cache_dir: str | None = None
+    """Where ``datasets`` keeps the Arrow form of data files; unset: its own ($HF_DATASETS_CACHE)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.val_path is not None and self.eval_split not in (None, "validation"):
+            raise ValueError(
+                f"data.val_path={self.val_path!r} is the validation split; data.eval_split={self.eval_split!r} "
+                "names another"
+            )
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.hf_images import load_hf_images  # heavy: datasets and grain load only when the data is loaded
+
+        return load_hf_images(self, batch_size=batch_size, seed=seed)

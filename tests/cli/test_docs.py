@@ -29,6 +29,7 @@ import pytest
 
 from tests.cli.doc_commands import Command, collect, documented, pages
 from tests.conftest import REPO, cli_env, tree
+from tests.data.shapes import write_parquet, write_shapes
 from tests.slurm_standin import install
 
 FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
@@ -66,8 +67,8 @@ def user_template(tmp_path_factory) -> Path:
     """A corpus (``corpus/*.txt``, ``held_out.txt``), the token directory dew-prepare makes of it
     (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md),
     raw token shards (``shards/``: docs/data.md, docs/weights.md), a Hugging Face dataset as JSONL,
-    Parquet and a save_to_disk directory (``web/``) and a model directory's tokenizer (``model/``:
-    docs/data.md)."""
+    Parquet and a save_to_disk directory (``web/``), a model directory's tokenizer (``model/``:
+    docs/data.md) and images (``photos/``, ``hf/*.parquet``: docs/data.md)."""
     import datasets
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -97,6 +98,11 @@ def user_template(tmp_path_factory) -> Path:
     (root / "shards").mkdir()
     for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
         rng.integers(0, 50257, n).astype("<u2").tofile(root / "shards" / name)
+    # Images (docs/data.md): a class-folder tree in Hugging Face's split layout, and Parquet files.
+    write_shapes(root / "photos", 4, split="train")
+    write_shapes(root / "photos", 1, split="validation", seed=1)
+    write_parquet(root / "hf" / "train.parquet", 4)
+    write_parquet(root / "hf" / "val.parquet", 1, seed=1)
     return root
 
 

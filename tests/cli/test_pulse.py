@@ -61,7 +61,7 @@ def test_help_lists_groups_and_options(workdir: Path):
     assert result.returncode == 0
     for line in [
         "model: dit_b2, dit_l2, dit_s2, dit_xl2, simple_dit, transformer",
-        "data: digits, hf_text, oxford_flowers102, text_stream, token_windows",
+        "data: digits, hf_images, hf_text, image_folder, oxford_flowers102, text_stream, token_windows",
         "optim/schedule: cosine, linear, power",
         "optim: adam, adamw, lamb, muon, muonclip",
     ]:
