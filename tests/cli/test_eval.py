@@ -176,14 +176,17 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, args, says):
 
 
 def test_two_processes_give_the_journal_loss(runs):
-    """Two dew-eval processes in one JAX pool (one CPU device each: the batch split over both), as
-    submitit's local executor starts a job's tasks: the loss the one-process training recorded."""
-    for name, step in (("digits", 4), ("lm", 4)):
+    """Two dew-eval processes in one JAX pool (one CPU device each), as submitit's local executor
+    starts a job's tasks: the batch split over both, and the token run's parameters too (fsdp: each
+    process holds half of every matrix); the loss the one-process training recorded."""
+    fsdp = ["trainer.mesh.data=1", "trainer.mesh.fsdp=2", "trainer.layout.min_shard_size=0"]
+    for name, step, layout in (("digits", 4, []), ("lm", 4, fsdp)):
         out = runs["root"] / f"{name}-2p.json"
         (port,) = free_ports(1).values()
+        args = [str(runs[name]), "--step", str(step), "--out", str(out), *layout]
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "dew.cli.eval", str(runs[name]), "--step", str(step), "--out", str(out)],
+                [sys.executable, "-m", "dew.cli.eval", *args],
                 env=fast_env(
                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     SUBMITIT_EXECUTOR="local",
