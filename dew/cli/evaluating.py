@@ -50,8 +50,9 @@ from dew.cli.eval_config import EvalError, Target, target
 from dew.cli.train import conf_dir
 from dew.contract.config import RunConfig
 from dew.contract.data import Batch, Dataset
+from dew.contract.models import architecture
 from dew.contract.objectives import objectives, summary_name
-from dew.contract.typed import ConfigError, differences
+from dew.contract.typed import ConfigError
 from dew.data.tokenizer import from_record
 from dew.objectives.base import Batch as DeviceBatch
 from dew.objectives.base import Metric, Objective
@@ -81,6 +82,8 @@ class Result:
     """The data's record (``run.json``'s ``data`` section) evaluated on."""
     overrides: Sequence[str]
     values: Mapping[str, float]
+    records: int | None
+    """The held-out records evaluated (None where the dataset does not say)."""
     seconds: float
 
     def record(self) -> dict[str, object]:
@@ -92,6 +95,7 @@ class Result:
             "data": dict(self.data),
             "overrides": list(self.overrides),
             "metrics": dict(self.values),
+            "records": self.records,
             "processes": jax.process_count(),
             "devices": jax.device_count(),
             "seconds": round(self.seconds, 3),
@@ -142,6 +146,7 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
         recipe.to_dict()["data"],
         list(args.overrides),
         values,
+        getattr(dataset, "num_eval_records", None),
         time.monotonic() - started,
     )
     if jax.process_index() != 0:
@@ -153,17 +158,28 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
 
 
 def rebuild(t: Target) -> tuple[Recipe, Objective, Dataset]:
-    """(resolved recipe, objective, dataset) as dew-train builds them; a model the data no longer
-    gives (another vocabulary, another sequence length) is refused in one line."""
+    """(resolved recipe, objective, dataset) as dew-train builds them, the model fields that follow
+    from the data filled in from the data; a model the data does not give (another vocabulary,
+    another sequence length than the run's or the directory's) is refused in one line."""
+    from_data = architecture(t.recipe.model.architecture).data_fields
+    config = {k: v for k, v in t.recipe.model.config.items() if k not in from_data}
+    unfilled = dataclasses.replace(t.recipe, model=dataclasses.replace(t.recipe.model, config=config))
     try:
-        resolved, objective, dataset = build_run(t.recipe)
+        resolved, objective, dataset = build_run(unfilled)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         raise EvalError(" ".join(str(err).split())) from None
     assert isinstance(resolved, Recipe)
-    if t.kind == "run" and (diff := differences(t.recipe.to_dict()["model"], resolved.to_dict()["model"])):
+    wanted, given = t.recipe.model.config, resolved.model.config
+    diff = [
+        f"model.config.{k}={wanted[k]}, the data's {given.get(k)}"
+        for k in from_data
+        if k in wanted and given.get(k) != wanted[k]
+    ]
+    if diff:
+        model = "the run's" if t.kind == "run" else "config.json's"
         raise EvalError(
-            f"the data gives another model than the run's (the run's -> the data's): {'; '.join(diff)}; "
-            "evaluate on data of the run's tokenizer and shapes"
+            f"the data does not fit {model} model: {'; '.join(diff)}; evaluate on tokens of the model's "
+            "tokenizer (data of its shapes)"
         )
     return resolved, objective, dataset
 
@@ -288,7 +304,9 @@ def table(result: Result) -> str:
     """The values, one per line, under a line saying what was evaluated on what."""
     what = "the Hugging Face directory" if result.step is None else f"step {result.step}"
     params = "" if result.step is None else (" (EMA)" if result.ema else " (parameters)")
-    lines = [f"{result.target}: {what}{params} on {result.data.get('name', 'the data')}'s held-out split"]
+    records = "" if result.records is None else f" ({result.records} records)"
+    split = f"the held-out split of {result.data.get('name', 'the data')}{records}"
+    lines = [f"{result.target}: {what}{params}, on {split}"]
     width = max(len(k) for k in result.values)
     lines += [f"  {k:<{width}}  {v:.6g}" for k, v in sorted(result.values.items())]
     return "\n".join(lines)
