@@ -246,3 +246,44 @@ def test_a_hugging_face_directory_gives_a_numpy_llamas_loss(runs):
     assert result["kind"] == "hf" and result["step"] is None and (hf / "eval").is_dir()
     # The run's own step 4 is the same model: the same loss.
     assert abs(result["metrics"]["eval/loss"] - _recorded(runs["lm"], 4)) < 1e-4
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
+"""Llama directories transformers made, with its per-token losses over fixed windows
+(``tests/fixtures/hf/make.py``)."""
+
+
+def _fixtures() -> list[str]:
+    return sorted(
+        p.parent.name
+        for p in FIXTURES.glob("*/reference.json")
+        if "windows" in json.loads(p.read_text()) and not p.parent.name.startswith("refuse")
+    )
+
+
+@pytest.mark.parametrize("name", _fixtures())
+def test_a_transformers_fixture_gives_transformers_loss(name, tmp_path):
+    """Each window of the fixture as its own token file (a window never crosses files): dew-eval's
+    loss over them is the mean of transformers' per-token losses."""
+    directory = FIXTURES / name
+    ref = json.loads((directory / "reference.json").read_text())
+    windows = np.asarray(ref["windows"])
+    for i, window in enumerate(windows):
+        np.save(tmp_path / f"w{i}.npy", window.astype(np.uint16))
+    vocab = json.loads((directory / "config.json").read_text())["vocab_size"]
+    files = f"{tmp_path}/w*.npy"
+    out = tmp_path / "result.json"
+    result = _eval(
+        str(directory),
+        "data=token_windows",
+        f"data.path={files}",
+        f"data.val_path={files}",
+        f"data.seq_len={windows.shape[1] - 1}",
+        f"data.vocab_size={vocab}",
+        "model.dtype=float32",
+        "trainer.batch_size=4",
+        "--out",
+        str(out),
+    )
+    assert abs(result["metrics"]["eval/loss"] - ref["mean_loss"]) < 1e-4, (result["metrics"], ref["mean_loss"])
+    assert not (directory / "eval").exists()  # --out: nothing written into the fixture
