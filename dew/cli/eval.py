@@ -9,7 +9,8 @@
 The values are the trainer's evaluation (the objective's loss and the metrics dew-train evaluates it
 with; for a next-token model on text, the perplexity and bits per byte too), printed as a table and
 written as JSON to RUN/eval/step<N>[-ema]-<data>[-<digest of the overrides>].json (--out to choose).
-Nothing else of the run is touched. Across processes and on a mesh as training runs (trainer.mesh,
+Nothing else of the run is touched. A bad input ends with one line and exit status 2
+(DEW_DEBUG=1 shows the traceback). Across processes and on a mesh as training runs (trainer.mesh,
 trainer.multi_host); overrides are dew-train's (a field, or a group's option: data, model, optim,
 optim/schedule, trainer).
 """
@@ -62,12 +63,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
     from dew.cli import evaluating
     from dew.cli.eval_config import EvalError
+    from dew.cli.train import debugging
+    from dew.contract.typed import ConfigError
 
     try:
         result, written = evaluating.run(args)
-    except EvalError as err:
-        print(f"dew-eval: error: {err}", file=sys.stderr, flush=True)
+    except (EvalError, ConfigError, ValueError, OSError) as err:  # a bad input, as dew-train reads one
+        if debugging():  # HYDRA_FULL_ERROR=1 or DEW_DEBUG=1: the traceback
+            raise
+        print(f"dew-eval: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:  # nothing is half-written: the results file is renamed into place whole
+        print("dew-eval: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
     evaluating.report(result, written)
 
 
