@@ -166,6 +166,7 @@ def _main(*args: str) -> tuple[int, str]:
         (["{digits}", "trainer.nope=1"], "trainer.nope: unknown field"),
         (["{digits}", "data.eval_fraction=2"], "data.eval_fraction"),
         (["{lm}", "--ema"], "kept no EMA"),
+        (["{digits}", "trainer.mesh.fsdp=3"], "trainer.mesh="),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(runs, args, says):
