@@ -129,15 +129,22 @@ def read_step(
 
 
 def read_params(
-    checkpoints: Checkpoints, run_dir: str, chosen: int, abstract_params: nnx.State, *, ema: bool | None, asked: bool
+    checkpoints: Checkpoints,
+    run_dir: str,
+    chosen: int,
+    abstract_params: nnx.State,
+    *,
+    ema: bool | None,
+    asked: bool,
+    prog: str = "dew-sample",
 ) -> tuple[int, bool, nnx.State | None, list[tuple[int, str]]]:
     """``(step, EMA used, parameters, damaged steps passed over)`` (``read_step``) of step ``chosen``
     or, when it is damaged and was not ``asked`` for by number, of the newest intact step before it
-    (``Checkpoints.first_intact``)."""
+    (``Checkpoints.first_intact``); ``prog`` names the command in the line about a damaged step."""
 
     def say(bad: int, problem: str) -> None:
         print(
-            f"dew-sample: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
+            f"{prog}: checkpoint step {bad} is damaged ({problem}); trying an earlier step",
             file=sys.stderr,
             flush=True,
         )

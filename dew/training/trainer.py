@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 from etils import epath
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from dew.contract.config import RunConfig, TrainerConfig
@@ -45,7 +46,7 @@ from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints, Fal
 from dew.training.checkpointing.resume_check import ResumeCheck
 from dew.training.checkpointing.saving import NonFiniteError, Saver
 from dew.training.early_stopping import EarlyStop, watched
-from dew.training.evaluate import Evaluator, derived_metrics
+from dew.training.evaluate import Evaluator, Sums, derived_metrics
 from dew.training.hooks import At, Hook, Hooks, Started, from_config
 from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
@@ -68,7 +69,9 @@ __all__ = [
     "Setup",
     "best_criterion",
     "check",
+    "compile_eval_step",
     "compile_train_step",
+    "global_batch",
     "stage_at",
     "tokens_seen_fn",
     "train",
@@ -236,7 +239,7 @@ def _train(
             every=(setup.eval_every, setup.ckpt_every),
         )
         story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
-        place = functools.partial(_global, batch_sharding=batch_sharding)
+        place = functools.partial(global_batch, batch_sharding=batch_sharding)
         parts = _parts(
             run,
             objective,
@@ -310,12 +313,27 @@ def _build(
     state_sharding = state_sharding.replace(graphdef=graphdef, rest=rest)
     batch_sharding = sharding.batch_sharding(mesh, t.layout)
     train_step = compile_train_step(objective, optimizer, t, mesh, state_sharding, batch_sharding)
-    eval_step = jax.jit(
+    eval_step = compile_eval_step(objective, graphdef, rest, metrics, t, mesh, state_sharding.params, batch_sharding)
+    return state, train_step, eval_step, mesh, batch_sharding
+
+
+def compile_eval_step(
+    objective: Objective,
+    graphdef: nnx.GraphDef,
+    rest: nnx.State,
+    metrics: Sequence[Metric],
+    t: TrainerConfig,
+    mesh: Mesh,
+    params_sharding: Any,
+    batch_sharding: NamedSharding,
+) -> Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums]:
+    """The evaluation of one batch (``make_eval_step``), jitted over the mesh with the parameters laid
+    out as ``params_sharding`` says: what the trainer's ``Evaluator`` calls, and ``dew-eval``'s."""
+    return jax.jit(
         sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
-        in_shardings=(state_sharding.params, batch_sharding, None),
+        in_shardings=(params_sharding, batch_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
     )
-    return state, train_step, eval_step, mesh, batch_sharding
 
 
 def compile_train_step(
@@ -558,7 +576,7 @@ def _flops_per_example(run: RunConfig) -> float | None:
         return None
 
 
-def _global(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> dict[str, jax.Array]:
+def global_batch(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> dict[str, jax.Array]:
     """This process's part of a global batch, as global arrays laid out over the batch axes."""
     if jax.process_count() == 1:  # the whole batch is here: one transfer, as a hand-written loop does
         return jax.device_put(dict(batch), batch_sharding)

@@ -32,7 +32,16 @@ LINE_SKIP = re.compile(r"\s#.*?\bnot run:\s*(.*?)\)?$")
 ASSIGNMENTS = r"(?:[A-Za-z_]\w*=\S*\s+)*"
 PROGRAM = re.compile(rf"^{ASSIGNMENTS}(?:\S*/)?(dew-[a-z]+|python3?|pip|pytest)(?:\s|$)")
 VARIABLE = re.compile(r"^[A-Za-z_]\w*=\$\(")
-DEW_SCRIPTS = ("dew-train", "dew-runs", "dew-sample", "dew-prepare", "dew-export", "dew-plan", "dew-recipe")
+DEW_SCRIPTS = (
+    "dew-train",
+    "dew-runs",
+    "dew-sample",
+    "dew-prepare",
+    "dew-export",
+    "dew-plan",
+    "dew-recipe",
+    "dew-eval",
+)
 
 
 @dataclasses.dataclass

@@ -202,16 +202,17 @@ def test_optuna_lines_carry_no_colour_codes_into_a_pipe(workdir: Path):
 
 
 def test_sample_export_and_plan_answer_help_and_bad_options_without_jax():
-    """In a fresh interpreter: importing dew-sample's, dew-export's and dew-plan's modules, and their
+    """In a fresh interpreter: importing dew-sample's, dew-export's, dew-eval's and dew-plan's modules, and their
     ``--help`` and argument errors (dew-plan's help is Hydra's), load no JAX library: JAX loads only
     once the arguments are good."""
     code = "\n".join(
         [
             "import contextlib, io, sys",
-            "import dew.cli.sample, dew.cli.export, dew.cli.plan",
+            "import dew.cli.sample, dew.cli.export, dew.cli.eval, dew.cli.plan",
             "codes = []",
             "for main, argv in [(dew.cli.sample.main, ['--help']), (dew.cli.sample.main, ['run', '--count', '0']),",
-            "                   (dew.cli.export.main, ['--help']), (dew.cli.export.main, ['run'])]:",
+            "                   (dew.cli.export.main, ['--help']), (dew.cli.export.main, ['run']),",
+            "                   (dew.cli.eval.main, ['--help']), (dew.cli.eval.main, ['run', 'step'])]:",
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):",
             "        try:",
             "            main(argv)",
@@ -222,4 +223,4 @@ def test_sample_export_and_plan_answer_help_and_bad_options_without_jax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=cli_env())
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[0, 2, 0, 2] []"
+    assert out.stdout.strip() == "[0, 2, 0, 2, 0, 2] []"

@@ -5,7 +5,7 @@ prepared token directory, token shards: ``user_dir``).
 
 - The cheap ones run in full, as written, through bash (so ``$sweep`` and ``$(ls -d ...)`` expand
   as a user's shell expands them): ``dew-train --help``/``--cfg``, ``dew-plan``, ``dew-runs``,
-  ``dew-prepare``, ``dew-sample``, ``dew-export``, and the shell variables later commands read. A
+  ``dew-prepare``, ``dew-sample``, ``dew-export``, ``dew-eval``, and the shell variables later commands read. A
   command shown with its output (a ``$``-prompt block) must print that output's first line.
 - A training command (``dew-train`` or ``dew-recipe`` otherwise) runs with ``--check``: everything a launch checks
   before training, nothing written.
@@ -32,7 +32,7 @@ from tests.conftest import REPO, cli_env, tree
 from tests.data.shapes import write_parquet, write_shapes
 from tests.slurm_standin import install
 
-FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "variable"}
+FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "dew-eval", "variable"}
 """Programs run in full; dew-train and dew-recipe run in full only to show something (INFO_FLAGS)."""
 CHECKED = {"dew-train": "dew.cli.train", "dew-recipe": "dew.cli.recipe"}
 """The training commands a page's command runs as a check, and their modules."""

@@ -1,0 +1,83 @@
+"""dew-eval: a run's model measured on a dataset's held-out split, without training.
+
+    dew-eval RUN                                   the best checkpoint on the run's own held-out split
+    dew-eval RUN --step 500 --ema                  a saved step's EMA of the parameters
+    dew-eval RUN data.val_path=other.bin           another file as the held-out split
+    dew-eval RUN data=token_windows data.path=...  another dataset, in dew-train's config groups
+    dew-eval HF_DIR data=token_windows data.path=...   a Hugging Face Llama directory
+
+The values are the trainer's evaluation (the objective's loss and the metrics dew-train evaluates it
+with; for a next-token model on text, the perplexity and bits per byte too), printed as a table and
+written as JSON to RUN/eval/step<N>[-ema]-<data>[-<digest of the overrides>].json (--out to choose).
+Nothing else of the run is touched. A bad input ends with one line and exit status 2
+(DEW_DEBUG=1 shows the traceback). Across processes and on a mesh as training runs (trainer.mesh,
+trainer.multi_host); overrides are dew-train's (a field, or a group's option: data, model, optim,
+optim/schedule, trainer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from dew.cli.console import console_script
+
+EXIT_BAD_INPUT = 2
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="dew-eval",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    p.add_argument("run", help="the run directory (<trainer.checkpoint_dir>/<name>) or a Hugging Face Llama directory")
+    p.add_argument("overrides", nargs="*", help="dew-train's overrides: key=value, group=option")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="evaluate this saved step (default: the best)")
+    which.add_argument("--latest", action="store_true", help="evaluate the latest saved step")
+    p.add_argument(
+        "--ema",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="evaluate the EMA of the parameters (default: the parameters, which the trainer's eval/loss measures)",
+    )
+    p.add_argument("--out", help="the JSON file to write (default: RUN/eval/<step>-<data>.json)")
+    args = p.parse_intermixed_args(argv)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        p.error(f"{bad[0]!r} is not an override (key=value or group=option)")
+    return args
+
+
+@console_script
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
+    # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
+    from dew.cli import evaluating
+    from dew.cli.eval_config import EvalError
+    from dew.cli.train import debugging
+    from dew.contract.typed import ConfigError
+
+    try:
+        result, written = evaluating.run(args)
+    except (EvalError, ConfigError, ValueError, OSError) as err:  # a bad input, as dew-train reads one
+        if debugging():  # HYDRA_FULL_ERROR=1 or DEW_DEBUG=1: the traceback
+            raise
+        print(f"dew-eval: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:  # nothing is half-written: the results file is renamed into place whole
+        print("dew-eval: interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    evaluating.report(result, written)
+
+
+if __name__ == "__main__":
+    main()

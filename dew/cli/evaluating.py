@@ -1,0 +1,343 @@
+"""The body of dew-eval (``dew.cli.eval`` parses its arguments): a run's parameters (or a Hugging Face
+Llama directory's) evaluated on a dataset's held-out split by the trainer's own evaluation.
+
+The recipe is the run's record with the command line's overrides (``dew.cli.eval_config``). The
+process is started as a run's is (``start_process``: the XLA flags, the compilation cache, the JAX
+process pool), the data and the objective are built by ``dew.build`` as dew-train builds them, and a
+model they no longer give (data of another vocabulary) is refused. The parameters of the chosen step
+(or their EMA) are restored by orbax straight into the layout the trainer gives them on the run's mesh,
+each process reading its own shards; a Hugging Face directory is read by the warm start's reader
+(``dew.training.checkpointing.warmstart``). The evaluation is the trainer's: ``compile_eval_step`` and
+``Evaluator``, the objective's loss and the metrics dew-train evaluates the objective with, summed over
+every batch on the devices, with the same per-batch keys, so the loss at a step is the one the
+trainer's journal recorded there.
+
+For a next-token model on data with a tokenizer, the bytes the targets stand for are counted beside
+(each batch carries them in a ``bytes`` field: the byte tokenizer's targets are one byte each, any
+other tokenizer's are the UTF-8 bytes of the decoded targets), and bits per byte is the loss in bits
+over the bytes per token.
+
+Process 0 prints a table and writes the values as JSON (a temporary file renamed into place) in
+``<run>/eval/``; nothing else in the run directory is written, its checkpoints and journal included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import functools
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dew.build import build_run
+from dew.cli import restore
+from dew.cli.eval_config import EvalError, Target, target
+from dew.cli.train import conf_dir
+from dew.contract.config import RunConfig
+from dew.contract.data import Batch, Dataset
+from dew.contract.models import architecture
+from dew.contract.objectives import objectives, summary_name
+from dew.contract.typed import ConfigError
+from dew.data.tokenizer import from_record
+from dew.objectives.base import Batch as DeviceBatch
+from dew.objectives.base import Metric, Objective
+from dew.objectives.metrics import builtin_metrics
+from dew.recipe import Recipe
+from dew.training import adapt, sharding
+from dew.training.checkpointing import warmstart
+from dew.training.checkpointing.checkpoints import Checkpoints
+from dew.training.evaluate import Evaluator, derived_metrics
+from dew.training.setup import start_process
+from dew.training.trainer import compile_eval_step, global_batch
+
+EVAL_DIR = "eval"
+"""The directory in the evaluated run's (or Hugging Face directory's) that takes the results."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One evaluation: what was evaluated, on what, and the values."""
+
+    target: str
+    kind: str
+    step: int | None
+    """The checkpoint's step (None for a Hugging Face directory)."""
+    ema: bool
+    data: Mapping[str, object]
+    """The data's record (``run.json``'s ``data`` section) evaluated on."""
+    overrides: Sequence[str]
+    values: Mapping[str, float]
+    records: int | None
+    """The held-out records evaluated (None where the dataset does not say)."""
+    seconds: float
+
+    def record(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "kind": self.kind,
+            "step": self.step,
+            "ema": self.ema,
+            "data": dict(self.data),
+            "overrides": list(self.overrides),
+            "metrics": dict(self.values),
+            "records": self.records,
+            "processes": jax.process_count(),
+            "devices": jax.device_count(),
+            "seconds": round(self.seconds, 3),
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+
+
+def run(args: argparse.Namespace) -> tuple[Result, str | None]:
+    """Evaluate as ``args`` say: the result, and the file process 0 wrote (None on the others)."""
+    started = time.monotonic()
+    t = target(args.run, args.overrides, conf_dir())
+    start_process(t.recipe.trainer)  # the flags, the cache and the pool, before any backend opens
+    recipe, objective, dataset = rebuild(t)
+    mesh = sharding.make_mesh(recipe.trainer)
+    sharding.check_batch(recipe.trainer.batch_size, mesh, recipe.trainer.layout, field="trainer.batch_size")
+    batch_sharding = sharding.batch_sharding(mesh, recipe.trainer.layout)
+    if problem := shared_rows(batch_sharding, recipe.trainer.batch_size):
+        raise EvalError(problem)
+    graphdef, params, rest, step, ema = parameters(t, recipe, objective, mesh, args)
+    counter = byte_counter(objective, dataset)
+    metrics: list[Metric] = [*builtin_metrics(objective), *([TargetBytes()] if counter is not None else [])]
+    eval_step = compile_eval_step(
+        objective, graphdef, rest, metrics, recipe.trainer, mesh, params_sharding(params, mesh, recipe), batch_sharding
+    )
+
+    def batches() -> Iterator[Batch]:
+        own = dataset.eval_batches(jax.process_index(), jax.process_count())
+        return own if counter is None else with_bytes(own, counter)
+
+    evaluator = Evaluator(
+        eval_step,
+        batches,
+        functools.partial(global_batch, batch_sharding=batch_sharding),
+        seed=recipe.trainer.seed,
+        derive=functools.partial(derived_metrics, objective),
+    )
+    values = evaluator(params)
+    if not values:
+        raise EvalError(
+            f"data={getattr(recipe.data, 'name', '?')}: the data holds no held-out split to evaluate on; "
+            "name one (data.val_path=FILE, data.val_fraction=...)"
+        )
+    if counter is not None and values.get("eval/bytes_per_token"):
+        values["eval/bits_per_byte"] = values["eval/loss"] / math.log(2) / values["eval/bytes_per_token"]
+    result = Result(
+        t.path,
+        t.kind,
+        step,
+        ema,
+        recipe.to_dict()["data"],
+        list(args.overrides),
+        values,
+        getattr(dataset, "num_eval_records", None),
+        time.monotonic() - started,
+    )
+    if jax.process_index() != 0:
+        return result, None
+    return result, write(result, args.out or os.path.join(t.path, EVAL_DIR, file_name(result)))
+
+
+# ------------------------------------------------------------------------------ the run rebuilt
+
+
+def rebuild(t: Target) -> tuple[Recipe, Objective, Dataset]:
+    """(resolved recipe, objective, dataset) as dew-train builds them, the model fields that follow
+    from the data filled in from the data; a model the data does not give (another vocabulary,
+    another sequence length than the run's or the directory's) is refused in one line."""
+    from_data = architecture(t.recipe.model.architecture).data_fields
+    config = {k: v for k, v in t.recipe.model.config.items() if k not in from_data}
+    unfilled = dataclasses.replace(t.recipe, model=dataclasses.replace(t.recipe.model, config=config))
+    try:
+        resolved, objective, dataset = build_run(unfilled)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        raise EvalError(" ".join(str(err).split())) from None
+    assert isinstance(resolved, Recipe)
+    wanted, given = t.recipe.model.config, resolved.model.config
+    diff = [
+        f"model.config.{k}={wanted[k]}, the data's {given.get(k)}"
+        for k in from_data
+        if k in wanted and given.get(k) != wanted[k]
+    ]
+    if diff:
+        model = "the run's" if t.kind == "run" else "config.json's"
+        raise EvalError(
+            f"the data does not fit {model} model: {'; '.join(diff)}; evaluate on tokens of the model's "
+            "tokenizer (data of its shapes)"
+        )
+    return resolved, objective, dataset
+
+
+def parameters(
+    t: Target, recipe: Recipe, objective: Objective, mesh: Mesh, args: argparse.Namespace
+) -> tuple[nnx.GraphDef, nnx.State, nnx.State, int | None, bool]:
+    """(graph, parameters on the mesh, the rest of the module, the step, whether the EMA) of the run's
+    chosen checkpoint, or of the Hugging Face directory."""
+    if t.kind == "hf":
+        if args.step is not None or args.latest or args.ema:
+            raise EvalError(f"{t.path} is a Hugging Face directory: it has no steps and no EMA")
+        try:
+            warmstart.check(recipe, nnx.eval_shape(lambda: adapt.build_model(recipe, objective)))
+        except ValueError as err:
+            raise EvalError(" ".join(str(err).split())) from None
+        graphdef, params, rest = adapt.init_model(recipe, objective)
+        params, rest = warmstart.load(recipe, params, rest, mesh, resuming=False)
+        return graphdef, params, rest, None, False
+    abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
+    graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)  # type: ignore[misc]  # nnx.split's stub returns a variadic tuple
+    laid_out = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract_params,
+        params_sharding(abstract_params, mesh, recipe),
+    )
+    checkpoints = Checkpoints(epath.Path(t.path), keep=recipe.trainer.keep)
+    try:
+        chosen = restore.choose_step(checkpoints, t.path, step=args.step, latest=args.latest)
+        step, ema, read, _ = restore.read_params(
+            checkpoints, t.path, chosen, laid_out, ema=bool(args.ema), asked=args.step is not None, prog="dew-eval"
+        )
+    except restore.SampleError as err:
+        raise EvalError(str(err)) from None
+    finally:
+        checkpoints.close()
+    if read is None:
+        raise EvalError(
+            f"--ema: the run kept no EMA of its parameters (its objective's ema_decay is {objective.ema_decay})"
+        )
+    rest = restore.concrete(recipe, objective, rest)
+    _, rest = warmstart.load(recipe, read, rest, None, resuming=True, run_dir=t.path)  # a LoRA run's base
+    return graphdef, read, rest, step, ema
+
+
+def shared_rows(batch_sharding: NamedSharding, batch_size: int) -> str | None:
+    """Why the batch cannot be fed as every process feeds it, or None: each process reads its own
+    records (``eval_batches(process_index, process_count)``), so no row of the global batch may
+    sit on the devices of two processes. A mesh whose batch axes span fewer devices than there are
+    processes (``trainer.mesh.data=1 trainer.mesh.tensor=2`` over two processes) replicates rows
+    across processes, and each would put its own records in them: a wrong loss, not an error."""
+    rows: dict[tuple[int | None, int | None], set[int]] = {}
+    for device, index in batch_sharding.devices_indices_map((batch_size,)).items():
+        rows.setdefault((index[0].start, index[0].stop), set()).add(device.process_index)  # type: ignore[attr-defined]  # jaxlib's Device stub lacks it
+    shared = sorted(r for r, processes in rows.items() if len(processes) > 1)
+    if not shared:
+        return None
+    mesh, axes = batch_sharding.mesh, tuple(batch_sharding.spec[0] or ())
+    split = " x ".join(axes) or "no axis"
+    devices = math.prod(mesh.shape[a] for a in axes)
+    return (
+        f"trainer.mesh={dict(mesh.shape)}: the batch splits over {split} ({devices} devices), so processes "
+        f"{sorted(set().union(*(rows[r] for r in shared)))} hold the same rows of it, but each reads its own "
+        "records; split it over the processes (trainer.mesh.data or trainer.mesh.fsdp a multiple of their count)"
+    )
+
+
+def params_sharding(params: nnx.State, mesh: Mesh, run: RunConfig) -> Any:
+    """Each parameter's ``NamedSharding``: the layout the trainer gives it (``sharding.state_sharding``)."""
+    specs = sharding.param_specs(params, mesh, run.trainer.layout)
+    shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec),
+        sharding.follow_params(params, specs, shapes),
+        is_leaf=lambda x: isinstance(x, P),
+    )
+
+
+# --------------------------------------------------------------------------------- bits per byte
+
+
+@dataclasses.dataclass
+class TargetBytes:
+    """The bytes of text each target token stands for, on average over the held-out targets: the
+    ``bytes`` field ``with_bytes`` adds to a batch (each record's), over the records' targets."""
+
+    name: str = "bytes_per_token"
+    best: bool = False
+    higher_is_better: bool = False
+
+    def __call__(self, model: nnx.Module, batch: DeviceBatch, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        del model, key
+        mask = batch["mask"].astype(jnp.float32)
+        targets = batch["tokens"].shape[1] - 1
+        return (batch["bytes"].astype(jnp.float32) * mask).sum(), mask.sum() * targets
+
+
+def byte_counter(objective: Objective, dataset: Dataset) -> Callable[[np.ndarray], np.ndarray] | None:
+    """Each record's byte count from its targets (``[records, targets]`` ids), for a next-token
+    objective on data with a tokenizer; None where bytes mean nothing (images, a vocabulary given by
+    ``data.vocab_size`` alone, a loss that is not nats per token)."""
+    name = summary_name(objective)
+    record = getattr(dataset, "tokenizer", None)
+    if name is None or name not in objectives or objectives[name].loss_unit != "nats/token" or not record:
+        return None
+    if record.get("kind") == "byte":  # each id is one byte (the end-of-text id stands for one too)
+        return lambda targets: np.full(len(targets), targets.shape[1], np.float32)
+    tokenizer = from_record(record)
+    return lambda targets: np.array(
+        [len(tokenizer.decode(row.tolist()).encode("utf-8")) for row in targets], np.float32
+    )
+
+
+def with_bytes(batches: Iterator[Batch], count: Callable[[np.ndarray], np.ndarray]) -> Iterator[Batch]:
+    for batch in batches:
+        yield {**batch, "bytes": count(np.asarray(batch["tokens"])[:, 1:])}
+
+
+# ------------------------------------------------------------------------------------ the report
+
+
+def file_name(result: Result) -> str:
+    """``step<N>[-ema]-<data>[-<digest of the overrides>].json`` (``hf-...`` for a Hugging Face
+    directory): the same evaluation again replaces its file, another one takes its own."""
+    head = "hf" if result.step is None else f"step{result.step}"
+    name = f"{head}{'-ema' if result.ema else ''}-{result.data.get('name', 'data')}"
+    if result.overrides:
+        name += "-" + hashlib.sha256(" ".join(result.overrides).encode()).hexdigest()[:8]
+    return name + ".json"
+
+
+def write(result: Result, path: str) -> str:
+    """``result`` as JSON at ``path``, written whole: a temporary file beside it, renamed."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    partial = f"{path}.tmp-{os.getpid()}"
+    with open(partial, "w") as fh:
+        json.dump(result.record(), fh, indent=2)
+        fh.write("\n")
+    os.replace(partial, path)
+    return path
+
+
+def table(result: Result) -> str:
+    """The values, one per line, under a line saying what was evaluated on what."""
+    what = "the Hugging Face directory" if result.step is None else f"step {result.step}"
+    params = "" if result.step is None else (" (EMA)" if result.ema else " (parameters)")
+    records = "" if result.records is None else f" ({result.records} records)"
+    split = f"the held-out split of {result.data.get('name', 'the data')}{records}"
+    lines = [f"{result.target}: {what}{params}, on {split}"]
+    width = max(len(k) for k in result.values)
+    lines += [f"  {k:<{width}}  {v:.6g}" for k, v in sorted(result.values.items())]
+    return "\n".join(lines)
+
+
+def report(result: Result, written: str | None, out: Any = sys.stdout) -> None:
+    if written is None:
+        return
+    print(table(result), file=out)
+    print(f"dew-eval: results in {written}", file=out, flush=True)
