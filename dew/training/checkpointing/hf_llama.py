@@ -167,7 +167,7 @@ def config_json(f: TransformerFields, *, dtype: str = "float32", eos_token_id: i
         "rope_theta": f.rope_theta,
         "rope_scaling": scaling,
         "vocab_size": f.vocab_size,
-        "max_position_embeddings": f.seq_len,
+        "max_position_embeddings": max_positions(f),
         "tie_word_embeddings": f.tie_embeddings,
         "dtype": dtype,
         "torch_dtype": dtype,
@@ -181,6 +181,15 @@ def config_json(f: TransformerFields, *, dtype: str = "float32", eos_token_id: i
         "pad_token_id": None,
         "use_cache": True,
     }
+
+
+def max_positions(f: TransformerFields) -> int:
+    """``max_position_embeddings``: the run's ``seq_len``; with llama3 scaling at least the context it
+    scales to, ``original_max_position_embeddings · factor`` (transformers wants the original below it)."""
+    s = f.rope_scaling
+    if s is not None and s.rope_type == "llama3":
+        return max(f.seq_len, math.ceil(s.original_max_position_embeddings * s.factor))
+    return f.seq_len
 
 
 def generation_json(eos_token_id: int | None) -> dict[str, Any]:
