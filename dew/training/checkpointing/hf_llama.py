@@ -96,7 +96,8 @@ def factors(f: TransformerFields) -> dict[str, float]:
 def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
     """dew parameter -> (Llama name, ``{i}`` for a block's layer, dew layout -> Llama's, back).
     A block's layouts act on one layer (the stack's ``depth`` axis taken off); every one is a
-    reshape or a transpose, so on NumPy arrays the way back is a view of the array read."""
+    reshape or a transpose, so on a contiguous NumPy array the way there is a view of it, through
+    which a reader writes Llama's tensor straight into dew's layout (``hf_weights.read``)."""
     D, N = f.hidden_size, f.num_heads
     K, hd = f.num_kv_heads or N, f.head_dim or D // N
 

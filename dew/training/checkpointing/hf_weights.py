@@ -7,8 +7,10 @@ Reading goes shard by shard: every dew parameter gets one buffer in its ``param_
 tensor of the open shard is cast and laid out straight into its place there (a Llama layer is one
 slice of dew's stacked blocks), and a shard is closed before the next opens. Once all are read,
 each parameter in turn becomes a JAX array on the devices its sharding names and its buffer is
-freed. The host holds the model once, in dew's dtype, plus one shard's mapping and one parameter
-in flight: never two copies of the model (``bench/hf_read.py`` measures it).
+freed; on a CPU device the buffers are 64-byte aligned, which JAX's CPU client adopts as the
+array's memory without a copy. The host holds the model once, in dew's dtype, plus one shard's
+mapping and one parameter in flight: never two copies of the model (``bench/hf_read.py`` measures
+it: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def read(
     f = hf_llama.fields_of(run)
     spec, scale = hf_llama.table(f), hf_llama.factors(f)
     files = weight_files(path)
-    buffers = {p: np.empty(want.shape, want.dtype) for p, want in target.items()}
+    buffers = {p: aligned_empty(want.shape, want.dtype) for p, want in target.items()}
     by_file: dict[str, list[tuple[str, PathParts, int | None]]] = defaultdict(list)
     for p in target:
         name = spec["/".join(map(str, p))][0]
@@ -135,18 +137,39 @@ def read(
         with safe_open(file, "np") as fh:
             for hf_name, p, i in by_file[file]:
                 key = "/".join(map(str, p))
-                value = spec[key][2](fh.get_tensor(hf_name))  # a view: a reshape or a transpose
-                s = scale.get(key, 1.0)
-                if s != 1.0:
-                    value = value.astype(np.float32) / np.float32(s)
-                (buffers[p] if i is None else buffers[p][i])[...] = value  # cast into place
-                del value
+                slot = buffers[p] if i is None else buffers[p][i]
+                view = spec[key][1](slot)  # Llama's layout of the slot: a view, so writes land in it
+                assert np.may_share_memory(view, slot), key
+                place(fh.get_tensor(hf_name), view, scale.get(key, 1.0))
     out: dict[PathParts, jax.Array] = {}
     for p, want in target.items():
         value = buffers.pop(p)
         out[p] = jax.make_array_from_callback(want.shape, want.sharding, functools.partial(_at, value))
         del value  # the host buffer goes as soon as the devices hold the parameter
     return out
+
+
+ALIGNMENT = 64
+"""Bytes: JAX's CPU client adopts a NumPy buffer aligned to this as a device array without copying it."""
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting on an ``ALIGNMENT``-byte boundary, so that on a CPU the
+    array built from it is the buffer itself, not a second copy of the parameter."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + size].view(dtype).reshape(shape)
+
+
+def place(tensor: np.ndarray, into: np.ndarray, scale: float) -> None:
+    """Write the saved ``tensor`` into ``into`` (a view of a parameter's buffer in Llama's layout:
+    the layouts are reshapes and transposes, so a write through it lands in dew's layout), cast to
+    its dtype (NumPy's assignment casts as it copies: one pass) and divided by ``scale``."""
+    if scale != 1.0:
+        into[...] = tensor.astype(np.float32) / np.float32(scale)
+    else:
+        into[...] = tensor
 
 
 def _at(value: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
