@@ -15,7 +15,8 @@ fresh process, so that its peak resident memory (``ru_maxrss``) is its own:
 
 Each process reports its wall time and its peak resident memory (``VmHWM``) above what it held just before
 reading (the interpreter, JAX and the abstract model); rounds alternate the two, after one unmeasured
-round that warms the page cache. ``time_ratio`` is dew's median time over safetensors', ``time_over_cast`` over the cast's; ``peak_over_f32``
+round that warms the page cache. ``time_ratio`` is dew's median time over safetensors',
+``time_over_cast`` over the cast's; ``peak_over_f32``
 is dew's largest peak increase over the model's float32 size (what it must hold at the end).
 
     JAX_PLATFORMS=cpu python bench/hf_read.py [--rounds 3 --hidden 768 --depth 10 --vocab 16384]
@@ -127,7 +128,16 @@ def child(args: argparse.Namespace) -> None:
 
 def run_child(args: argparse.Namespace, mode: str, directory: str) -> dict:
     argv = [sys.executable, __file__, "--child", mode, "--child-dir", directory]
-    argv += ["--hidden", str(args.hidden), "--depth", str(args.depth), "--mlp", str(args.mlp), "--vocab", str(args.vocab)]
+    argv += [
+        "--hidden",
+        str(args.hidden),
+        "--depth",
+        str(args.depth),
+        "--mlp",
+        str(args.mlp),
+        "--vocab",
+        str(args.vocab),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     if done.returncode:
         sys.exit(f"bench/hf_read.py --child {mode} failed:\n{done.stderr}")
@@ -182,7 +192,8 @@ def main() -> None:
     print(
         f"{count / 1e6:.0f}M parameters in {shards} bf16 shards: dew {statistics.median(seconds['dew']):.2f} s, "
         f"safetensors {statistics.median(seconds['safetensors']):.2f} s (x{record['time_ratio']:.2f}), "
-        f"safetensors and a cast to float32 {statistics.median(seconds['cast']):.2f} s (x{record['time_over_cast']:.2f}); "
+        f"safetensors and a cast to float32 {statistics.median(seconds['cast']):.2f} s "
+        f"(x{record['time_over_cast']:.2f}); "
         f"dew's peak {max(peaks['dew']) / 1e6:.0f} MB above its start = {record['peak_over_f32']:.2f}x the "
         f"float32 model ({f32 / 1e6:.0f} MB)"
     )

@@ -273,16 +273,10 @@ def rope_of(config: Mapping[str, Any], path: str) -> tuple[float, RopeScaling | 
         )
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
-        why = (
-            " (dynamic NTK scaling changes the frequencies with each call's length)" if kind == "dynamic" else ""
-        )
-        raise ValueError(
-            f"{where} rope_type={kind!r}; dew's rotary embedding computes {', '.join(ROPE_TYPES)}{why}"
-        )
+        why = " (dynamic NTK scaling changes the frequencies with each call's length)" if kind == "dynamic" else ""
+        raise ValueError(f"{where} rope_type={kind!r}; dew's rotary embedding computes {', '.join(ROPE_TYPES)}{why}")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(
-            f"{where} partial_rotary_factor={params['partial_rotary_factor']}; dew rotates every feature"
-        )
+        raise ValueError(f"{where} partial_rotary_factor={params['partial_rotary_factor']}; dew rotates every feature")
     if kind == "default":
         return float(theta), None
     fields = {"rope_type": kind, "factor": float(params["factor"])}

@@ -60,7 +60,7 @@ def weight_files(path: str) -> dict[str, str]:
 
     single = os.path.join(path, WEIGHTS)
     with safe_open(single, "np") as fh:
-        return dict.fromkeys(fh.keys(), single)  # noqa: SIM118 - safetensors' safe_open is not iterable
+        return dict.fromkeys(fh.keys(), single)
 
 
 def header(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -215,7 +215,9 @@ def write(tensors: dict[str, np.ndarray], out: str, max_bytes: int | None) -> li
 
     parts = shards(tensors, max_bytes)
     names = (
-        [WEIGHTS] if len(parts) == 1 else [f"model-{i:05d}-of-{len(parts):05d}.safetensors" for i in range(1, len(parts) + 1)]
+        [WEIGHTS]
+        if len(parts) == 1
+        else [f"model-{i:05d}-of-{len(parts):05d}.safetensors" for i in range(1, len(parts) + 1)]
     )
     for name, part in zip(names, parts, strict=True):
         fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")

@@ -2,9 +2,9 @@
 
 The source is a dew run directory (its latest intact step, found by ``Checkpoints.restore_intact``'s
 walk), one of its steps (``<run>/<step>``), or a Hugging Face Llama directory
-(``dew.training.checkpointing.hf_llama``, its files ``hf_weights``). Only parameters are read: the optimizer state, the step, the data
-position and the schedule start fresh, and the EMA, which ``TrainState.create`` copies from the
-parameters, starts from the loaded ones.
+(``dew.training.checkpointing.hf_llama``, its files ``hf_weights``). Only parameters are read: the
+optimizer state, the step, the data position and the schedule start fresh, and the EMA, which
+``TrainState.create`` copies from the parameters, starts from the loaded ones.
 
 Two moments:
 
@@ -83,7 +83,8 @@ def resolve(init_from: str) -> Source:
         raise ValueError(f"{FIELD}={init_from!r} does not exist")
     raise ValueError(
         f"{FIELD}={init_from!r} is neither a dew run directory (run.json), one of its steps "
-        "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors or model.safetensors.index.json)"
+        "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors or "
+        "model.safetensors.index.json)"
     )
 
 

@@ -96,7 +96,9 @@ def test_the_byte_tokenizer_as_a_tokenizers_file_gives_dew_ids(tmp_path: Path):
     assert config["eos_token"] == "<|endoftext|>" and config["tokenizer_class"] == "PreTrainedTokenizerFast"
 
 
-@pytest.mark.parametrize("text, size", [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("1000", 1000), ("1.5kb", 1500)])
+@pytest.mark.parametrize(
+    "text, size", [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("1000", 1000), ("1.5kb", 1500)]
+)
 def test_shard_sizes_read_as_transformers_reads_them(text: str, size: int):
     from dew.training.checkpointing import hf_weights
 

@@ -102,7 +102,10 @@ def test_rope_scaling_is_what_makes_the_llama3_fixture_match(dew_logits: dict[st
 
     config = json.loads((FIXTURES / "llama3" / "config.json").read_text())
     rope = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
-    scaled, unscaled = np.asarray(rope_frequencies(8, 10000.0, RopeScaling(**rope))), np.asarray(rope_frequencies(8, 1e4))
+    scaled, unscaled = (
+        np.asarray(rope_frequencies(8, 10000.0, RopeScaling(**rope))),
+        np.asarray(rope_frequencies(8, 1e4)),
+    )
     assert scaled[0] == unscaled[0] and unscaled[1] / 4 < scaled[1] < unscaled[1]  # kept, interpolated
     np.testing.assert_allclose(scaled[2:], unscaled[2:] / 4, rtol=1e-6)  # divided by the factor
     reference = np.asarray(json.loads((FIXTURES / "llama3" / "reference.json").read_text())["logits"])
@@ -158,7 +161,10 @@ def test_what_dew_does_not_model_is_refused_by_name(tmp_path: Path, name: str, m
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ({"mlp_bias": True}, "mlp_bias=True"),
         ({"sliding_window": 4096}, "sliding_window=4096"),
-        ({"rope_theta": 5.0, "rope_parameters": {"rope_theta": 6.0}}, "rope_theta=5.0 and rope_parameters.rope_theta=6.0"),
+        (
+            {"rope_theta": 5.0, "rope_parameters": {"rope_theta": 6.0}},
+            "rope_theta=5.0 and rope_parameters.rope_theta=6.0",
+        ),
         ({"architectures": ["MistralForCausalLM"]}, "architectures=\\['MistralForCausalLM'\\]"),
     ],
 )

@@ -170,7 +170,11 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     trained = train("lm", "trainer.steps=10", "trainer.eval_every=10", "trainer.checkpoint_every=10")
     exporting.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
     # raw token files without a tokens.json sidecar: no tokenizer to write
-    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "generation_config.json", "model.safetensors"}
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    }
     # A learning rate of 0: step 1 evaluates the parameters read from the directory.
     warm = train(
         "warm",
