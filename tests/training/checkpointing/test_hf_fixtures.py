@@ -185,3 +185,48 @@ def test_a_run_whose_fields_differ_is_told_which_to_set():
     f = fields(FIXTURES / "tied", tie_embeddings=False)
     with pytest.raises(ValueError, match="tie_word_embeddings=true, this model model.config.tie_embeddings=false"):
         hf_llama.check_config(f, str(FIXTURES / "tied"))
+
+
+def test_rope_scaling_as_a_model_config_field():
+    """``model.config.rope_scaling`` takes a partial object (the llama3-only fields keep their
+    defaults); a rope_type dew does not compute is refused naming the field and the choices."""
+    from dew.contract.models import of
+    from dew.contract.typed import ConfigError
+    from dew.models.transformer import RopeScaling
+
+    f = of("transformer", {"rope_scaling": {"rope_type": "linear", "factor": 2}}).fields
+    assert f.rope_scaling == RopeScaling("linear", 2.0, 1.0, 4.0, 8192)
+    assert of("transformer", {}).fields.rope_scaling is None
+    with pytest.raises(ConfigError, match="model.config.rope_scaling.rope_type"):
+        of("transformer", {"rope_scaling": {"rope_type": "yarn", "factor": 2}})
+    with pytest.raises(ConfigError, match="low_freq_factor=4.0 and high_freq_factor=1.0"):
+        of(
+            "transformer",
+            {"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4.0, "high_freq_factor": 1.0}},
+        )
+
+
+def test_weights_cast_to_the_runs_param_dtype():
+    """bfloat16 weights read into bfloat16 parameters are the saved bits; float16 ones are rounded
+    once, as NumPy rounds float16 to bfloat16."""
+    import jax
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    from dew.training.checkpointing import hf_weights
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    for name, saved in (("bf16", "model.safetensors"), ("sharded", "model-00001-of-00003.safetensors")):
+        f = fields(FIXTURES / name, param_dtype="bfloat16")
+        target = {("embed", "embedding"): jax.ShapeDtypeStruct((64, 16), ml_dtypes.bfloat16, sharding=device)}
+        value = np.asarray(hf_weights.read(f, str(FIXTURES / name), target)[("embed", "embedding")])
+        expected = load_file(str(FIXTURES / name / saved))["model.embed_tokens.weight"].astype(ml_dtypes.bfloat16)
+        assert value.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(value.view(np.uint16), expected.view(np.uint16))
+
+
+def test_a_sharded_directory_is_a_warm_start_source():
+    from dew.training.checkpointing import warmstart
+
+    assert not (FIXTURES / "sharded" / "model.safetensors").exists()
+    assert warmstart.resolve(str(FIXTURES / "sharded")) == warmstart.Source(str(FIXTURES / "sharded"), "hf")
