@@ -10,13 +10,15 @@ fresh process, so that its peak resident memory (``ru_maxrss``) is its own:
   what a warm start does (the config checked, every shard read, cast, laid out and placed);
 - ``safetensors``: ``safetensors.numpy.load_file`` of every shard, kept: the bytes read and nothing
   else done;
-- ``cast``: the same, each tensor then cast to float32 by NumPy (and only that kept): the least any
+- ``flax``: ``safetensors.flax.load_file`` of every shard: the same bytes as JAX arrays (bf16, in
+  Llama's layout);
+- ``cast``: the ``safetensors`` reading, each tensor then cast to float32 by NumPy (and only that kept): the least any
   reader that hands over float32 parameters does, without dew's layouts or JAX.
 
 Each process reports its wall time and its peak resident memory (``VmHWM``) above what it held just before
 reading (the interpreter, JAX and the abstract model); rounds alternate the two, after one unmeasured
 round that warms the page cache. ``time_ratio`` is dew's median time over safetensors',
-``time_over_cast`` over the cast's; ``peak_over_f32``
+``time_over_flax`` and ``time_over_cast`` over the others'; ``peak_over_f32``
 is dew's largest peak increase over the model's float32 size (what it must hold at the end).
 
     JAX_PLATFORMS=cpu python bench/hf_read.py [--rounds 3 --hidden 768 --depth 10 --vocab 16384]
@@ -37,6 +39,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+MODES = ("dew", "safetensors", "flax", "cast")
+"""The readings compared (the module's docstring)."""
 
 
 def fields(args: argparse.Namespace) -> dict:
@@ -90,7 +95,17 @@ def high_water_bytes() -> int:
 def child(args: argparse.Namespace) -> None:
     """One reading in this process: prints ``{"seconds", "peak_increase", "before"}``."""
     directory = args.child_dir
-    if args.child in ("safetensors", "cast"):
+    if args.child == "flax":
+        import jax
+        from safetensors.flax import load_file as load_jax
+
+        files = sorted(str(p) for p in Path(directory).glob("model-*.safetensors"))
+        jax.block_until_ready(jax.device_put(np.zeros(4)))  # the backend up before the baseline
+        before = rss_bytes()
+        start = time.perf_counter()
+        held = jax.block_until_ready([load_jax(f) for f in files])
+        seconds = time.perf_counter() - start
+    elif args.child in ("safetensors", "cast"):
         import ml_dtypes  # noqa: F401 - registers bfloat16 with NumPy, which safetensors reads into
         from safetensors.numpy import load_file
 
@@ -152,7 +167,7 @@ def main() -> None:
     p.add_argument("--mlp", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=16384)
     p.add_argument("--max-shard-size", default="50MB")
-    p.add_argument("--child", choices=("dew", "safetensors", "cast"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=tuple(MODES), help=argparse.SUPPRESS)
     p.add_argument("--child-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -161,9 +176,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         count = write(args, tmp)
         shards = len(list(Path(tmp).glob("model-*.safetensors")))
-        runs: dict[str, list[dict]] = {"dew": [], "safetensors": [], "cast": []}
+        runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
         for r in range(args.rounds + 1):
-            for mode in ("dew", "safetensors", "cast") if r % 2 else ("cast", "safetensors", "dew"):
+            for mode in MODES if r % 2 else MODES[::-1]:
                 record = run_child(args, mode, tmp)
                 if r:  # round 0 warms the page cache
                     runs[mode].append(record)
@@ -181,17 +196,21 @@ def main() -> None:
         "safetensors_s": seconds["safetensors"],
         "time_ratio": statistics.median(seconds["dew"]) / statistics.median(seconds["safetensors"]),
         "time_ratios": ratios,
+        "flax_s": seconds["flax"],
+        "time_over_flax": statistics.median(seconds["dew"]) / statistics.median(seconds["flax"]),
         "cast_s": seconds["cast"],
         "time_over_cast": statistics.median(seconds["dew"]) / statistics.median(seconds["cast"]),
         "dew_peak_mb": [x / 1e6 for x in peaks["dew"]],
         "safetensors_peak_mb": [x / 1e6 for x in peaks["safetensors"]],
         "cast_peak_mb": [x / 1e6 for x in peaks["cast"]],
+        "flax_peak_mb": [x / 1e6 for x in peaks["flax"]],
         "peak_over_f32": max(peaks["dew"]) / f32,
         "peak_over_f32s": [x / f32 for x in peaks["dew"]],
     }
     print(
         f"{count / 1e6:.0f}M parameters in {shards} bf16 shards: dew {statistics.median(seconds['dew']):.2f} s, "
         f"safetensors {statistics.median(seconds['safetensors']):.2f} s (x{record['time_ratio']:.2f}), "
+        f"safetensors into JAX {statistics.median(seconds['flax']):.2f} s (x{record['time_over_flax']:.2f}), "
         f"safetensors and a cast to float32 {statistics.median(seconds['cast']):.2f} s "
         f"(x{record['time_over_cast']:.2f}); "
         f"dew's peak {max(peaks['dew']) / 1e6:.0f} MB above its start = {record['peak_over_f32']:.2f}x the "
