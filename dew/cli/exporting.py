@@ -74,6 +74,9 @@ def write_hf(r: Restored, out: str, *, dtype: str = "float32", max_shard_size: s
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's directory is the user's alone; OUT is an ordinary one
     try:
         hf_weights.write_directory(
             fields, params, tmp, dtype=dtype, max_bytes=max_bytes, eos_token_id=eos if isinstance(eos, int) else None

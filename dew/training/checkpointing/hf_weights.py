@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import re
-import tempfile
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -220,8 +219,7 @@ def write(tensors: dict[str, np.ndarray], out: str, max_bytes: int | None) -> li
         else [f"model-{i:05d}-of-{len(parts):05d}.safetensors" for i in range(1, len(parts) + 1)]
     )
     for name, part in zip(names, parts, strict=True):
-        fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
-        os.close(fd)
+        tmp = os.path.join(out, name + ".tmp")
         save_file(part, tmp, metadata={"format": "pt"})
         os.replace(tmp, os.path.join(out, name))
     if len(parts) > 1:
