@@ -1,9 +1,11 @@
 """dew-export: write a trained run's model in another layout.
 
     dew-export RUN_DIR --to OUT                a ``transformer`` run in the Hugging Face Llama layout:
-                                               config.json, model.safetensors and, where the run's data
-                                               has a BPE tokenizer, tokenizer.json (a LoRA run is
-                                               merged first)
+                                               config.json, generation_config.json, model.safetensors
+                                               (or shards and model.safetensors.index.json past
+                                               --max-shard-size; --dtype bfloat16 or float16 to halve
+                                               it), and the data's tokenizer as tokenizer.json and
+                                               tokenizer_config.json (a LoRA run is merged first)
     dew-export RUN_DIR --merge-lora --to OUT   a LoRA run merged into a plain run of the full model
                                                (W + (alpha/rank)·A·B), which dew-sample, dew-export
                                                and trainer.init_from read like any run
@@ -39,6 +41,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="merge a LoRA run's factors into its base and write a plain dew run (default: "
         "write the Hugging Face Llama layout)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="the Hugging Face weights' dtype (default: float32)",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        help="split the Hugging Face weights into shards of at most this size, with "
+        "model.safetensors.index.json (5GB, 500MB, 2GiB; default: one file)",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="export this saved step (default: the best)")

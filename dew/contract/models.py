@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dew.contract.registry import AttentionImpl, DtypeName, MatmulPrecision, Registry
-from dew.contract.typed import ConfigError, from_json, hints
+from dew.contract.typed import ConfigError, from_json, hints, optional_of, with_defaults
 
 if TYPE_CHECKING:
     from flax import nnx
@@ -186,7 +186,8 @@ def resolve_fields(name: str, values: Mapping[str, object]) -> Any:
     kwargs = {}
     for key, value in values.items():
         try:
-            kwargs[key] = from_json(types_[key], value, f"model.config.{key}")
+            # a nested record (transformer's rope_scaling) may leave out the fields it has defaults for
+            kwargs[key] = from_json(types_[key], with_defaults(optional_of(types_[key]), value), f"model.config.{key}")
         except ConfigError as err:
             raise ConfigError(f"{err} (architecture {name!r}; it takes {', '.join(declared)})") from None
     try:

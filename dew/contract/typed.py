@@ -164,6 +164,15 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
     raise TypeError(f"{path}: dew cannot read values of type {tp!r}")
 
 
+def optional_of(tp: Any) -> Any:
+    """``X`` for ``X | None``; any other type as it is."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
 def with_defaults(tp: Any, value: object) -> object:
     """``value`` with the records in it completed by their dataclass defaults.
 

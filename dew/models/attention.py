@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,9 @@ from jax.typing import DTypeLike
 from dew.models.axes import constrain, param
 from dew.models.kv_cache import attend_cached, write
 from dew.models.precision import LAX_PRECISION, Precision
+
+if TYPE_CHECKING:
+    from dew.models.transformer import RopeScaling
 
 logger = logging.getLogger(__name__)
 _logged: set[tuple[str, str]] = set()
@@ -157,9 +160,36 @@ def attend(
         )
 
 
-def rope_tables(positions_T: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """Sine and cosine of rotary position embeddings (Su et al. 2021), ``(T, head_dim // 2)`` each."""
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """The rotary embedding's angular frequencies, ``(head_dim // 2,)`` float32: ``theta**(-2i/head_dim)``,
+    rescaled as ``scaling`` says (``dew.models.transformer.RopeScaling``), in the order of operations
+    Hugging Face's ``ROPE_INIT_FUNCTIONS`` use, so a Llama checkpoint rotates as transformers rotates it.
+
+    ``llama3`` (Llama 3.1's ``apply_scaling``): with ``L = original_max_position_embeddings``, a
+    frequency whose wavelength ``2π/f`` is above ``L / low_freq_factor`` is divided by ``factor``, one
+    below ``L / high_freq_factor`` is kept, and one between is ``(1 - s)·f/factor + s·f`` with
+    ``s = (L/wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``."""
     inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old_context = scaling.original_max_position_embeddings
+    wavelength = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelength > old_context / low, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelength - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelength >= old_context / high) & (wavelength <= old_context / low)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope_tables(
+    positions_T: jax.Array, head_dim: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """Sine and cosine of rotary position embeddings (Su et al. 2021), ``(T, head_dim // 2)`` each,
+    at the frequencies ``rope_frequencies`` gives."""
+    inv_freq = rope_frequencies(head_dim, theta, scaling)
     angles_TxH2 = positions_T.astype(jnp.float32)[:, None] * inv_freq[None, :]
     return jnp.sin(angles_TxH2), jnp.cos(angles_TxH2)
 

@@ -186,7 +186,7 @@ class Transformer(nnx.Module):
             )
         x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
         x_BxTxD = constrain(x_BxTxD, "batch", "length", "embed")
-        rope = rope_tables(jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta)
+        rope = rope_tables(jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta, f.rope_scaling)
 
         x_BxTxD, max_logits_LxN = stack.run(
             self.blocks, lambda block, x: block(x, rope, return_max_logits), x_BxTxD, scan=f.scan_layers, remat=f.remat
@@ -237,7 +237,7 @@ class Transformer(nnx.Module):
             )
         start = cache.length
         x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
-        rope = rope_tables(start + jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta)
+        rope = rope_tables(start + jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta, f.rope_scaling)
 
         x_BxTxD, (k, v) = stack.run_with(
             self.blocks,

@@ -1,6 +1,7 @@
 """The Hugging Face Llama layout of dew's ``transformer``, both ways: ``config.json``
-(``LlamaForCausalLM``) and ``model.safetensors``, written by ``dew-export`` and read by
-``trainer.init_from``.
+(``LlamaForCausalLM``) and the safetensors weights, written by ``dew-export`` and read by
+``trainer.init_from``. The files themselves (one ``model.safetensors`` or shards behind
+``model.safetensors.index.json``, float32, bfloat16 or float16) are ``dew.training.checkpointing.hf_weights``'s.
 
 dew's blocks are Llama's: pre-norm RMSNorm, rotary embeddings on (first half, second half) feature
 pairs (Llama's ``rotate_half``: no permutation of the query and key weights), grouped-query
@@ -14,17 +15,23 @@ What dew has and Llama has not is folded into the weights exactly, as a scale (`
 projection, muP's attention scale (``dew.models.decoder.attention_scale``) into the query weights (Llama scales by
 ``1/sqrt(head_dim)``; rotary embeddings are linear, so a scaled query rotates to the scaled rotated
 query) and muP's logit divisor into the output head. Reading divides by the same factors, so a
-dew run with those settings reads back what it wrote. QK-norm has no place in Llama and a tied head
-is not written: both are refused by name.
+dew run with those settings reads back what it wrote. QK-norm has no place in Llama, nor has a tied
+head whose embedding and head would need different factors: both are refused by name.
+
+``config.json`` comes in two spellings: transformers 4 writes ``rope_theta`` and ``rope_scaling``
+at the top level, transformers 5 one ``rope_parameters`` object (``{rope_theta, rope_type, ...}``);
+``rope_of`` reads both, and ``config_json`` writes both, so old and new readers load what dew writes.
+What a Llama directory may hold and dew does not model (biases, a sliding window, another
+activation, a RoPE dynamic in the sequence length, quantized weights) is refused naming the field
+(``refuse_unmodelled``), never ignored.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -32,15 +39,13 @@ import numpy as np
 
 from dew.contract.models import of
 from dew.models.decoder import attention_scale, mlp_hidden
-from dew.models.transformer import Transformer, TransformerFields
+from dew.models.transformer import RopeScaling, Transformer, TransformerFields
 
 if TYPE_CHECKING:
-    from flax.typing import PathParts
-
     from dew.contract.config import RunConfig
 
 FIELD = "trainer.init_from"
-CONFIG, WEIGHTS = "config.json", "model.safetensors"
+CONFIG, GENERATION = "config.json", "generation_config.json"
 
 Layout = Callable[[Any], Any]
 
@@ -64,10 +69,14 @@ def refuse_unmappable(f: TransformerFields, where: str) -> None:
             "into the weights (it normalises each query and key)"
         )
     if f.tie_embeddings:
-        raise ValueError(
-            f"{where}: model.config.tie_embeddings=true: this layout is written with an untied "
-            "head (tie_word_embeddings=false)"
-        )
+        scale = factors(f)
+        if scale["embed/embedding"] != 1.0 or scale["lm_head/kernel"] != 1.0:
+            raise ValueError(
+                f"{where}: model.config.tie_embeddings=true with embedding_multiplier="
+                f"{f.embedding_multiplier} and mup={str(f.mup).lower()}: a tied Llama head is the "
+                "embedding itself, so neither the embedding multiplier nor muP's logit divisor can be "
+                "folded into it (both must be 1)"
+            )
 
 
 def factors(f: TransformerFields) -> dict[str, float]:
@@ -86,7 +95,9 @@ def factors(f: TransformerFields) -> dict[str, float]:
 
 def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
     """dew parameter -> (Llama name, ``{i}`` for a block's layer, dew layout -> Llama's, back).
-    A block's layouts act on one layer (the stack's ``depth`` axis taken off)."""
+    A block's layouts act on one layer (the stack's ``depth`` axis taken off); every one is a
+    reshape or a transpose, so on a contiguous NumPy array the way there is a view of it, through
+    which a reader writes Llama's tensor straight into dew's layout (``hf_weights.read``)."""
     D, N = f.hidden_size, f.num_heads
     K, hd = f.num_kv_heads or N, f.head_dim or D // N
 
@@ -96,7 +107,7 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
     same: tuple[Layout, Layout] = (lambda w: w, lambda w: w)
     transposed: tuple[Layout, Layout] = (lambda w: w.T, lambda w: w.T)
     layer = "model.layers.{i}."
-    return {
+    names = {
         "embed/embedding": ("model.embed_tokens.weight", *same),
         "blocks/attn_norm/scale": (layer + "input_layernorm.weight", *same),
         "blocks/attn/q/kernel": (layer + "self_attn.q_proj.weight", *heads_out(N)),
@@ -114,10 +125,35 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
         "final_norm/scale": ("model.norm.weight", *same),
         "lm_head/kernel": ("lm_head.weight", *transposed),
     }
+    if f.tie_embeddings:  # the head is the embedding: Llama writes no lm_head.weight
+        del names["lm_head/kernel"]
+    return names
 
 
-def config_json(f: TransformerFields) -> dict[str, Any]:
-    """Llama's ``config.json`` for ``transformer`` fields ``f``."""
+# ------------------------------------------------------------------------------- config.json out
+
+
+def rope_parameters(f: TransformerFields) -> dict[str, Any]:
+    """transformers 5's ``rope_parameters`` for ``f``'s rotary embedding."""
+    s = f.rope_scaling
+    if s is None:
+        return {"rope_theta": f.rope_theta, "rope_type": "default"}
+    out: dict[str, Any] = {"rope_theta": f.rope_theta, "rope_type": s.rope_type, "factor": s.factor}
+    if s.rope_type == "llama3":
+        out |= {
+            "low_freq_factor": s.low_freq_factor,
+            "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_position_embeddings,
+        }
+    return out
+
+
+def config_json(f: TransformerFields, *, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
+    """Llama's ``config.json`` for ``transformer`` fields ``f``, weights stored in ``dtype``: the
+    current spelling (``rope_parameters``, ``dtype``) and the fields transformers 4 reads
+    (``rope_theta``, ``rope_scaling``, ``torch_dtype``)."""
+    rope = rope_parameters(f)
+    scaling = None if f.rope_scaling is None else {k: v for k, v in rope.items() if k != "rope_theta"}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -128,117 +164,195 @@ def config_json(f: TransformerFields) -> dict[str, Any]:
         "num_key_value_heads": f.num_kv_heads or f.num_heads,
         "head_dim": f.head_dim or f.hidden_size // f.num_heads,
         "rms_norm_eps": f.norm_eps,
+        "rope_parameters": rope,
         "rope_theta": f.rope_theta,
+        "rope_scaling": scaling,
         "vocab_size": f.vocab_size,
-        "max_position_embeddings": f.seq_len,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
+        "max_position_embeddings": max_positions(f),
+        "tie_word_embeddings": f.tie_embeddings,
+        "dtype": dtype,
+        "torch_dtype": dtype,
         "hidden_act": "silu",
         "attention_bias": False,
+        "attention_dropout": 0.0,
         "mlp_bias": False,
         "initializer_range": f.init_std,
+        "bos_token_id": None,
+        "eos_token_id": eos_token_id,
+        "pad_token_id": None,
+        "use_cache": True,
     }
 
 
-# ---------------------------------------------------------------------------------------- out
+def max_positions(f: TransformerFields) -> int:
+    """``max_position_embeddings``: the run's ``seq_len``; with llama3 scaling at least the context it
+    scales to, ``original_max_position_embeddings · factor`` (transformers wants the original below it)."""
+    s = f.rope_scaling
+    if s is not None and s.rope_type == "llama3":
+        return max(f.seq_len, math.ceil(s.original_max_position_embeddings * s.factor))
+    return f.seq_len
 
 
-def write(f: TransformerFields, params: dict[str, jax.Array], out: str) -> None:
-    """Write ``params`` (dew path -> array, a ``transformer`` with fields ``f``) to ``out`` in
-    Llama's layout, in float32."""
-    from safetensors.numpy import save_file
+def generation_json(eos_token_id: int | None) -> dict[str, Any]:
+    """``generation_config.json``: what ``model.generate`` stops on."""
+    return {"bos_token_id": None, "eos_token_id": eos_token_id, "pad_token_id": None}
 
+
+def tensors(f: TransformerFields, params: Mapping[str, jax.Array], dtype: np.dtype) -> dict[str, np.ndarray]:
+    """``params`` (dew path -> array, a ``transformer`` with fields ``f``) as Llama's tensors in
+    ``dtype``, in Llama's order: the embedding, each layer's tensors, the final norm, the head. The
+    factors are applied in float32 and the result rounded once to ``dtype``."""
     refuse_unmappable(f, "dew-export")
     scale = factors(f)
-    tensors = {}
+    layers: dict[int, dict[str, np.ndarray]] = {}
     for key, (name, to_hf, _) in table(f).items():
         value = np.asarray(jax.device_get(params[key]), np.float32) * np.float32(scale.get(key, 1.0))
-        layers = [(name.format(i=i), value[i]) for i in range(f.depth)] if "{i}" in name else [(name, value)]
-        for hf_name, v in layers:
-            tensors[hf_name] = np.ascontiguousarray(to_hf(v))
-    os.makedirs(out, exist_ok=True)
-    save_file(tensors, os.path.join(out, WEIGHTS), metadata={"format": "pt"})
-    with open(os.path.join(out, CONFIG), "w") as fh:
-        json.dump(config_json(f), fh, indent=2)
+        for i in range(f.depth) if "{i}" in name else [-1 if key == "embed/embedding" else f.depth]:
+            one = value[i] if "{i}" in name else value
+            layers.setdefault(i, {})[name.format(i=i)] = np.ascontiguousarray(to_hf(one)).astype(dtype)
+    return {name: v for i in sorted(layers) for name, v in layers[i].items()}
 
 
-# ----------------------------------------------------------------------------------------- in
+# -------------------------------------------------------------------------------- config.json in
 
 
-def check_config(f: TransformerFields, path: str) -> None:
-    """Refuse a Llama directory whose config differs from ``f`` where shapes do not show it."""
-    refuse_unmappable(f, FIELD)
+def read_config(path: str) -> dict[str, Any]:
+    """The directory's ``config.json``, after refusing what dew's transformer does not model."""
     with open(os.path.join(path, CONFIG)) as fh:
-        theirs = json.load(fh)
-    if "LlamaForCausalLM" not in theirs.get("architectures", []):
-        raise ValueError(f"{FIELD}={path!r}: config.json names {theirs.get('architectures')}, not LlamaForCausalLM")
-    ours = config_json(f)
-    for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps"):
-        value = theirs.get(key)
-        if value is None and key == "head_dim":  # Llama's default
-            value = theirs["hidden_size"] // theirs["num_attention_heads"]
-        if value is None and key == "num_key_value_heads":
-            value = theirs["num_attention_heads"]
-        if value != ours[key]:
-            raise ValueError(f"{FIELD}={path!r}: config.json has {key}={value}, this model {ours[key]}")
-    if theirs.get("tie_word_embeddings"):
-        raise ValueError(f"{FIELD}={path!r}: config.json has tie_word_embeddings=true; dew reads an untied head")
-    if theirs.get("attention_bias") or theirs.get("mlp_bias"):
-        raise ValueError(f"{FIELD}={path!r}: config.json has biases; dew's transformer has none")
+        config = json.load(fh)
+    refuse_unmodelled(config, path)
+    return config
 
 
-def dew_shapes(run: RunConfig | TransformerFields, path: str) -> dict[str, tuple[int, ...]]:
-    """The shapes the Llama directory ``path`` gives dew's parameters (a block's with ``depth`` in
-    front), after checking its config against the run's model."""
-    from safetensors import safe_open
+def refuse_unmodelled(config: Mapping[str, Any], path: str) -> None:
+    """Raise naming the first ``config.json`` field that asks for what dew's transformer does not
+    compute: a Llama with it would load and compute something else."""
+    where = f"{FIELD}={path!r}: config.json has"
+    if "LlamaForCausalLM" not in (config.get("architectures") or []):
+        raise ValueError(f"{where} architectures={config.get('architectures')}, not LlamaForCausalLM")
+    refusals = {
+        "attention_bias": "dew's attention has no biases",
+        "mlp_bias": "dew's MLP has no biases",
+        "sliding_window": "dew's attention sees every earlier position",
+        "quantization_config": "dew reads float32, bfloat16 or float16 weights",
+    }
+    for key, why in refusals.items():
+        if config.get(key):
+            raise ValueError(f"{where} {key}={config[key]!r}; {why}")
+    if config.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ValueError(f"{where} hidden_act={config['hidden_act']!r}; dew's MLP is SwiGLU (silu)")
+    if config.get("attention_dropout", 0.0):
+        raise ValueError(f"{where} attention_dropout={config['attention_dropout']}; dew's attention has no dropout")
+    rope_of(config, path)
 
-    if not isinstance(run, TransformerFields) and run.model.architecture != ARCHITECTURE:
+
+ROPE_TYPES = ("default", "linear", "llama3")
+"""The ``rope_type`` values dew computes (``default``: no scaling)."""
+
+
+def rope_of(config: Mapping[str, Any], path: str) -> tuple[float, RopeScaling | None]:
+    """``(rope_theta, rope_scaling)`` of a Llama ``config.json`` in either spelling: transformers
+    4's top-level ``rope_theta`` and ``rope_scaling`` (whose type may be ``type``), or transformers
+    5's ``rope_parameters``. A ``rope_type`` other than ``ROPE_TYPES`` is refused by name."""
+    where = f"{FIELD}={path!r}: config.json has"
+    params: dict[str, Any] = {}
+    kinds = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError(f"{where} {key}={value!r}; expected an object")
+        params |= value or {}
+        if value:
+            kinds[key] = value.get("rope_type", value.get("type", "default"))
+    if len(set(kinds.values())) > 1:
+        raise ValueError(f"{where} " + " and ".join(f"{k}'s rope_type={v!r}" for k, v in kinds.items()))
+    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))  # 10000: LlamaConfig's default
+    if "rope_theta" in config and "rope_theta" in params and params["rope_theta"] != config["rope_theta"]:
         raise ValueError(
-            f"{FIELD}={path!r}: a Hugging Face Llama directory starts a {ARCHITECTURE!r} run, "
-            f"not {run.model.architecture!r}"
+            f"{where} rope_theta={config['rope_theta']} and rope_parameters.rope_theta={params['rope_theta']}"
         )
-    f = fields_of(run)
-    check_config(f, path)
-    with safe_open(os.path.join(path, WEIGHTS), "np") as fh:
-        header = {k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()}  # noqa: SIM118 - safetensors' safe_open is not iterable
-    depth = sum(1 for k in header if k.endswith(".input_layernorm.weight"))
-    shapes = {}
-    for key, (name, _, from_hf) in table(f).items():
-        first = name.format(i=0)
-        if first not in header:
-            continue
-        try:
-            one = jax.eval_shape(from_hf, jax.ShapeDtypeStruct(header[first], np.float32)).shape
-        except TypeError:  # a reshape that cannot take the saved shape
-            shapes[key] = header[first]
-            continue
-        shapes[key] = (depth, *one) if "{i}" in name else tuple(one)
-    return shapes
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        why = " (dynamic NTK scaling changes the frequencies with each call's length)" if kind == "dynamic" else ""
+        raise ValueError(f"{where} rope_type={kind!r}; dew's rotary embedding computes {', '.join(ROPE_TYPES)}{why}")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{where} partial_rotary_factor={params['partial_rotary_factor']}; dew rotates every feature")
+    if kind == "default":
+        return float(theta), None
+    fields = {"rope_type": kind, "factor": float(params["factor"])}
+    if kind == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+            if key not in params:
+                raise ValueError(f"{where} rope_type='llama3' without {key}")
+            fields[key] = params[key]
+    return float(theta), RopeScaling(**fields)
 
 
-def read(
-    run: RunConfig | TransformerFields, path: str, target: dict[PathParts, jax.ShapeDtypeStruct]
-) -> dict[PathParts, jax.Array]:
-    """The Llama directory's values for ``target`` (flat ``{path: ShapeDtypeStruct}`` with
-    shardings), each built on the devices its sharding names from the slices they hold."""
-    from safetensors import safe_open
-
-    f = fields_of(run)
-    spec, scale = table(f), factors(f)
-    out: dict[PathParts, jax.Array] = {}
-    with safe_open(os.path.join(path, WEIGHTS), "np") as fh:
-        for p, want in target.items():
-            key = "/".join(map(str, p))
-            name, _, from_hf = spec[key]
-            if "{i}" in name:
-                value = np.stack([from_hf(fh.get_tensor(name.format(i=i))) for i in range(f.depth)])
-            else:
-                value = from_hf(fh.get_tensor(name))
-            value = (value / np.float32(scale.get(key, 1.0))).astype(want.dtype)
-            out[p] = jax.make_array_from_callback(want.shape, want.sharding, functools.partial(_at, value))
+def model_config(path: str) -> dict[str, Any]:
+    """The ``model.config`` of dew's ``transformer`` that the Llama directory ``path`` fills:
+    start a run from it with these (``seq_len`` and ``vocab_size`` follow the data)."""
+    c = read_config(path)
+    theta, scaling = rope_of(c, path)
+    heads = c["num_attention_heads"]
+    out: dict[str, Any] = {
+        "hidden_size": c["hidden_size"],
+        "depth": c["num_hidden_layers"],
+        "num_heads": heads,
+        "num_kv_heads": c.get("num_key_value_heads") or heads,
+        "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
+        "mlp_hidden": c["intermediate_size"],
+        "norm_eps": c.get("rms_norm_eps", 1e-6),
+        "rope_theta": theta,
+        "rope_scaling": None if scaling is None else _as_dict(scaling),
+        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+    }
     return out
 
 
-def _at(value: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
-    """The slice of ``value`` a device holds (``jax.make_array_from_callback``'s callback)."""
-    return value[index]
+def _as_dict(scaling: RopeScaling) -> dict[str, Any]:
+    out = {"rope_type": scaling.rope_type, "factor": scaling.factor}
+    if scaling.rope_type == "llama3":
+        out |= {
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    return out
+
+
+CHECKED = {
+    "num_heads": "num_attention_heads",
+    "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "rope_theta": "rope_theta",
+    "rope_scaling": "rope_scaling",
+    "norm_eps": "rms_norm_eps",
+    "tie_embeddings": "tie_word_embeddings",
+}
+"""The fields that shapes cannot tell: ``model.config`` field -> the ``config.json`` field."""
+
+
+def check_config(f: TransformerFields, path: str) -> None:
+    """Refuse a Llama directory whose config differs from ``f`` where shapes do not show it, naming
+    both fields and both values."""
+    refuse_unmappable(f, FIELD)
+    theirs = model_config(path)
+    ours = {
+        "num_heads": f.num_heads,
+        "num_kv_heads": f.num_kv_heads or f.num_heads,
+        "head_dim": f.head_dim or f.hidden_size // f.num_heads,
+        "rope_theta": f.rope_theta,
+        "rope_scaling": None if f.rope_scaling is None else _as_dict(f.rope_scaling),
+        "norm_eps": f.norm_eps,
+        "tie_embeddings": f.tie_embeddings,
+    }
+    for key, hf_key in CHECKED.items():
+        if theirs[key] != ours[key]:
+            raise ValueError(
+                f"{FIELD}={path!r}: config.json has {hf_key}={_show(theirs[key])}, this model "
+                f"model.config.{key}={_show(ours[key])}; set model.config.{key}={_show(theirs[key])}"
+            )
+
+
+def _show(value: object) -> str:
+    return json.dumps(value).replace('"', "") if isinstance(value, (dict, bool)) or value is None else str(value)

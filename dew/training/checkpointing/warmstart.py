@@ -2,9 +2,9 @@
 
 The source is a dew run directory (its latest intact step, found by ``Checkpoints.restore_intact``'s
 walk), one of its steps (``<run>/<step>``), or a Hugging Face Llama directory
-(``dew.training.checkpointing.hf_llama``). Only parameters are read: the optimizer state, the step, the data
-position and the schedule start fresh, and the EMA, which ``TrainState.create`` copies from the
-parameters, starts from the loaded ones.
+(``dew.training.checkpointing.hf_llama``, its files ``hf_weights``). Only parameters are read: the
+optimizer state, the step, the data position and the schedule start fresh, and the EMA, which
+``TrainState.create`` copies from the parameters, starts from the loaded ones.
 
 Two moments:
 
@@ -41,7 +41,7 @@ from flax import nnx
 from dew.contract.config import RunConfig, RunRecord
 from dew.contract.rundir import RUN_RECORD, is_step
 from dew.training import sharding
-from dew.training.checkpointing import hf_llama
+from dew.training.checkpointing import hf_weights
 from dew.training.checkpointing.checkpoints import Checkpoints
 
 if TYPE_CHECKING:
@@ -77,13 +77,14 @@ def resolve(init_from: str) -> Source:
                 f"(its steps: {', '.join(map(str, _steps(parent))) or 'none'})"
             )
         return Source(parent, "run", int(leaf))
-    if os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors")):
+    if hf_weights.is_directory(path):
         return Source(path, "hf")
     if not os.path.exists(path):
         raise ValueError(f"{FIELD}={init_from!r} does not exist")
     raise ValueError(
         f"{FIELD}={init_from!r} is neither a dew run directory (run.json), one of its steps "
-        "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors)"
+        "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors or "
+        "model.safetensors.index.json)"
     )
 
 
@@ -143,7 +144,7 @@ def check(run: RunConfig, abstract: nnx.Module) -> None:
 def source_shapes(run: RunConfig, source: Source) -> dict[str, tuple[int, ...]]:
     """The source's parameter shapes by path, after checking its architecture against the run's."""
     if source.kind == "hf":
-        return hf_llama.dew_shapes(run, source.path)
+        return hf_weights.dew_shapes(run, source.path)
     record = RunRecord.read(source.path).values
     theirs = record.get("model", {}).get("architecture")
     if theirs != run.model.architecture:
@@ -301,7 +302,7 @@ def _read(
     assert run.trainer.init_from is not None  # load() reads nothing without one
     source = resolve(run.trainer.init_from)
     if source.kind == "hf":
-        return hf_llama.read(run, source.path, target), None
+        return hf_weights.read(run, source.path, target), None
     step = step if step is not None else source.step
     checkpoints = _ParamsOnly(epath.Path(source.path))
     try:

@@ -96,12 +96,13 @@ def llama_logits(directory: Path, tokens: np.ndarray) -> np.ndarray:
 def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
     import jax
 
-    from dew.training.checkpointing import hf_llama, warmstart
+    from dew.training.checkpointing import hf_weights, warmstart
 
     fields, model = _model()
     tokens = np.random.default_rng(0).integers(0, FIELDS["vocab_size"], (2, 11)).astype(np.int32)
     ours = np.asarray(model(tokens))
-    hf_llama.write(fields, _flat(model), str(tmp_path / "hf"))
+    (tmp_path / "hf").mkdir()
+    hf_weights.write_directory(fields, _flat(model), str(tmp_path / "hf"))
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 2
     reference = llama_logits(tmp_path / "hf", tokens)
@@ -114,10 +115,10 @@ def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
 
     fresh = of("transformer", FIELDS).build(nnx.Rngs(params=5))
     state = nnx.state(fresh, nnx.Param)
-    assert hf_llama.dew_shapes(fields, str(tmp_path / "hf")) == warmstart.shapes_of(state)
+    assert hf_weights.dew_shapes(fields, str(tmp_path / "hf")) == warmstart.shapes_of(state)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = {p: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device) for p, v in nnx.to_flat_state(state)}
-    values = hf_llama.read(fields, str(tmp_path / "hf"), target)
+    values = hf_weights.read(fields, str(tmp_path / "hf"), target)
     nnx.replace_by_pure_dict(state, warmstart._nested(values))
     nnx.update(fresh, state)
     assert np.abs(np.asarray(fresh(tokens)) - ours).max() < 1e-5
@@ -125,13 +126,16 @@ def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
 
 @pytest.mark.parametrize("field, value", [("qk_norm", True), ("tie_embeddings", True)])
 def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value: object):
+    """QK-norm, and a tied head with muP's logit divisor and an embedding multiplier (FIELDS), which
+    the one tied matrix cannot carry both of."""
     from dew.contract.models import of
-    from dew.training.checkpointing import hf_llama
+    from dew.training.checkpointing import hf_weights
 
     fields = of("transformer", {**FIELDS, field: value}).fields
+    (tmp_path / "hf").mkdir()
     with pytest.raises(ValueError, match=f"model.config.{field}=true"):
-        hf_llama.write(fields, {}, str(tmp_path / "hf"))
-    assert not (tmp_path / "hf").exists()
+        hf_weights.write_directory(fields, {}, str(tmp_path / "hf"))
+    assert not any((tmp_path / "hf").iterdir())
 
 
 def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
@@ -165,7 +169,12 @@ def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
 
     trained = train("lm", "trainer.steps=10", "trainer.eval_every=10", "trainer.checkpoint_every=10")
     exporting.run(export.parse_args([str(tmp_path / "ck" / "lm"), "--to", str(tmp_path / "hf")]))
-    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}  # byte tokens
+    # raw token files without a tokens.json sidecar: no tokenizer to write
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    }
     # A learning rate of 0: step 1 evaluates the parameters read from the directory.
     warm = train(
         "warm",
