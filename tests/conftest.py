@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -58,15 +57,12 @@ def cli_env(**extra: str) -> dict[str, str]:
 def dew(
     *args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None, script: str = "dew.cli.train"
 ) -> subprocess.CompletedProcess:
-    """Run a dew command (``python -m dew.cli.train ...``) as a user would, in ``cwd``."""
-    return subprocess.run(
-        [sys.executable, "-m", script, *args],
-        cwd=cwd,
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run a dew command (``python -m dew.cli.train ...``) as a user would, in ``cwd``: in its own
+    process, forked from a warm interpreter where the command reads nothing at start that a cold one
+    would read differently (tests/warm.py)."""
+    from tests import warm
+
+    return warm.run(script, list(args), cwd, env or cli_env(), timeout)
 
 
 def tree(root: Path) -> list[str]:

@@ -159,26 +159,14 @@ def hf_model_config(directory: str) -> dict[str, Any]:
     """The ``transformer`` fields a Llama ``config.json`` gives (the sequence length comes from the
     data, and data of another vocabulary is refused by the data's fields); what dew's reader refuses
     (a tied head, biases) it refuses by name when it reads the weights."""
+    from dew.training.checkpointing import hf_llama  # heavy: JAX
+
+    try:
+        fields = hf_llama.model_config(directory)
+    except ValueError as err:
+        raise EvalError(" ".join(str(err).split())) from None
     with open(os.path.join(directory, HF_CONFIG)) as fh:
-        c = json.load(fh)
-    if "LlamaForCausalLM" not in c.get("architectures", []):
-        raise EvalError(f"{directory}: config.json names {c.get('architectures')}, not LlamaForCausalLM")
-    rope = c.get("rope_theta")
-    if rope is None:  # transformers 5 writes it into rope_parameters
-        rope = (c.get("rope_parameters") or {}).get("rope_theta")
-    fields = {
-        "hidden_size": c["hidden_size"],
-        "depth": c["num_hidden_layers"],
-        "num_heads": c["num_attention_heads"],
-        "num_kv_heads": c.get("num_key_value_heads") or c["num_attention_heads"],
-        "head_dim": c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
-        "mlp_hidden": c["intermediate_size"],
-        "norm_eps": c["rms_norm_eps"],
-        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
-        "vocab_size": c["vocab_size"],
-    }
-    if rope is not None:
-        fields["rope_theta"] = rope
+        fields["vocab_size"] = json.load(fh)["vocab_size"]
     return fields
 
 
@@ -192,7 +180,9 @@ def hf_recipe(directory: str, overrides: Sequence[str], conf: str) -> Recipe:
     values = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(values, dict)
     model = values["model"]
-    if model.get("architecture") != "transformer":
+    from dew.training.checkpointing.hf_llama import ARCHITECTURE  # heavy: JAX
+
+    if model.get("architecture") != ARCHITECTURE:
         raise EvalError(
             f"{directory} holds a Llama: evaluate it on token data (data=token_windows data.path=... or "
             f"data=text_stream ...); the command line composes a {model.get('architecture')!r} model"

@@ -1,0 +1,250 @@
+"""dew's commands run from a warm interpreter: a process per pytest worker that imported JAX, Flax,
+Optax, Orbax, Grain, Hydra and dew once, and forks a child for each command, which runs the command's
+module as ``python -m MODULE ARGS`` runs it (``runpy``, ``__main__``, its own ``sys.argv``, working
+directory, environment, stdin/stdout/stderr) and ends as a Python program ends (its exit status, its
+atexit handlers). The child is a real process: what the command launches, locks, writes and prints
+is the command's own; what it skips is the ~1.5 CPU-s of imports every cold start pays (most of a
+``--check``'s time: ~200 such commands in the suite).
+
+What a cold start would read differently is never run warm (``warm_env``): an environment whose
+import-time variables (JAX_*, XLA_*, PYTHON*, thread counts, ...) differ from the server's, a
+module the server did not import. Tests of start-up itself (the first Ctrl-C, the console's first
+lines, the installed scripts) start their processes cold, with ``subprocess`` directly.
+
+Run as ``python -m tests.warm``: the server. Requests and answers are JSON lines on its
+stdin/stdout; it forks a child for each request and answers each when its child ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# Variables a library reads when it is imported (or Python reads when it starts): a command whose
+# value differs from the server's runs cold.
+AT_IMPORT = (
+    "JAX_",
+    "XLA_",
+    "TF_",
+    "PYTHON",
+    "OMP_",
+    "OPENBLAS_",
+    "MKL_",
+    "LD_",
+    "CUDA",
+    "TPU_",
+    "TENSORSTORE",
+    "DEW_NO_PLUGINS",
+)
+MODULES = ("dew.cli.train", "dew.cli.recipe", "dew.cli.runs", "dew.cli.plan", "dew.cli.sample", "dew.cli.export")
+"""The commands the server runs warm; anything else runs cold."""
+PRELOAD = (
+    "jax",
+    "jax.numpy",
+    "flax.nnx",
+    "optax",
+    "orbax.checkpoint",
+    "grain",
+    "hydra",
+    "omegaconf",
+    "submitit",
+    "dew.build",
+    "dew.training.setup",
+    "dew.training.trainer",
+    "dew.launching.checks",
+    "dew.cli.trial",
+    *MODULES,
+)
+
+
+# --- the server -----------------------------------------------------------------------------------
+
+
+def serve() -> dict:
+    """Answer requests until stdin ends; in a forked child, return the child's request."""
+    for name in PRELOAD:
+        __import__(name)
+    children: dict[int, tuple[str, float, float | None]] = {}  # pid: (request id, start, deadline)
+    answer = sys.stdout
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    stdin = sys.stdin.fileno()
+    buffer = b""
+    open_ = True
+    while open_ or children:
+        ready, _, _ = select.select([stdin] if open_ else [], [], [], 0.005)
+        if ready:
+            chunk = os.read(stdin, 1 << 16)
+            open_ = bool(chunk)
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                request = json.loads(line)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    return request
+                timeout = request.get("timeout")
+                children[pid] = (
+                    request["id"],
+                    time.monotonic(),
+                    None if timeout is None else time.monotonic() + timeout,
+                )
+        for pid, (rid, _, deadline) in list(children.items()):
+            timed_out = deadline is not None and time.monotonic() > deadline
+            if timed_out:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            done, status = os.waitpid(pid, 0 if timed_out else os.WNOHANG)
+            if done:
+                del children[pid]
+                answer.write(
+                    json.dumps({"id": rid, "status": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n"
+                )
+                answer.flush()
+    os._exit(0)
+
+
+def become(request: dict) -> None:
+    """In the forked child: become ``python -m MODULE ARGS`` started in the request's directory and
+    environment, with its own standard streams."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[0] = os.getcwd()  # what ``python -m`` puts first
+    sys.argv = [request["module"], *request["args"]]
+    import runpy
+    import warnings
+
+    # The module was imported here already (the server's preload), never in a cold start: runpy says so.
+    warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+# --- the client (a pytest worker) -----------------------------------------------------------------
+
+
+class Server:
+    """One warm server for this process, started at the first command; cold runs where it cannot serve."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.warm"],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lock = threading.Lock()
+        self.waiting: dict[str, tuple[threading.Event, dict]] = {}
+        self.ready = self.proc.stdout.readline().strip() == "ready"
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.count = 0
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the server with this process (it ends once its children did), and reap it."""
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            answer = json.loads(line)
+            event, box = self.waiting.pop(answer["id"])
+            box.update(answer)
+            event.set()
+        for event, box in list(self.waiting.values()):  # the server died: whoever waits runs cold
+            box["lost"] = True
+            event.set()
+
+    def serves(self, module: str, env: dict[str, str]) -> bool:
+        if not self.ready or self.proc.poll() is not None or module not in MODULES:
+            return False
+        keys = set(env) | set(self.env)
+        return not any(k.startswith(AT_IMPORT) and env.get(k) != self.env.get(k) for k in keys)
+
+    def run(
+        self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float | None
+    ) -> subprocess.CompletedProcess | None:
+        """The command's result, or None where the server could not run it (run it cold)."""
+        with tempfile.TemporaryDirectory(prefix="dew-warm-") as tmp:
+            with self.lock:
+                self.count += 1
+                rid = f"{os.getpid()}-{self.count}"
+                event, box = threading.Event(), {}
+                self.waiting[rid] = (event, box)
+                request = {
+                    "id": rid,
+                    "module": module,
+                    "args": list(args),
+                    "cwd": str(cwd),
+                    "env": env,
+                    "timeout": timeout,
+                    "stdout": f"{tmp}/out",
+                    "stderr": f"{tmp}/err",
+                }
+                try:
+                    self.proc.stdin.write(json.dumps(request) + "\n")
+                    self.proc.stdin.flush()
+                except (BrokenPipeError, ValueError):
+                    self.waiting.pop(rid, None)
+                    return None
+            event.wait()
+            if box.get("lost"):
+                return None
+            argv = [sys.executable, "-m", module, *args]
+            out, err = (Path(tmp, name).read_text() if Path(tmp, name).exists() else "" for name in ("out", "err"))
+            if box["timed_out"]:
+                raise subprocess.TimeoutExpired(argv, timeout, out, err)
+            return subprocess.CompletedProcess(argv, box["status"], out, err)
+
+
+_server: Server | None = None
+_started = threading.Lock()
+
+
+def run(
+    module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float | None
+) -> subprocess.CompletedProcess:
+    """``python -m module args`` in ``cwd`` with ``env``: warm where it reads what a cold start would."""
+    global _server
+    with _started:
+        if _server is None and os.environ.get("DEW_TESTS_COLD") != "1":
+            from tests.conftest import cli_env
+
+            _server = Server(cli_env())
+    if _server is not None and _server.serves(module, env):
+        result = _server.run(module, args, cwd, env, timeout)
+        if result is not None:
+            return result
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+if __name__ == "__main__":
+    become(serve())
