@@ -24,7 +24,8 @@ step of the digits experiment's DiT; the record's ``image_folder`` field.
 
     JAX_PLATFORMS=cpu python bench/data_pipeline.py [--images 1024 --image-source 64 --image-size 8 --channels 1]
 
-The last line printed is JSON: {"bench": "data_pipeline", "ratio": ..., "hf_text_ratio": ..., "image_folder": {...}, ...}.
+The last line printed is JSON: {"bench": "data_pipeline", "ratio": ..., "hf_text_ratio": ...,
+"image_folder": {...}, ...}.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def hf_text_source(directory: str, tokens: int) -> str:
     path = os.path.join(directory, "hf_source")
     datasets.Dataset.from_dict({"text": [text[i * 2_000 : (i + 1) * 2_000] for i in range(docs)]}).save_to_disk(path)
     return path
+
 
 if __package__:  # imported as bench.data_pipeline
     from bench._image_decode import image_decode

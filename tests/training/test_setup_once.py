@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import types
 from pathlib import Path
 
 import pytest
@@ -39,8 +40,13 @@ def test_python_and_dew_train_set_a_run_up_through_one_function():
     }
     for phase in ("listen", "check_setup", "claim"):
         assert found[phase] == {("training/setup.py", "set_up")}, phase
-    # dew-train --check sets the process's flags to count its devices; it sets no run up.
-    assert found["start_process"] == {("training/setup.py", "set_up"), ("cli/train.py", "check_single_run")}
+    # dew-train --check sets the process's flags to count its devices, dew-eval joins the process pool
+    # to evaluate: neither sets a run up.
+    assert found["start_process"] == {
+        ("training/setup.py", "set_up"),
+        ("cli/train.py", "check_single_run"),
+        ("cli/evaluating.py", "run"),
+    }
 
 
 def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
@@ -48,8 +54,10 @@ def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
     None once the checks passed, before the lock is taken."""
     order: list[str] = []
     monkeypatch.setattr(setups, "start_process", lambda t: order.append("process"))
-    monkeypatch.setattr(setups, "check_setup", lambda *a: order.append("check") or "the setup")
-    monkeypatch.setattr(setups, "claim", lambda run, setup, held: order.append(f"claim {setup}"))
+    the_setup = types.SimpleNamespace(path="the run's path")
+    monkeypatch.setattr(setups, "check_setup", lambda *a: order.append("check") or the_setup)
+    monkeypatch.setattr(setups, "claim", lambda run, setup, held: order.append(f"claim {setup.path}"))
+    monkeypatch.setattr(setups, "record_tokenizer", lambda path, dataset: order.append(f"tokenizer of the {dataset}"))
     planned = setups.Planned("run", "objective", "dataset", "name")  # type: ignore[arg-type]
     with contextlib.ExitStack() as held:
         got = setups.set_up(
@@ -58,8 +66,9 @@ def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
             lambda: planned,  # type: ignore[arg-type]
             agree=lambda err: order.append(f"agree {err}"),
         )
-    assert got == (planned, "the setup")
-    assert order == ["process", "check", "agree None", "claim the setup"]
+    assert got == (planned, the_setup)
+    # process 0 records the data's tokenizer in the run it claimed
+    assert order == ["process", "check", "agree None", "claim the run's path", "tokenizer of the dataset"]
 
     order.clear()
 
