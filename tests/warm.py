@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 
 # Variables a library reads when it is imported (or Python reads when it starts): a command whose
-# value differs from the server's runs cold.
+# value differs from the server's runs cold. Not XLA_FLAGS: XLA reads it when the first backend
+# starts, which the server never does (checked: a child given --xla_dump_to=DIR dumps there).
 AT_IMPORT = (
     "JAX_",
-    "XLA_",
     "TF_",
     "PYTHON",
     "OMP_",
@@ -46,7 +46,17 @@ AT_IMPORT = (
     "TENSORSTORE",
     "DEW_NO_PLUGINS",
 )
-MODULES = ("dew.cli.train", "dew.cli.recipe", "dew.cli.runs", "dew.cli.plan", "dew.cli.sample", "dew.cli.export")
+MODULES = (
+    "dew.cli.train",
+    "dew.cli.recipe",
+    "dew.cli.runs",
+    "dew.cli.plan",
+    "dew.cli.sample",
+    "dew.cli.export",
+    "dew.cli.eval",
+    "dew.cli.evaluating",
+    "dew.data.prepare",
+)
 """The commands the server runs warm; anything else runs cold."""
 PRELOAD = (
     "jax",

@@ -248,8 +248,38 @@ def _train_small(command: Command, args: list[str], steps_named: bool, shapes_ke
     return []
 
 
+MODULES = {
+    "dew-train": "dew.cli.train",
+    "dew-recipe": "dew.cli.recipe",
+    "dew-runs": "dew.cli.runs",
+    "dew-plan": "dew.cli.plan",
+    "dew-sample": "dew.cli.sample",
+    "dew-export": "dew.cli.export",
+    "dew-eval": "dew.cli.eval",
+    "dew-prepare": "dew.data.prepare",
+}
+"""The console scripts and the modules they run (pyproject.toml's [project.scripts])."""
+SHELL = re.compile(r"[|&;<>`]|\$\(")
+"""What only a shell runs: pipes, lists, redirections, command substitutions."""
+
+
+def _run(command: Command, variables: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` as a user's shell runs it: a plain command of one of dew's programs (no shell
+    syntax but its words' expansions, no assignments before it) runs its module, from the warm
+    interpreter where it can (tests/warm.py), on the words bash expanded; anything else runs in bash."""
+    from tests import warm
+
+    if command.program in MODULES and not SHELL.search(command.text) and not command.env():
+        words = _words(command, variables, cwd)
+        if words and words[0] == command.program:
+            env = cli_env(**variables)
+            env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+            return warm.run(MODULES[command.program], words[1:], cwd, env, timeout=300)
+    return _bash(command, variables, cwd)
+
+
 def _full(command: Command, variables: dict[str, str], cwd: Path) -> list[str]:
-    result = _bash(command, variables, cwd)
+    result = _run(command, variables, cwd)
     shown = (command.output or [""])[0].strip()
     if command.output:  # the page shows what it prints: an error, in the docs' case
         if shown not in result.stdout + result.stderr:
