@@ -55,6 +55,8 @@ def write(record: Mapping[str, object] | None, out: str, *, max_length: int) -> 
         return []
     kind = record.get("kind")
     target = os.path.join(out, TOKENIZER)
+    if kind == "pretrained":  # a model's own tokenizer (the one a warm start from its directory trained on)
+        return pretrained(record, out, max_length=max_length)
     if kind == "bpe":
         shutil.copyfile(str(record["file"]), target)
     elif kind == "byte":
@@ -68,6 +70,33 @@ def write(record: Mapping[str, object] | None, out: str, *, max_length: int) -> 
         "model_max_length": max_length,
         "clean_up_tokenization_spaces": False,
     }
+    with open(os.path.join(out, TOKENIZER_CONFIG), "w") as fh:
+        json.dump(config, fh, indent=2)
+    return [TOKENIZER, TOKENIZER_CONFIG]
+
+
+def pretrained(record: Mapping[str, object], out: str, *, max_length: int) -> list[str]:
+    """A pretrained tokenizer's files as the run kept them: its ``tokenizer.json``, and its
+    ``tokenizer_config.json`` where the model directory had one (its special tokens, chat template
+    and class, unchanged), else one naming the end-of-text (and begin-of-text) tokens by their ids'
+    names."""
+    import tokenizers
+
+    source = str(record["file"])
+    shutil.copyfile(source, os.path.join(out, TOKENIZER))
+    config_source = os.path.join(os.path.dirname(source), TOKENIZER_CONFIG)
+    if os.path.isfile(config_source):
+        shutil.copyfile(config_source, os.path.join(out, TOKENIZER_CONFIG))
+        return [TOKENIZER, TOKENIZER_CONFIG]
+    tok = tokenizers.Tokenizer.from_file(source)
+    config: dict[str, object] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,
+    }
+    for key, field in (("eos_token", "eos_id"), ("bos_token", "bos_id")):
+        if isinstance(record.get(field), int):
+            config[key] = tok.id_to_token(int(record[field]))
     with open(os.path.join(out, TOKENIZER_CONFIG), "w") as fh:
         json.dump(config, fh, indent=2)
     return [TOKENIZER, TOKENIZER_CONFIG]

@@ -96,6 +96,33 @@ def test_the_byte_tokenizer_as_a_tokenizers_file_gives_dew_ids(tmp_path: Path):
     assert config["eos_token"] == "<|endoftext|>" and config["tokenizer_class"] == "PreTrainedTokenizerFast"
 
 
+def test_a_models_own_tokenizer_is_exported_as_the_run_kept_it(tmp_path: Path):
+    """A run trained on a model directory's tokenizer (a warm start from a downloaded Llama) exports
+    that tokenizer: its files as the run kept them, or, without a tokenizer_config.json, one naming
+    its end-of-text token; dew reads either back with the same ids and special tokens."""
+    from dew.data.tokenizer import load_tokenizer, save_record, saved_record
+    from dew.training.checkpointing import hf_tokenizer
+
+    model = Path(__file__).resolve().parents[2] / "fixtures" / "hf" / "t5-f32"
+    source = load_tokenizer(str(model), "data.tokenizer")
+    kept = tmp_path / "run-tokenizer"
+    save_record({**source.record(), "file": source.file}, str(kept))
+    for name, record in (("with-config", saved_record(str(kept))), ("bare", None)):
+        if record is None:  # the model directory had no tokenizer_config.json
+            (kept / "tokenizer_config.json").unlink()
+            record = saved_record(str(kept))
+        out = tmp_path / name
+        out.mkdir()
+        assert hf_tokenizer.write(record, str(out), max_length=64) == ["tokenizer.json", "tokenizer_config.json"]
+        assert (out / "tokenizer.json").read_bytes() == (model / "tokenizer.json").read_bytes()
+        back = load_tokenizer(str(out), "data.tokenizer")
+        assert (back.eos_id, back.bos_id) == (source.eos_id, source.bos_id), name
+        text = "The quick brown fox, naïve café."
+        assert back.encode(text).tolist() == source.encode(text).tolist(), name
+    with_config = json.loads((tmp_path / "with-config" / "tokenizer_config.json").read_text())
+    assert with_config == json.loads((model / "tokenizer_config.json").read_text())
+
+
 @pytest.mark.parametrize(
     "text, size", [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30), ("1000", 1000), ("1.5kb", 1500)]
 )
