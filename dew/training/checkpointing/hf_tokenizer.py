@@ -95,8 +95,8 @@ def pretrained(record: Mapping[str, object], out: str, *, max_length: int) -> li
         "clean_up_tokenization_spaces": False,
     }
     for key, field in (("eos_token", "eos_id"), ("bos_token", "bos_id")):
-        if isinstance(record.get(field), int):
-            config[key] = tok.id_to_token(int(record[field]))
+        if isinstance(token_id := record.get(field), int):
+            config[key] = tok.id_to_token(token_id)
     with open(os.path.join(out, TOKENIZER_CONFIG), "w") as fh:
         json.dump(config, fh, indent=2)
     return [TOKENIZER, TOKENIZER_CONFIG]
