@@ -8,6 +8,8 @@ fresh process, so that its peak resident memory (``ru_maxrss``) is its own:
 
 - ``dew``: ``dew.training.checkpointing.hf_weights.read`` into float32 parameters on the CPU device,
   what a warm start does (the config checked, every shard read, cast, laid out and placed);
+- ``dew_untiled``: the same, each transposed write in one pass instead of tiles (``hf_weights.place``):
+  what the tiling gains;
 - ``safetensors``: ``safetensors.numpy.load_file`` of every shard, kept: the bytes read and nothing
   else done;
 - ``flax``: ``safetensors.flax.load_file`` of every shard: the same bytes as JAX arrays (bf16, in
@@ -40,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-MODES = ("dew", "safetensors", "flax", "cast")
+MODES = ("dew", "dew_untiled", "safetensors", "flax", "cast")
 """The readings compared (the module's docstring)."""
 
 
@@ -124,6 +126,8 @@ def child(args: argparse.Namespace) -> None:
         from dew.contract.models import of
         from dew.training.checkpointing import hf_weights
 
+        if args.child == "dew_untiled":
+            hf_weights.TILE = 1 << 20  # every matrix at most one tile: one pass
         arch = of("transformer", fields(args))
         abstract = nnx.eval_shape(lambda: arch.build(nnx.Rngs(params=0)))
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -196,6 +200,8 @@ def main() -> None:
         "safetensors_s": seconds["safetensors"],
         "time_ratio": statistics.median(seconds["dew"]) / statistics.median(seconds["safetensors"]),
         "time_ratios": ratios,
+        "dew_untiled_s": seconds["dew_untiled"],
+        "untiled_over_tiled": statistics.median(seconds["dew_untiled"]) / statistics.median(seconds["dew"]),
         "flax_s": seconds["flax"],
         "time_over_flax": statistics.median(seconds["dew"]) / statistics.median(seconds["flax"]),
         "cast_s": seconds["cast"],
@@ -209,6 +215,7 @@ def main() -> None:
     }
     print(
         f"{count / 1e6:.0f}M parameters in {shards} bf16 shards: dew {statistics.median(seconds['dew']):.2f} s, "
+        f"(untiled writes {statistics.median(seconds['dew_untiled']):.2f} s), "
         f"safetensors {statistics.median(seconds['safetensors']):.2f} s (x{record['time_ratio']:.2f}), "
         f"safetensors into JAX {statistics.median(seconds['flax']):.2f} s (x{record['time_over_flax']:.2f}), "
         f"safetensors and a cast to float32 {statistics.median(seconds['cast']):.2f} s "

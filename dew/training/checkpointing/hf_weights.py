@@ -161,14 +161,28 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return raw[start : start + size].view(dtype).reshape(shape)
 
 
+TILE = 128
+"""Rows and columns of the tiles a transposed write goes in (``place``)."""
+
+
 def place(tensor: np.ndarray, into: np.ndarray, scale: float) -> None:
     """Write the saved ``tensor`` into ``into`` (a view of a parameter's buffer in Llama's layout:
     the layouts are reshapes and transposes, so a write through it lands in dew's layout), cast to
-    its dtype (NumPy's assignment casts as it copies: one pass) and divided by ``scale``."""
-    if scale != 1.0:
-        into[...] = tensor.astype(np.float32) / np.float32(scale)
-    else:
-        into[...] = tensor
+    its dtype (NumPy's assignment casts as it copies: one pass) and divided by ``scale``.
+
+    A matrix's write through a transposed view goes a ``TILE`` x ``TILE`` tile at a time: one pass
+    over the whole matrix reads along rows and writes down columns, a cache miss per element; a
+    tile's reads and writes stay in the cache. NumPy does not tile a strided copy itself; measured
+    on a 4096 x 4096 bfloat16 weight cast into float32: 0.34 s in one pass, 0.066 s in tiles of 128
+    (docs/performance.md)."""
+    source = tensor.astype(np.float32) / np.float32(scale) if scale != 1.0 else tensor
+    if into.ndim != 2 or into.flags.c_contiguous or into.size <= TILE * TILE:
+        into[...] = source
+        return
+    rows, cols = into.shape
+    for i in range(0, rows, TILE):
+        for j in range(0, cols, TILE):
+            into[i : i + TILE, j : j + TILE] = source[i : i + TILE, j : j + TILE]
 
 
 def _at(value: np.ndarray, index: tuple[slice, ...]) -> np.ndarray:
