@@ -10,7 +10,7 @@ the costly dataset is the same batch handed out after a ``time.sleep`` of ``--co
 waits (a remote file system, a decoder in another process) without taking the cores the step
 computes on. Three sides, in one process, interleaved round by round with the order rotating:
 ``free`` (no cost, prefetch on), ``prefetch`` (the cost, prefetch on), ``sync`` (the cost, prefetch
-0). Each side is one ``RunConfig.train`` of ``--warmup + --steps`` steps logging every step, timed
+0). Each side is one ``RunConfig.train`` of ``--warmup + --steps + 1`` steps logging every step, timed
 from outside the trainer: a step's time is the gap between its metrics and the previous step's
 reaching the tracker (each fetch waits for its step), over the steps after the warm-up, so set-up,
 compilation and the final save are left out; and the loop's wait for each step's batch is the time
@@ -59,9 +59,11 @@ class Costly(Synthetic):
 
 
 def side(recipe, data: Synthetic, prefetch: int, steps: int, warmup: int, work: Path, name: str) -> Side:
-    """One run of ``warmup + steps`` steps logging every step: the seconds between consecutive steps'
-    metrics reaching the tracker (each fetch waits for its step), and the seconds the loop waited for
-    each step's batch (in ``Feed.next``), both over the steps after ``warmup``. Timed from here."""
+    """One run of ``warmup + steps + 1`` steps logging every step: the seconds between consecutive
+    steps' metrics reaching the tracker (each fetch waits for its step, and comes one step late), and
+    the seconds the loop waited for each step's batch (in ``Feed.next``), both over the ``steps``
+    after ``warmup``; the last step is left out (its metrics come at the end, right after the ones
+    before). Timed from here."""
     from dew.build import build_run
     from dew.training.prefetch import Feed
     from dew.training.reporting import tracker as tracking
@@ -69,7 +71,7 @@ def side(recipe, data: Synthetic, prefetch: int, steps: int, warmup: int, work: 
     run = dataclasses.replace(
         recipe,
         trainer=dataclasses.replace(
-            recipe.trainer, steps=warmup + steps, log_every=1, prefetch=prefetch, checkpoint_dir=str(work / "ck")
+            recipe.trainer, steps=warmup + steps + 1, log_every=1, prefetch=prefetch, checkpoint_dir=str(work / "ck")
         ),
     )
     run, objective, _ = build_run(run)
