@@ -64,9 +64,9 @@ class _Failed:
 
 
 class Feed:
-    """The batches of steps ``start``, ``start + 1``, ... of ``iterator``, step ``s`` holding
-    ``sizes(s)`` records, each placed by ``place``; read ``depth`` steps ahead in a thread (0: in
-    the caller, when it asks)."""
+    """The batches of steps ``start``, ``start + 1``, ..., ``end - 1`` of ``iterator``, step ``s``
+    holding ``sizes(s)`` records, each placed by ``place``; read ``depth`` steps ahead in a thread
+    (0: in the caller, when it asks). The thread reads nothing past ``end``."""
 
     def __init__(
         self,
@@ -75,14 +75,15 @@ class Feed:
         place: Callable[[Mapping[str, Any]], dict[str, jax.Array]],
         *,
         start: int,
+        end: int,
         depth: int,
         resumable: bool,
     ) -> None:
         if depth < 0:
             raise ValueError(f"depth={depth} must be >= 0 (0 reads each batch when it is asked for)")
         self.iterator, self.sizes, self.place, self.resumable = iterator, sizes, place, resumable
-        self.step = start
-        """The step whose batch ``next`` hands out next."""
+        self.step, self.end = start, end
+        """The step whose batch ``next`` hands out next, and the step after the last."""
         self.position: Mapping[str, Any] | None = self._state()
         """The data position after the batches handed out: the one a checkpoint saves."""
         self._stop = threading.Event()
@@ -109,7 +110,7 @@ class Feed:
         assert self._queue is not None
         step = self.step
         try:
-            while not self._stop.is_set():
+            while step < self.end and not self._stop.is_set():
                 host, size, position = self._read(step)
                 if self._stop.is_set():
                     return
@@ -122,6 +123,8 @@ class Feed:
     def next(self) -> Fed:
         """The batch of step ``step``, placed; its position becomes ``position``. Raises what the
         data source raised for this step, with its traceback."""
+        if self.step >= self.end:
+            raise IndexError(f"the feed holds the batches of steps before {self.end}; step {self.step} was asked for")
         if self._queue is None:
             host, size, position = self._read(self.step)
             fed = Fed(self.place(host), size, position)

@@ -3,11 +3,12 @@
 Chapters: (1) the set-up, done once (``dew.training.setup``: checks, the process, the stop signals,
 the run directory's lock and record), (2) the model, the optimizer and the mesh, (3) the compiled
 step and evaluation, (4) resume from the latest checkpoint, (5) the loop: batches in (read and
-placed on the mesh ahead, in a thread: ``trainer.prefetch``, prefetch.py), metrics one step late, the hooks at their cadence, a stop, (6) the end: the last checkpoint published. What
-happens around the steps is hooks (``dew.training.hooks``), each at its own cadence: the profiler
-(profiler.py), the metric report (late_metrics.py), the evaluation (``Evaluate``, below), the
-checkpoint (``Saver``, saving.py), the samples, and those ``trainer.hooks`` names; the stop signals
-are ``StopSignals`` (preemption.py).
+placed on the mesh ahead, in a thread: ``trainer.prefetch``, prefetch.py), metrics one step late,
+the hooks at their cadence, a stop, (6) the end: the last checkpoint published. What happens around
+the steps is hooks (``dew.training.hooks``), each at its own cadence: the profiler (profiler.py),
+the metric report (late_metrics.py), the evaluation (``Evaluate``, below), the checkpoint
+(``Saver``, saving.py), the samples, and those ``trainer.hooks`` names; the stop signals are
+``StopSignals`` (preemption.py).
 
 The step is a pure function of (state, batch), jitted once per batch shape with the state donated
 (docs/architecture.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
@@ -403,7 +404,15 @@ def _parts(
     stage_size = functools.partial(_stage_size, t.stages())
     # The data position a checkpoint saves is the feed's: that of the batches the steps took, not the
     # iterator's own, which has read ahead (dew.training.prefetch).
-    feed = Feed(iterator, stage_size, place, start=latest or 0, depth=t.prefetch, resumable=dataset.resumable)
+    feed = Feed(
+        iterator,
+        stage_size,
+        place,
+        start=latest or 0,
+        end=setup.total_steps,
+        depth=t.prefetch,
+        resumable=dataset.resumable,
+    )
     saver = Saver(
         checkpoints,
         tracker,

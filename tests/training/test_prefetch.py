@@ -60,22 +60,26 @@ def _wait(condition: Any, timeout: float = 10.0) -> None:
 @pytest.mark.parametrize("depth", [0, 3])
 def test_each_batch_carries_the_position_after_it(depth: int):
     source = Counting()
-    feed = Feed(source, _sizes, dict, start=1, depth=depth, resumable=True)
+    feed = Feed(source, _sizes, dict, start=1, end=12, depth=depth, resumable=True)  # steps 1..11
     assert feed.position == {"read": 0}
     seen = []
     for step in range(1, 6):
         fed = feed.next()
         seen.append((int(fed.batch["x"][0]), fed.records, fed.batch["x"].size))
         assert feed.position == fed.position == {"read": step}  # what the steps took, not what was read
+    assert seen == [(0, 2, 2), (1, 2, 2), (2, 4, 4), (3, 4, 4), (4, 4, 4)]  # steps 1..5 at their stages
     if depth:
         _wait(lambda: source.read == 5 + depth + 1)  # depth queued, one more waiting for room...
         assert feed.position == {"read": 5}  # ... and the position is still the loop's
-    assert seen == [(0, 2, 2), (1, 2, 2), (2, 4, 4), (3, 4, 4), (4, 4, 4)]  # steps 1..5 at their stages
+    assert [int(feed.next().batch["x"][0]) for _ in range(6)] == [5, 6, 7, 8, 9, 10]
+    with pytest.raises(IndexError, match="steps before 12; step 12 was asked for"):
+        feed.next()
+    assert source.read == 11  # nothing read past the last step
     feed.close()
 
 
 def test_an_error_in_the_source_is_raised_at_its_step_with_its_traceback():
-    feed = Feed(Counting(fail_at=2), _sizes, dict, start=0, depth=2, resumable=True)
+    feed = Feed(Counting(fail_at=2), _sizes, dict, start=0, end=10, depth=2, resumable=True)
     assert [int(feed.next().batch["x"][0]) for _ in range(2)] == [0, 1]  # the batches before it train first
     with pytest.raises(ValueError) as raised:
         feed.next()
@@ -89,7 +93,7 @@ def test_an_error_in_the_source_is_raised_at_its_step_with_its_traceback():
 
 def test_close_does_not_wait_for_a_source_that_blocks():
     source = Counting(block_at=3)
-    feed = Feed(source, _sizes, dict, start=0, depth=2, resumable=True)
+    feed = Feed(source, _sizes, dict, start=0, end=10, depth=2, resumable=True)
     feed.next()
     assert source.blocked.wait(10)
     start = time.perf_counter()
