@@ -66,7 +66,8 @@ class _Failed:
 class Feed:
     """The batches of steps ``start``, ``start + 1``, ..., ``end - 1`` of ``iterator``, step ``s``
     holding ``sizes(s)`` records, each placed by ``place``; read ``depth`` steps ahead in a thread
-    (0: in the caller, when it asks). The thread reads nothing past ``end``."""
+    (0: in the caller, when it asks). The thread reads nothing past ``end``. Steps count as the
+    loop's do: the batch of step ``s`` is the one the step after ``s`` completed steps trains."""
 
     def __init__(
         self,
