@@ -401,18 +401,9 @@ def _parts(
         flops_per_example=_flops_per_example(run),
         peak_flops=peak_flops(jax.devices()[0].device_kind, run.model.dtype, jax.device_count()),
     )
-    stage_size = functools.partial(_stage_size, t.stages())
     # The data position a checkpoint saves is the feed's: that of the batches the steps took, not the
     # iterator's own, which has read ahead (dew.training.prefetch).
-    feed = Feed(
-        iterator,
-        stage_size,
-        place,
-        start=latest or 0,
-        end=setup.total_steps,
-        depth=t.prefetch,
-        resumable=dataset.resumable,
-    )
+    feed = _feed(t, iterator, place, resumable=dataset.resumable, start=latest or 0, end=setup.total_steps)
     saver = Saver(
         checkpoints,
         tracker,
@@ -556,6 +547,13 @@ def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, t: TrainerC
         log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
     p.tracker.event("end", step=at.step, best_step=p.saver.checkpoints.best_step(), compile_cache=cache)
     p.story.end(at.step)
+
+
+def _feed(t: TrainerConfig, iterator: BatchIterator, place: Callable, *, resumable: bool, start: int, end: int) -> Feed:
+    """The batches of steps ``start`` to ``end``, each at its stage of the batch ramp, read and
+    placed ``trainer.prefetch`` steps ahead."""
+    sizes = functools.partial(_stage_size, t.stages())
+    return Feed(iterator, sizes, place, start=start, end=end, depth=t.prefetch, resumable=resumable)
 
 
 def _stage_size(stages: Sequence[tuple[int, int]], step: int) -> int:
