@@ -614,6 +614,11 @@ class TrainerConfig:
     """At the run's first checkpoint, read it back as a resumed run would (the state, the data
     position, the hooks' state) and check it holds the live run's values bit for bit; a debugging
     aid (``debug=fast``) that costs one restore."""
+    prefetch: int = 2
+    """Batches read and placed on the devices ahead of the step that trains them, by a background
+    thread, while the steps before run (dew.training.prefetch); each holds device memory for one
+    batch. 0 reads and places each batch at the top of its step. Which records a step trains on,
+    and the data position a checkpoint saves, are the same at every depth."""
 
     def __post_init__(self) -> None:
         if self.init_from is not None and "://" not in self.init_from:
@@ -668,6 +673,10 @@ class TrainerConfig:
                     f"trainer.batch_size={self.batch_size} and reach it in whole "
                     f"increments of {ramp.increment}"
                 )
+        if self.prefetch < 0:
+            raise ValueError(
+                f"trainer.prefetch={self.prefetch} must be >= 0 (batches read ahead; 0 reads each at its step)"
+            )
         if self.overfit_batches is not None and self.overfit_batches <= 0:
             raise ValueError(f"trainer.overfit_batches={self.overfit_batches} must be a positive number of batches")
         if self.overfit_batches is not None and self.batch_ramp is not None:

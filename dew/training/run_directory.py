@@ -77,13 +77,14 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.multi_host",
     "trainer.mesh",
     "trainer.layout",
+    "trainer.prefetch",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
 reports and how the process starts, never what a step computes. (The best checkpoint is chosen among
 the evaluations a run makes, so eval_every changes which step is best, not any parameter.) The mesh
 and the layout decide where each shard of the same computation lives: the checkpoint restores into
 the new layout (tests/training/mesh_runs.py), and only the order of floating-point reductions
-changes."""
+changes. How far ahead the batches are read (prefetch) changes when a batch is read, not which."""
 
 SAMPLING_KNOBS: tuple[str, ...] = (
     "sampler",

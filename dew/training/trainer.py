@@ -2,12 +2,13 @@
 
 Chapters: (1) the set-up, done once (``dew.training.setup``: checks, the process, the stop signals,
 the run directory's lock and record), (2) the model, the optimizer and the mesh, (3) the compiled
-step and evaluation, (4) resume from the latest checkpoint, (5) the loop: batches in, metrics one
-step late, the hooks at their cadence, a stop, (6) the end: the last checkpoint published. What
-happens around the steps is hooks (``dew.training.hooks``), each at its own cadence: the profiler
-(profiler.py), the metric report (late_metrics.py), the evaluation (``Evaluate``, below), the
-checkpoint (``Saver``, saving.py), the samples, and those ``trainer.hooks`` names; the stop signals
-are ``StopSignals`` (preemption.py).
+step and evaluation, (4) resume from the latest checkpoint, (5) the loop: batches in (read and
+placed on the mesh ahead, in a thread: ``trainer.prefetch``, prefetch.py), metrics one step late,
+the hooks at their cadence, a stop, (6) the end: the last checkpoint published. What happens around
+the steps is hooks (``dew.training.hooks``), each at its own cadence: the profiler (profiler.py),
+the metric report (late_metrics.py), the evaluation (``Evaluate``, below), the checkpoint
+(``Saver``, saving.py), the samples, and those ``trainer.hooks`` names; the stop signals are
+``StopSignals`` (preemption.py).
 
 The step is a pure function of (state, batch), jitted once per batch shape with the state donated
 (docs/architecture.md: ``jax.jit`` over the split state, not ``nnx.jit``); the loop around it is where I/O
@@ -52,6 +53,7 @@ from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopRequest, StopSignals
+from dew.training.prefetch import Feed
 from dew.training.process import compilation_cache_stats, nan_checks_held
 from dew.training.ramp import stage_at, tokens_seen_fn
 from dew.training.reporting.late_metrics import Reporter
@@ -135,10 +137,8 @@ class Parts:
     """What the loop calls, built once before it."""
 
     train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
-    place: Callable[[Mapping[str, np.ndarray]], dict[str, jax.Array]]
-    """A host batch made global arrays on the mesh."""
-    iterator: BatchIterator
-    stages: Sequence[tuple[int, int]]
+    feed: Feed
+    """Each step's batch, placed on the mesh, read ahead in the background (``trainer.prefetch``)."""
     story: RunReport
     tracker: Tracker
     hooks: Hooks
@@ -419,10 +419,13 @@ def _parts(
         flops_per_example=_flops_per_example(run),
         peak_flops=peak_flops(jax.devices()[0].device_kind, run.model.dtype, jax.device_count()),
     )
+    # The data position a checkpoint saves is the feed's: that of the batches the steps took, not the
+    # iterator's own, which has read ahead (dew.training.prefetch).
+    feed = _feed(t, iterator, place, resumable=dataset.resumable, start=latest or 0, end=setup.total_steps)
     saver = Saver(
         checkpoints,
         tracker,
-        data_state=lambda: iterator.get_state() if dataset.resumable else None,
+        data_state=lambda: feed.position,
         stages=t.stages(),
         total_steps=setup.total_steps,
         last_saved=latest,
@@ -451,9 +454,7 @@ def _parts(
     saver.requested = lambda: setup.stop.requested
     return Parts(
         train_step=train_step,
-        place=place,
-        iterator=iterator,
-        stages=t.stages(),
+        feed=feed,
         story=story,
         tracker=tracker,
         hooks=chain,
@@ -491,6 +492,7 @@ def _run(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Positi
         p.tracker.event("stop", step=at.step, reason="error", message=f"{type(err).__name__}: {err}")
         raise
     finally:
+        p.feed.close()  # the reading thread ends by itself; a stop does not wait for it
         p.tracker.close()
     return state
 
@@ -501,15 +503,14 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
     p.hooks.start(p.started)
     while at.step < setup.total_steps:
         p.hooks.before(at.step)
-        batch_size = p.stages[stage_at(p.stages, at.step)][0]
-        batch = p.place(p.iterator.next(batch_size))
+        fed = p.feed.next()  # read and placed while the steps before ran (trainer.prefetch)
         first = p.story.starting_step()
         with jax.profiler.StepTraceAnnotation("train", step_num=at.step), _jax_check(p, at.step + 1, state):
-            state, step_metrics = p.train_step(state, batch)
+            state, step_metrics = p.train_step(state, fed.batch)
         # Step s is queued behind s-1: wait for s-1 (for s once steps are long), so the host leads the
         # devices by one step at most and a stop, a save or a progress line is about steps they have run.
         pace.wait(step_metrics)
-        at.step, at.records = at.step + 1, at.records + batch_size
+        at.step, at.records = at.step + 1, at.records + fed.records
         last = at.step == setup.total_steps
         if first:  # the first metrics come after the first step, whatever log_every is
             p.story.first_step(at.step, jax.device_get(step_metrics), show=at.step % t.log_every != 0)
@@ -564,6 +565,18 @@ def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, t: TrainerC
         log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
     p.tracker.event("end", step=at.step, best_step=p.saver.checkpoints.best_step(), compile_cache=cache)
     p.story.end(at.step)
+
+
+def _feed(t: TrainerConfig, iterator: BatchIterator, place: Callable, *, resumable: bool, start: int, end: int) -> Feed:
+    """The batches of steps ``start`` to ``end``, each at its stage of the batch ramp, read and
+    placed ``trainer.prefetch`` steps ahead."""
+    sizes = functools.partial(_stage_size, t.stages())
+    return Feed(iterator, sizes, place, start=start, end=end, depth=t.prefetch, resumable=resumable)
+
+
+def _stage_size(stages: Sequence[tuple[int, int]], step: int) -> int:
+    """The global batch of the step after ``step`` steps: its stage's of the batch ramp."""
+    return stages[stage_at(stages, step)][0]
 
 
 def _flops_per_example(run: RunConfig) -> float | None:
