@@ -124,10 +124,11 @@ def _bash(command: Command, variables: dict[str, str], cwd: Path, timeout: float
     )
 
 
-def _words(command: Command, variables: dict[str, str], cwd: Path) -> list[str]:
-    """The command's words after the shell's expansions (``$sweep``, ``$(...)``, globs left to dew)."""
+def _words(command: Command, variables: dict[str, str], cwd: Path, globs: bool = False) -> list[str]:
+    """The command's words after the shell's expansions (``$sweep``, ``$(...)``; globs left to dew
+    unless ``globs``: then bash expands them, as a user's shell does before it runs the command)."""
     result = subprocess.run(
-        ["bash", "-c", f"set -f; printf '%s\\0' {command.text}"],
+        ["bash", "-c", f"{'' if globs else 'set -f; '}printf '%s\\0' {command.text}"],
         cwd=cwd,
         env=cli_env(**variables),
         capture_output=True,
@@ -270,7 +271,7 @@ def _run(command: Command, variables: dict[str, str], cwd: Path) -> subprocess.C
     from tests import warm
 
     if command.program in MODULES and not SHELL.search(command.text) and not command.env():
-        words = _words(command, variables, cwd)
+        words = _words(command, variables, cwd, globs=True)
         if words and words[0] == command.program:
             env = cli_env(**variables)
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
