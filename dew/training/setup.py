@@ -16,6 +16,7 @@ from typing import NamedTuple
 import jax
 from etils import epath
 from flax import nnx
+from jax.sharding import Mesh
 
 from dew.contract.config import STEP_LIMIT, RunConfig, TrainerConfig
 from dew.contract.data import Dataset
@@ -111,6 +112,10 @@ def check(
             t.layout,
             field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp",
         )
+        # each process feeds its own records: no row of a batch may sit on two processes' devices
+        # (a real mesh only: an abstract one has no processes)
+        if isinstance(mesh, Mesh) and (problem := sharding.shared_rows(sharding.batch_sharding(mesh, t.layout), batch)):
+            raise ValueError(problem)
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides

@@ -63,6 +63,28 @@ def check_batch(batch: int, mesh: Mesh | AbstractMesh, layout: Layout, *, field:
         )
 
 
+def shared_rows(batch_sharding: NamedSharding, batch_size: int) -> str | None:
+    """Why the batch cannot be fed as every process feeds it, or None: each process reads its own
+    records (``iterator``/``eval_batches(process_index, process_count)``), so no row of the global batch may
+    sit on the devices of two processes. A mesh whose batch axes span fewer devices than there are
+    processes (``trainer.mesh.data=1 trainer.mesh.tensor=2`` over two processes) replicates rows
+    across processes, and each would put its own records in them: a wrong loss, not an error."""
+    rows: dict[tuple[int | None, int | None], set[int]] = {}
+    for device, index in batch_sharding.devices_indices_map((batch_size,)).items():
+        rows.setdefault((index[0].start, index[0].stop), set()).add(device.process_index)  # type: ignore[attr-defined]  # jaxlib's Device stub lacks it
+    shared = sorted(r for r, processes in rows.items() if len(processes) > 1)
+    if not shared:
+        return None
+    mesh, axes = batch_sharding.mesh, tuple(batch_sharding.spec[0] or ())
+    split = " x ".join(axes) or "no axis"
+    devices = math.prod(mesh.shape[a] for a in axes)
+    return (
+        f"trainer.mesh={dict(mesh.shape)}: the batch splits over {split} ({devices} devices), so processes "
+        f"{sorted(set().union(*(rows[r] for r in shared)))} hold the same rows of it, but each reads its own "
+        "records; split it over the processes (trainer.mesh.data or trainer.mesh.fsdp a multiple of their count)"
+    )
+
+
 def logical_names(params: nnx.State) -> dict[str, tuple[str | None, ...] | None]:
     """Each parameter's path (``blocks/attn/q/kernel``) -> the logical names of its dimensions."""
     names: dict[str, tuple[str | None, ...] | None] = {}

@@ -24,7 +24,7 @@ def _sharding(rows_by_device: dict[Device, tuple[int, int]], mesh: dict[str, int
 
 
 def test_rows_on_two_processes_are_refused_naming_the_mesh():
-    from dew.cli.evaluating import shared_rows
+    from dew.training.sharding import shared_rows
 
     # Two processes of one device each, the batch split over both (data=2): each holds its own half.
     split = _sharding({Device(0, 0): (0, 4), Device(1, 1): (4, 8)}, {"data": 2, "fsdp": 1, "tensor": 1})
@@ -37,3 +37,20 @@ def test_rows_on_two_processes_are_refused_naming_the_mesh():
     # Two devices of one process sharing rows (tensor within the process) is fine.
     within = _sharding({Device(0, 0): (0, 8), Device(1, 0): (0, 8)}, {"data": 1, "fsdp": 1, "tensor": 2})
     assert shared_rows(within, 8) is None
+
+
+def test_a_training_run_refuses_such_a_mesh_before_it_starts(monkeypatch):
+    """dew-train feeds its batches as dew-eval does (each process its own records): the same mesh
+    is refused by the run's checks, before anything is written, not trained on a mixture."""
+    import pytest
+
+    from dew.build import build_run
+    from dew.training import setup, sharding
+    from tests.training.conftest import compose
+
+    run, objective, dataset = build_run(compose("trainer.steps=2"))
+    assert setup.check(run, objective, dataset)[0] == 2  # one process here: its mesh passes
+    replicated = _sharding({Device(0, 0): (0, 32), Device(1, 1): (0, 32)}, {"data": 1, "fsdp": 1, "tensor": 2})
+    monkeypatch.setattr(sharding, "batch_sharding", lambda mesh, layout: replicated)
+    with pytest.raises(ValueError, match=r"processes \[0, 1\] hold the same rows"):
+        setup.check(run, objective, dataset)
