@@ -133,12 +133,21 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bo
             os.killpg(proc.pid, signal.SIGINT)
             if double:
                 time.sleep(0.2)
-                if second := proc.poll() is None:
+                # A launch that printed its last line is ending (its threads, its atexit handlers, then
+                # os._exit): a Ctrl-C then may find it gone before its handler runs, and needs no answer.
+                if second := proc.poll() is None and not ended(log.read_text()):
                     os.killpg(proc.pid, signal.SIGINT)
         return finish(proc), log.read_text(), rank0, second
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def ended(out: str) -> bool:
+    """Whether the launch printed its last line: a job's stop, or the stop before any job."""
+    return any(
+        line.startswith("dew-train: job 0 (") or "interrupted before the launch" in line for line in out.splitlines()
+    )
 
 
 def landed(rank0: str) -> str:
