@@ -133,6 +133,13 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bo
             os.killpg(proc.pid, signal.SIGINT)
             if double:
                 time.sleep(0.2)
+                # Python runs a signal's handler once for all the deliveries that came before it ran: a
+                # second Ctrl-C while the main thread is still in C code (an import, XLA) joins the
+                # first. The second is sent once the first was answered, so it is a second to Python.
+                waited = time.monotonic() + 30
+                while proc.poll() is None and "dew-train: Ctrl-C:" not in log.read_text():
+                    assert time.monotonic() < waited, "the first Ctrl-C was not answered in 30 s"
+                    time.sleep(0.01)
                 # A launch that printed its last line is ending (its threads, its atexit handlers, then
                 # os._exit): a Ctrl-C then may find it gone before its handler runs, and needs no answer.
                 if second := proc.poll() is None and not ended(log.read_text()):
