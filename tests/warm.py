@@ -116,12 +116,12 @@ def serve() -> dict:
             if timed_out:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            done, status = os.waitpid(pid, 0 if timed_out else os.WNOHANG)
+            done, status, usage = os.wait4(pid, 0 if timed_out else os.WNOHANG)
             if done:
                 del children[pid]
-                answer.write(
-                    json.dumps({"id": rid, "status": os.waitstatus_to_exitcode(status), "timed_out": timed_out}) + "\n"
-                )
+                cpu = usage.ru_utime + usage.ru_stime  # the command's and its waited-for children's
+                reply = {"id": rid, "status": os.waitstatus_to_exitcode(status), "timed_out": timed_out, "cpu": cpu}
+                answer.write(json.dumps(reply) + "\n")
                 answer.flush()
     os._exit(0)
 
@@ -186,6 +186,8 @@ class Server:
             answer = json.loads(line)
             event, box = self.waiting.pop(answer["id"])
             box.update(answer)
+            global child_cpu
+            child_cpu += answer.get("cpu", 0.0)
             event.set()
         for event, box in list(self.waiting.values()):  # the server died: whoever waits runs cold
             box["lost"] = True
@@ -234,6 +236,8 @@ class Server:
 
 
 _server: Server | None = None
+child_cpu = 0.0
+"""CPU seconds of this process's warm commands so far (a cold one's are the process's RUSAGE_CHILDREN)."""
 _started = threading.Lock()
 
 

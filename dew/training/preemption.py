@@ -138,16 +138,23 @@ class StopSignals:
         global _early
         if threading.current_thread() is not threading.main_thread():
             return self  # Python delivers signals to the main thread only; a run in another cannot listen
-        if _early is not None and _early is not self:  # take over what listened since the process began
-            early, _early = _early, None
-            self.received, self._at, self._passed_on = early.received, early._at, early._passed_on
-            for signum, handler in early._previous.items():
-                if not (signum == signal.SIGTERM and self._pool()):  # JAX's notifier holds it now
-                    signal.signal(signum, handler)
-        # In a process pool, SIGTERM stays with JAX's preemption notifier.
-        signums = _signals or (signal.SIGUSR2, signal.SIGINT) + (() if self._pool() else (signal.SIGTERM,))
+        # In a process pool, SIGTERM stays with JAX's preemption notifier. (Asked first: it imports,
+        # and a signal then must meet a handler of dew's, the early one's or this one's.)
+        pool = self._pool()
+        signums = _signals or (signal.SIGUSR2, signal.SIGINT) + (() if pool else (signal.SIGTERM,))
         for signum in signums:
             self._previous[signum] = signal.signal(signum, self._handle)
+        if _early is not None and _early is not self:  # take over what listened since the process began
+            early, _early = _early, None
+            # Handler to handler, never through the one before: a Ctrl-C between the two would meet
+            # Python's own and raise KeyboardInterrupt in the middle of the set-up.
+            for signum, handler in early._previous.items():
+                if signum in self._previous:
+                    self._previous[signum] = handler  # what ``restore`` puts back: the one before both
+                elif not (signum == signal.SIGTERM and pool):  # JAX's notifier holds it now
+                    signal.signal(signum, handler)
+            if early.received is not None:  # it came first (no handler of early's is left to be called)
+                self.received, self._at, self._passed_on = early.received, early._at, early._passed_on
         return self
 
     def restore(self) -> None:

@@ -78,3 +78,45 @@ def test_a_ctrl_c_while_the_task_starts_is_kept_until_the_run_listens(handlers):
         stop.restore()
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def test_a_ctrl_c_while_the_run_takes_over_from_the_early_handler_is_the_runs(handlers, monkeypatch):
+    """The take-over passes each signal from the early handler to the run's: a Ctrl-C at any moment
+    of it meets one of them, never Python's own (a KeyboardInterrupt in the set-up, a lost stop)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, as a job process starts
+    install_early()
+    met = []
+
+    def pool_while_a_ctrl_c_comes(self):  # the pool query imports jax's distributed module: a window
+        os.kill(os.getpid(), signal.SIGINT)
+        met.append(signal.getsignal(signal.SIGINT))
+        return False
+
+    monkeypatch.setattr(StopSignals, "_pool", pool_while_a_ctrl_c_comes)
+    stop = StopSignals().install()  # before the fix: KeyboardInterrupt from inside install
+    assert met and met[0] is not signal.default_int_handler
+    assert stop.received == signal.SIGINT and stop.reason == "interrupted"
+    assert all(signal.getsignal(s) == stop._handle for s in (signal.SIGUSR2, signal.SIGINT, signal.SIGTERM))
+    stop.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGUSR2) is handlers and signal.getsignal(signal.SIGTERM) is handlers
+
+
+def test_a_signal_the_early_handler_takes_during_the_swap_is_the_runs(handlers, monkeypatch):
+    install_early()
+    real = signal.signal
+    swapped = []
+
+    def swap_then_ctrl_c(signum, handler):  # a Ctrl-C right after the first swap, still the early one's
+        previous = real(signum, handler)
+        if not swapped:
+            os.kill(os.getpid(), signal.SIGINT)
+        swapped.append(signum)
+        return previous
+
+    monkeypatch.setattr(preemption.signal, "signal", swap_then_ctrl_c)
+    stop = StopSignals().install()
+    monkeypatch.undo()
+    assert swapped[0] != signal.SIGINT and stop.received == signal.SIGINT and stop.reason == "interrupted"
+    stop.restore()
+    assert all(signal.getsignal(s) is handlers for s in (signal.SIGUSR2, signal.SIGINT, signal.SIGTERM))
