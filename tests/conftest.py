@@ -48,8 +48,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "PYTEST_", "XLA_FLAGS"))}
-    if USER_XLA_FLAGS is not None:
-        env["XLA_FLAGS"] = USER_XLA_FLAGS
+    env["XLA_FLAGS"] = f"{USER_XLA_FLAGS or ''} {FAST_XLA_FLAG}".strip()
     env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true", **extra)
     return env
 

@@ -8,16 +8,23 @@ wrapped in ``console_script``):
   any ``Exception`` as a traceback (Hydra prints ``--help`` inside one) lets it through;
 - when stderr is not a terminal (a pipe, a log file, a test's capture), colour is off for the
   libraries that follow the ``NO_COLOR`` convention (https://no-color.org): Optuna's log lines
-  (through colorlog) carry no ANSI escape codes. ``FORCE_COLOR`` or a ``NO_COLOR`` already set wins.
+  (through colorlog) carry no ANSI escape codes. ``FORCE_COLOR`` or a ``NO_COLOR`` already set wins;
+- the command, run as a program (its console script, ``python -m``), ends once ``main`` returned or
+  exited and its threads and exit handlers are done, without Python's tear-down of the modules it
+  imported (``dew.launching.interrupts.end_process``: ~0.9 s of CPU after JAX). Called from Python
+  code, ``main`` returns (or raises ``SystemExit``) as any function does.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TextIO
+
+from dew.launching.interrupts import end_process
 
 EXIT_CLOSED_PIPE = 141
 """The reader of stdout went away (128 + SIGPIPE, as a shell reports ``cat big | head``)."""
@@ -62,20 +69,36 @@ class _Stdout:
         return getattr(self._stream, name)
 
 
+def _the_program(main: Callable[..., Any], caller: dict[str, Any]) -> bool:
+    """Whether ``main`` was called as the program, not from Python code: by its own module run as
+    ``python -m`` (its ``__main__``), or by a dew console script (``dew-train``, ...)."""
+    if caller.get("__name__") != "__main__":
+        return False
+    return caller is inspect.unwrap(main).__globals__ or os.path.basename(sys.argv[0]).startswith("dew-")
+
+
 def console_script[F: Callable[..., Any]](main: F) -> F:
     """``main`` as a console script: quiet on a closed pipe, no colour when stderr is not a terminal."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:
+        program = _the_program(main, sys._getframe(1).f_globals)
         if not _is_terminal(sys.stderr) and "FORCE_COLOR" not in os.environ:
             os.environ.setdefault("NO_COLOR", "1")
         stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)
         try:
-            return main(*args, **kwargs)
+            status = main(*args, **kwargs)
+        except SystemExit as stop:
+            if not program:
+                raise
+            status = stop.code
         finally:
             try:
                 sys.stdout.flush()  # a reader gone after the last write shows here, not at exit
             finally:
                 sys.stdout = stdout
+        if not program:
+            return status
+        end_process(status)
 
     return run  # type: ignore[return-value]

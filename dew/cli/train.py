@@ -475,8 +475,8 @@ def for_printing(argv: list[str]) -> None:
         print(f"dew-train: {note}", file=sys.stderr)
 
 
+@console_script  # outside: it ends the process with the status ends_at_once gives
 @ends_at_once
-@console_script
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
     if CHECK_FLAG in sys.argv[1:]:

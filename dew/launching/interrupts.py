@@ -199,13 +199,26 @@ def ends_at_once[F: Callable[..., Any]](main: F) -> F:
 def _end_now(status: object, signals: LaunchInterrupts) -> NoReturn:
     if status is None or status == 0:
         status = 0 if signals.received is None else signals.status
+    end_process(status)
+
+
+def end_process(status: object) -> NoReturn:
+    """End this process now, as ``sys.exit(status)`` at the end of its program would, once its other
+    threads ended and its exit handlers ran (``atexit``: logging's flush, JAX's pool shutdown, orbax's
+    and wandb's among them), without the interpreter's own tear-down: the garbage collection and
+    unloading of every module, most of a second of CPU in a process that imported JAX, Hydra and dew
+    (bench/exit_time.py, docs/performance.md), and, in a sweep's launching process, the window where
+    SIGINT is back to its default action (module doc). What needs closing was closed by the code
+    that opened it (or by an exit handler), so nothing is left for a finalizer."""
+    if status is None:
+        status = 0
     elif not isinstance(status, int):
         print(status, file=sys.stderr)  # sys.exit("message"), as Python reports it
         status = 1
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()
-    atexit._run_exitfuncs()  # logging's shutdown among them
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
