@@ -454,3 +454,13 @@ def _tyro_error_line(event: Any) -> str:
     if isinstance(event, _errors.MutexConflict):
         return f"{event.first_token} and {event.second_token} cannot be given together"
     return f"the command line was rejected ({type(event).__name__}; {event.prog} --help lists the options)"
+
+
+def end_threads() -> None:
+    """What Python does first when its program ends (``Py_FinalizeEx``'s wait for the threads, through
+    the private ``threading._shutdown``): the threading module's exit hooks (``concurrent.futures``
+    tells its idle workers to leave there), then a wait for every non-daemon thread. Joining the
+    threads without the hooks waits forever for an executor's idle worker."""
+    import threading
+
+    threading._shutdown()  # type: ignore[attr-defined]

@@ -18,9 +18,8 @@ os.environ.setdefault("WANDB_SILENT", "true")
 # What this process compiles, it compiles unoptimised: the tests' programs are tiny, XLA's backend
 # optimisation is most of their compile time (a tiny DiT's forward compiles ~2.4x faster without it),
 # and every check compares programs compiled alike or holds at any optimisation level. Set before
-# JAX opens a backend; the CLI subprocesses get the user's own XLA_FLAGS back (``cli_env``), so a
-# message that quotes XLA_FLAGS reads as a user's would. tests/training/conftest.py's ``fast_env``
-# gives a subprocess this flag explicitly.
+# JAX opens a backend; the dew commands the tests run compile alike (``cli_env``: -8% CPU on the
+# preset and check tests), but for a test that needs XLA's defaults (``cli_env(unoptimised=False)``).
 FAST_XLA_FLAG = "--xla_backend_optimization_level=0"
 # (This file is imported twice, as pytest's conftest and as tests.conftest: the second import must
 # find the user's flags under the ones the first added.)
@@ -46,9 +45,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(SUITE_CACHE, ignore_errors=True)  # the process that made it (not an xdist worker)
 
 
-def cli_env(**extra: str) -> dict[str, str]:
+def cli_env(*, unoptimised: bool = True, **extra: str) -> dict[str, str]:
+    """The environment of a dew command a test runs: this one's, without pytest's and Hydra's
+    variables, compiling ``unoptimised`` as this process does (XLA_FLAGS gets ``FAST_XLA_FLAG``:
+    the runs the suite compiles are tiny, and one compilation cache serves the tests' own programs
+    and their commands'); ``unoptimised=False`` gives XLA's defaults (the user's XLA_FLAGS)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "PYTEST_", "XLA_FLAGS"))}
-    env["XLA_FLAGS"] = f"{USER_XLA_FLAGS or ''} {FAST_XLA_FLAG}".strip()
+    flags = f"{USER_XLA_FLAGS or ''} {FAST_XLA_FLAG if unoptimised else ''}".strip()
+    if flags:
+        env["XLA_FLAGS"] = flags
     env.update(JAX_PLATFORMS="cpu", WANDB_MODE="offline", WANDB_SILENT="true", **extra)
     return env
 

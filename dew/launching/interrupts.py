@@ -40,10 +40,11 @@ import functools
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
+
+from dew import compat
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -215,9 +216,7 @@ def end_process(status: object) -> NoReturn:
     elif not isinstance(status, int):
         print(status, file=sys.stderr)  # sys.exit("message"), as Python reports it
         status = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    compat.end_threads()  # the threads' exit hooks, then the wait for them, as Python's own end
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

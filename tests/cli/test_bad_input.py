@@ -56,7 +56,9 @@ DEW_CASES = [
     ),
     (
         ["trainer.steps=2", "trainer.xla_flags=--bogus"],
-        "trainer.xla_flags='--bogus': XLA does not know the flag --bogus",
+        # The tests' commands compile unoptimised (tests/conftest.py), through XLA_FLAGS: the message names them.
+        f"trainer.xla_flags='--bogus' (with XLA_FLAGS={cli_env()['XLA_FLAGS']!r} from the environment): "
+        "XLA does not know the flag --bogus",
     ),
     (["model.config={depth: "], "model.config: cannot parse the value '{depth: '"),
     (
