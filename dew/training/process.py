@@ -34,6 +34,7 @@ def prepare_process(trainer: TrainerConfig) -> None:
         # then loads instead of compiling. The defaults skip programs under 1 s.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        compat.cache_from_every_cpu_process()  # not process 0 alone: a CPU pool's keys differ by process
         _count_cache_events()
     if trainer.debug_nans:  # on for the rest of the process; off, it leaves JAX's settings (JAX_DEBUG_NANS) alone
         # Infinities too: dew's own check stops on either, and an overflow's inf comes a few

@@ -5,6 +5,7 @@ SIGUSR2 and requeued by submitit, and a killed rank. Processes are found and kil
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -190,6 +191,13 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
         os.kill(pid, signal.SIGUSR2)
     assert wait([sweep]) == [0], (workdir / "sweep.out").read_text()
     (swept,) = (workdir / "ck").glob("sweep-sweep-*")  # <name>-sweep-<digest of the command>
+    # Every process of the pool loaded every program from the cache, process 1 too: (2) wrote them on
+    # the same 2 x 4 devices (on the CPU, JAX alone writes process 0's entries, and process 1's key
+    # differs from process 0's: dew.compat.cache_from_every_cpu_process).
+    for rank in (0, 1):
+        (log,) = swept.glob(f".submitit/*/*_{rank}_log.out")
+        counts = re.findall(r"compilation cache \S+: (\d+) hits, (\d+) misses", log.read_text())
+        assert counts and all(int(hits) > 0 and misses == "0" for hits, misses in counts), (rank, counts)
     runs = sorted(p.parent for p in swept.rglob("run.json"))
     assert len(runs) == 1 and len(list(swept.rglob(".hydra"))) == 1
     for j in journals():
