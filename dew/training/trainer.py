@@ -82,8 +82,11 @@ __all__ = [
 log = logging.getLogger("dew")
 
 COMPILER_OPTIONS: dict[str, Any] = {}
-"""XLA options the step and the evaluation compile with; empty keeps XLA's defaults. (dew's tests
-lower the CPU backend's optimisation level here: the tiny steps they train compile 3x faster.)"""
+"""XLA options the step and the evaluation compile with; empty keeps XLA's defaults (and whatever
+``XLA_FLAGS`` sets). Options here are part of the compilation cache's key: a program compiled with
+them is not the entry of the same program compiled without, even where both name the same level.
+(dew's tests lower the CPU backend's optimisation level through ``XLA_FLAGS`` instead, so that the
+tests' own runs and the commands they start share the cache's entries.)"""
 
 
 def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:

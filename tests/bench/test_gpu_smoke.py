@@ -5,16 +5,12 @@ import json
 
 import pytest
 
-from tests.training.conftest import FAST_COMPILE
-
 gpu = importlib.import_module("bench.gpu")
 
 
 @pytest.mark.slow
 def test_every_measurement_is_recorded_and_cudnn_is_skipped_with_its_reason(tmp_path, monkeypatch):
-    from dew.training import trainer
 
-    monkeypatch.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
     monkeypatch.setenv("DEW_TRACKING_DIR", str(tmp_path / "tracking"))
     out = tmp_path / "gpu.jsonl"
     assert gpu.main(["--smoke", "--out", str(out), "--cases", "lm_124m,dit_b2"]) == 0

@@ -224,8 +224,7 @@ def _train_small(command: Command, args: list[str], steps_named: bool, shapes_ke
     from tests.conftest import dew
     from tests.training.conftest import fast_env
 
-    tail = [
-        "trainer.compilation_cache_dir=null",
+    tail = [  # the compilation cache stays the suite's (cli_env's DEW_COMPILATION_CACHE): pages train alike
         "flow_matching.samples_per_class=1",
         "flow_matching.sample_steps=1",
         "trainer.batch_size=8",

@@ -18,7 +18,7 @@ import pytest
 
 from dew.launching.pool import free_ports
 from tests.conftest import SUITE_CACHE, tree
-from tests.training.conftest import FAST_COMPILE, fast_env, journal, losses
+from tests.training.conftest import fast_env, journal, losses
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,6 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     from dew.build import build_run
     from dew.data.prepare import prepare
     from dew.objectives.metrics import builtin_metrics
-    from dew.training import trainer
     from tests.training.conftest import compose
     from tests.training.mesh_runs import compose as compose_bare
 
@@ -58,15 +57,11 @@ def runs(tmp_path_factory) -> dict[str, Path]:
         (root / f"{name}.txt").write_text(" ".join(rng.choice(words, n)) + "\n")
     prepare([str(root / "train.txt")], str(root / "bpe"), tokenizer="bpe", vocab_size=300, val=[str(root / "val.txt")])
     prepare([str(root / "train.txt")], str(root / "bytes"), val=[str(root / "val.txt")])
-    saved, trainer.COMPILER_OPTIONS = trainer.COMPILER_OPTIONS, FAST_COMPILE
-    try:
-        ck = f"trainer.checkpoint_dir={root / 'ck'}"
-        recipe, objective, dataset = build_run(compose(ck, *STEPS))
-        recipe.train(objective, dataset, name="digits", metrics=builtin_metrics(objective))
-        recipe, objective, dataset = build_run(compose_bare(*_lm_overrides(root / "bpe"), ck, *STEPS, CACHE))
-        recipe.train(objective, dataset, name="lm", metrics=builtin_metrics(objective))  # as dew-train does
-    finally:
-        trainer.COMPILER_OPTIONS = saved
+    ck = f"trainer.checkpoint_dir={root / 'ck'}"
+    recipe, objective, dataset = build_run(compose(ck, *STEPS))
+    recipe.train(objective, dataset, name="digits", metrics=builtin_metrics(objective))
+    recipe, objective, dataset = build_run(compose_bare(*_lm_overrides(root / "bpe"), ck, *STEPS, CACHE))
+    recipe.train(objective, dataset, name="lm", metrics=builtin_metrics(objective))  # as dew-train does
     return {"root": root, "digits": root / "ck" / "digits", "lm": root / "ck" / "lm"}
 
 
@@ -74,13 +69,8 @@ def _eval(*args: str) -> dict:
     """dew-eval in this process: the JSON it wrote."""
     from dew.cli import evaluating
     from dew.cli.eval import parse_args
-    from dew.training import trainer
 
-    saved, trainer.COMPILER_OPTIONS = trainer.COMPILER_OPTIONS, FAST_COMPILE
-    try:
-        _, written = evaluating.run(parse_args(list(args)))
-    finally:
-        trainer.COMPILER_OPTIONS = saved
+    _, written = evaluating.run(parse_args(list(args)))
     assert written is not None
     return json.loads(Path(written).read_text())
 

@@ -32,7 +32,7 @@ from tests.cli.test_sweep_launch import finish, in_its_own_group
 from tests.training.conftest import TINY, losses
 from tests.training.test_multiprocess import host_params
 
-STEPS, CKPT, EVAL = 80, 10, 20
+STEPS, CKPT, EVAL = 240, 20, 40  # room for ten stops a chain: a stop lands up to ~50 steps after its Ctrl-C
 LOCAL = [
     "-m",
     "hydra/launcher=local",

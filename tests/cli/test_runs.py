@@ -19,7 +19,7 @@ import pytest
 from dew.contract.journal import read_journal
 from tests.conftest import dew
 from tests.training import wrappers
-from tests.training.conftest import FAST_COMPILE, TINY, compose, fast_env
+from tests.training.conftest import TINY, compose, fast_env
 
 pytestmark = pytest.mark.slow
 
@@ -92,18 +92,14 @@ def _sigterm_run(tmp: Path) -> int:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """(work dir, sweep dir, the lock holder's process); the holder is killed at the end."""
-    from dew.training import trainer
-
     tmp = tmp_path_factory.mktemp("sweep")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
-        returncode = _sigterm_run(tmp)  # first: its sweep directory is where the others go
-        assert returncode != 0, (tmp / "dew-train.out").read_text()[-3000:]
-        assert _train_in_process(tmp, "1-finished") is None
-        bad = _train_in_process(tmp, "2-bad-data", lambda d: wrappers.Data(d, nan_at=25))
-        assert bad is not None and "non-finite" in str(bad), bad
-        crash = _train_in_process(tmp, "3-running", lambda d: wrappers.Data(d, crash_at=25))
-        assert isinstance(crash, wrappers.Crash), crash
+    returncode = _sigterm_run(tmp)  # first: its sweep directory is where the others go
+    assert returncode != 0, (tmp / "dew-train.out").read_text()[-3000:]
+    assert _train_in_process(tmp, "1-finished") is None
+    bad = _train_in_process(tmp, "2-bad-data", lambda d: wrappers.Data(d, nan_at=25))
+    assert bad is not None and "non-finite" in str(bad), bad
+    crash = _train_in_process(tmp, "3-running", lambda d: wrappers.Data(d, crash_at=25))
+    assert isinstance(crash, wrappers.Crash), crash
     run_dir = tmp / "ck" / _sweep(tmp) / "3-running"
     holder = subprocess.Popen(
         [

@@ -13,19 +13,12 @@ from dew.cli import drawing
 from dew.cli.sample import parse_args
 from dew.data.specs import ImageFolder
 from tests.data.shapes import CLASSES, write_shapes
-from tests.training.conftest import FAST_COMPILE, train_tiny
+from tests.training.conftest import train_tiny
 
 STEPS = 400
 """Fewest steps that pass with a margin: at 400 the accuracy was 0.97, 1.0, 0.92, 1.0 over trainer seeds
 0-3 (this data, flipped; 16 samples a class); with half the images, 300 steps gave 0.86-0.94 and 150
 gave 0.28-0.38 (chance is 0.25)."""
-
-
-@pytest.fixture(autouse=True)
-def _fast_compile(monkeypatch):
-    from dew.training import trainer
-
-    monkeypatch.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
 
 
 @pytest.mark.slow

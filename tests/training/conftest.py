@@ -13,26 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
-from tests.conftest import SUITE_CACHE, cli_env
-
-# The tiny steps these tests train compile ~3x faster unoptimised, and their checks compare runs
-# compiled alike (two subprocesses, or one process), never against an optimised build.
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+from tests.conftest import FAST_XLA_FLAG, SUITE_CACHE, cli_env
 
 
 def fast_env(**extra: str) -> dict[str, str]:
-    """cli_env for a dew-train subprocess, compiling as this process does."""
-    flags = " ".join(f"--{k}={v}" for k, v in FAST_COMPILE.items())
-    return cli_env(XLA_FLAGS=f"{extra.pop('XLA_FLAGS', '')} {flags}".strip(), **extra)
-
-
-@pytest.fixture(autouse=True)
-def _fast_compile(monkeypatch):
-    from dew.training import trainer
-
-    monkeypatch.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
+    """cli_env for a dew-train subprocess, compiling as this process does (unoptimised: the flag in
+    its XLA_FLAGS, after any ``XLA_FLAGS`` given here). The tests' processes set no
+    ``trainer.COMPILER_OPTIONS``: a program compiled with options that name the same level is another
+    entry of the compilation cache, and a test's own run and a command's would each compile it."""
+    return cli_env(XLA_FLAGS=f"{extra.pop('XLA_FLAGS', '')} {FAST_XLA_FLAG}".strip(), **extra)
 
 
 # A depth-1, width-32 DiT on 8x8 digits: a step takes a few milliseconds on a CPU.

@@ -158,11 +158,8 @@ def main(out: Path) -> None:
     from jax.sharding import Mesh
 
     from dew.build import build_run
-    from dew.training import trainer
     from dew.training.checkpointing.checkpoints import Checkpoints
-    from tests.training.conftest import FAST_COMPILE
 
-    trainer.COMPILER_OPTIONS = FAST_COMPILE
     out.mkdir(parents=True, exist_ok=True)
     tokens = out / "tokens.bin"
     np.random.default_rng(0).integers(0, 64, 20_000).astype(np.uint16).tofile(tokens)

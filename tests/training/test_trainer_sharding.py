@@ -25,8 +25,6 @@ SHARDED = """
 import json, sys
 import jax
 from dew.training import trainer
-from tests.training.conftest import FAST_COMPILE
-trainer.COMPILER_OPTIONS = FAST_COMPILE
 from pathlib import Path
 from tests.training.conftest import compose, train_tiny
 from dew.training import sharding

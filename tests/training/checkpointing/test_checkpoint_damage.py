@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.training.conftest import FAST_COMPILE, journal, load_params, losses, train_tiny
+from tests.training.conftest import journal, load_params, losses, train_tiny
 
 pytestmark = pytest.mark.slow
 
@@ -76,15 +76,11 @@ DAMAGES = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A finished 4-step run (checkpoints 2 and 4), and the same run resumed from an intact step 2."""
-    from dew.training import trainer
-
     tmp = tmp_path_factory.mktemp("damage")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(trainer, "COMPILER_OPTIONS", FAST_COMPILE)
-        train_tiny(tmp / "base", *ARGS)
-        _copy(tmp / "base", tmp / "reference")
-        shutil.rmtree(tmp / "reference" / "ck" / "run" / "4")  # as if the run had stopped after step 2
-        reference, _, _ = train_tiny(tmp / "reference", *ARGS)
+    train_tiny(tmp / "base", *ARGS)
+    _copy(tmp / "base", tmp / "reference")
+    shutil.rmtree(tmp / "reference" / "ck" / "run" / "4")  # as if the run had stopped after step 2
+    reference, _, _ = train_tiny(tmp / "reference", *ARGS)
     return tmp, reference
 
 

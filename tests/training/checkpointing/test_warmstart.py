@@ -23,21 +23,14 @@ SOURCE_STEPS = 20
 def source(tmp_path_factory) -> tuple[Path, float, float]:
     """A tiny digits run trained for 20 steps: (its run directory, its final eval loss, its first
     step's loss: the seed's random network on the first batch)."""
-    from dew.training import trainer
-    from tests.training.conftest import FAST_COMPILE
-
     tmp = tmp_path_factory.mktemp("source")
-    before, trainer.COMPILER_OPTIONS = trainer.COMPILER_OPTIONS, FAST_COMPILE
-    try:
-        _, run, log = train_tiny(
-            tmp,
-            f"trainer.steps={SOURCE_STEPS}",
-            f"trainer.eval_every={SOURCE_STEPS}",
-            f"trainer.checkpoint_every={SOURCE_STEPS}",
-            name="src",
-        )
-    finally:
-        trainer.COMPILER_OPTIONS = before
+    _, run, log = train_tiny(
+        tmp,
+        f"trainer.steps={SOURCE_STEPS}",
+        f"trainer.eval_every={SOURCE_STEPS}",
+        f"trainer.checkpoint_every={SOURCE_STEPS}",
+        name="src",
+    )
     return run, losses(log, "eval/loss")[SOURCE_STEPS], losses(log)[1]
 
 
