@@ -135,9 +135,10 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
 # Each signal goes 2 logged steps after a resume; its stop lands where JAX's preemption sync point
 # agrees, a few steps later on a loaded machine (stops measured at steps 1, 9, 19 and 1, 10, 22 at
 # load 10-23) but tens of steps later on a quiet one, where these tiny steps take milliseconds (with
-# 40 steps a fresh-clone CI run reached the end before the Ctrl-C's stop landed). 100 steps cost a
-# second or two more where steps are that fast.
-STEPS = 100
+# 40 steps a fresh-clone CI run reached the end before the Ctrl-C's stop landed; with 100, a fresh
+# clone on 2026-12-02 stopped at 54 and 87, and its third launch ended before the SIGTERM's stop did).
+# 300 steps cost a few seconds more where steps are that fast.
+STEPS = 300
 LOCAL = [
     "-m",
     "hydra/launcher=local",
