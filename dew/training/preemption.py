@@ -158,9 +158,14 @@ class StopSignals:
         return self
 
     def restore(self) -> None:
-        """Put back the handlers ``install`` replaced (submitit's, for one)."""
+        """Put back the handlers ``install`` replaced (submitit's, for one). In a job's task (a
+        submitit job) SIGINT is ignored from here on instead: the run has ended, and what is left of
+        the process (submitit writing the result, the exit handlers: JAX's clears its backends and
+        leaves the pool) must not meet a KeyboardInterrupt from a late Ctrl-C, the terminal's or
+        ``watch_launcher``'s passing on of it. The launching process answers that Ctrl-C itself."""
         for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+            in_a_job = signum == signal.SIGINT and os.environ.get("SUBMITIT_EXECUTOR")
+            signal.signal(signum, signal.SIG_IGN if in_a_job else handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -65,6 +65,22 @@ def test_in_a_job_ctrl_c_again_never_abandons_the_save(handlers, monkeypatch):
         stop.restore()
 
 
+def test_in_a_job_a_ctrl_c_after_the_run_ended_meets_no_handler(handlers, monkeypatch):
+    """What is left of a job's task after its run (the result, the exit handlers) ignores SIGINT: a
+    Ctrl-C then raised KeyboardInterrupt in JAX's exit handler, and the task's pool partner aborted
+    when the pool's shutdown failed. Outside a job the handler before comes back."""
+    stop = StopSignals().install()
+    stop.restore()
+    assert signal.getsignal(signal.SIGINT) is handlers
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    stop = StopSignals().install()
+    stop.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGUSR2) is handlers and signal.getsignal(signal.SIGTERM) is handlers
+    os.kill(os.getpid(), signal.SIGINT)  # would raise here with Python's handler
+    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+
 def test_a_ctrl_c_while_the_task_starts_is_kept_until_the_run_listens(handlers):
     # The local launcher starts its tasks with SIGINT blocked: one that comes then stays pending.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
