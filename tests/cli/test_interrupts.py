@@ -190,7 +190,12 @@ def interrupt_ten_times(workdir: Path, name: str, failures: list[str], phases: c
             # before a Ctrl-C can reach it (nothing is left to interrupt); the end is still compared.
             continue
         if code != 130 or any("Traceback" in text for text in outputs):
-            failures.append(f"{where}: status {code}\n{out[-3000:]}")
+            raised = [
+                f"{p}:\n{t[max(0, t.index('Traceback') - 500) :][:3000]}"
+                for p, t in task_logs(workdir, name).items()
+                if "Traceback" in t
+            ]
+            failures.append(f"{where}: status {code}\n{out[-3000:]}\n" + "\n".join(raised))
             continue
         if not (lines[-1].startswith("dew-train: job 0 (") or "interrupted before the launch" in lines[-1]):
             failures.append(f"{where}: last line {lines[-1]!r}")
