@@ -32,9 +32,8 @@ from dew.data.images import (
     ImageError,
     ImageRecords,
     Source,
-    check_sources,
     default_threads,
-    held_out_by_class,
+    image_dataset,
 )
 
 try:
@@ -228,19 +227,4 @@ def load_hf_images(spec: HFImages, batch_size: int, seed: int) -> ImageDataset:
     pool = DecodePool(spec.decode_threads or default_threads())
     train = hf_records(spec, table, spec.split, names, base, pool)
     held_out = None if eval_name is None else hf_records(spec, splits[eval_name], eval_name, names, base, pool)
-    for records in (train, held_out):
-        if records is not None:
-            check_sources(records)
-    if spec.eval_fraction:
-        kept, held = held_out_by_class(train.labels, spec.eval_fraction, spec.path)
-        train, held_out = train.subset(kept), train.subset(held)
-    return ImageDataset(
-        name=spec.name,
-        train=train,
-        held_out=held_out,
-        batch_size=batch_size,
-        seed=seed,
-        fields={"input_size": spec.image_size, "in_channels": spec.channels, "num_classes": len(names)},
-        class_names=names,
-        flip=spec.flip,
-    )
+    return image_dataset(spec, train, held_out, names, batch_size=batch_size, seed=seed, where=spec.path)

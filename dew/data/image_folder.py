@@ -25,9 +25,8 @@ from dew.data.images import (
     DecodePool,
     ImageDataset,
     ImageRecords,
-    check_sources,
     default_threads,
-    held_out_by_class,
+    image_dataset,
 )
 
 if TYPE_CHECKING:
@@ -141,19 +140,4 @@ def load_image_folder(spec: ImageFolder, batch_size: int, seed: int) -> ImageDat
             f"data.eval_fraction={spec.eval_fraction}: data.root={spec.root!r} has a "
             f"{os.path.basename(eval_dir or '')}/ split that evaluates; hold out a fraction only of data without one"
         )
-    for records in (train, held_out):
-        if records is not None:
-            check_sources(records)
-    if spec.eval_fraction:
-        kept, held = held_out_by_class(train.labels, spec.eval_fraction, spec.root)
-        train, held_out = train.subset(kept), train.subset(held)
-    return ImageDataset(
-        name=spec.name,
-        train=train,
-        held_out=held_out,
-        batch_size=batch_size,
-        seed=seed,
-        fields={"input_size": spec.image_size, "in_channels": spec.channels, "num_classes": len(names)},
-        class_names=names,
-        flip=spec.flip,
-    )
+    return image_dataset(spec, train, held_out, names, batch_size=batch_size, seed=seed, where=spec.root)

@@ -29,13 +29,16 @@ import io
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
 from dew.contract.data import Batch
 from dew.data.pipeline import RecordDataset, ShuffledIterator, shard_bounds
+
+if TYPE_CHECKING:
+    from dew.data.specs import ImageTransforms  # its loaders import this module
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 """The image files a folder is read for (any case)."""
@@ -255,3 +258,35 @@ def held_out_by_class(labels: np.ndarray, fraction: float, what: str) -> tuple[n
         held.append(rng.choice(members, take, replace=False))
     held_out = np.sort(np.concatenate(held)) if held else np.zeros(0, np.int64)
     return np.setdiff1d(np.arange(len(labels)), held_out), held_out
+
+
+def image_dataset(
+    spec: ImageTransforms,
+    train: ImageRecords,
+    held_out: ImageRecords | None,
+    names: tuple[str, ...],
+    *,
+    batch_size: int,
+    seed: int,
+    where: str,
+) -> ImageDataset:
+    """The dataset ``image_folder`` and ``hf_images`` both end with: every record's source checked,
+    ``spec.eval_fraction`` of each class of ``train`` held out where it asks for it (``held_out``
+    must then be None: ``where`` names the data in its error), and the spec's image fields."""
+    for records in (train, held_out):
+        if records is not None:
+            check_sources(records)
+    if spec.eval_fraction:
+        assert held_out is None, "a split that evaluates and a fraction held out are refused before"
+        kept, held = held_out_by_class(train.labels, spec.eval_fraction, where)
+        train, held_out = train.subset(kept), train.subset(held)
+    return ImageDataset(
+        name=spec.name,
+        train=train,
+        held_out=held_out,
+        batch_size=batch_size,
+        seed=seed,
+        fields={"input_size": spec.image_size, "in_channels": spec.channels, "num_classes": len(names)},
+        class_names=names,
+        flip=spec.flip,
+    )
