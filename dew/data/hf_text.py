@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -36,7 +35,7 @@ from dew.data.hf_stream import StreamedText
 from dew.data.prepare import source_documents, write_token_dir
 from dew.data.token_files import SIDECAR, open_tokens, read_sidecar
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from dew.data.tokens import TokenDataset, TokenWindowRecords
+from dew.data.tokens import TokenDataset, split_windows
 
 if TYPE_CHECKING:
     from dew.data.specs import HFText  # its load() imports this module
@@ -157,14 +156,8 @@ def cached_windows(spec: HFText, directory: str, batch_size: int, seed: int) -> 
     the last ``val_fraction`` of ``train.bin``'s."""
     sidecar = read_sidecar([os.path.join(directory, "train.bin")])
     train_ids = open_tokens(os.path.join(directory, "train.bin"), "llmc")
-    everything = TokenWindowRecords([train_ids], spec.seq_len)
-    train, held_out = everything, None
-    if "val.bin" in sidecar["files"]:
-        held_out = TokenWindowRecords([open_tokens(os.path.join(directory, "val.bin"), "llmc")], spec.seq_len)
-    elif spec.val_fraction:
-        n_val = math.ceil(spec.val_fraction * everything.total_windows)
-        train = TokenWindowRecords([train_ids], spec.seq_len, 0, everything.total_windows - n_val)
-        held_out = TokenWindowRecords([train_ids], spec.seq_len, train.num_records, n_val)
+    val_ids = [open_tokens(os.path.join(directory, "val.bin"), "llmc")] if "val.bin" in sidecar["files"] else []
+    train, held_out = split_windows([train_ids], val_ids, spec.seq_len, spec.val_fraction)
     for split, records in (("training", train), ("held-out", held_out)):
         if records is not None and records.num_records < 1:
             raise ValueError(

@@ -90,6 +90,22 @@ def _open_all(paths: Sequence[str], spec: TokenWindows) -> list[np.ndarray]:
     return [open_tokens(p, spec.format, spec.dtype) for p in paths]
 
 
+def split_windows(
+    shards: Sequence[np.ndarray], val_shards: Sequence[np.ndarray], seq_len: int, val_fraction: float
+) -> tuple[TokenWindowRecords, TokenWindowRecords | None]:
+    """(training, held-out) windows of ``seq_len`` + 1 tokens over ``shards``: the held-out ones
+    those of ``val_shards`` where there are any, else the last ``val_fraction`` of the training
+    windows (rounded up), else none."""
+    everything = TokenWindowRecords(shards, seq_len)
+    if val_shards:
+        return everything, TokenWindowRecords(val_shards, seq_len)
+    if not val_fraction:
+        return everything, None
+    n_val = math.ceil(val_fraction * everything.total_windows)
+    train = TokenWindowRecords(shards, seq_len, 0, everything.total_windows - n_val)
+    return train, TokenWindowRecords(shards, seq_len, train.num_records, n_val)
+
+
 def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenDataset:
     """Token windows of ``spec.path`` at global batch ``batch_size``, shuffled from ``seed``.
 
@@ -122,17 +138,7 @@ def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenD
     for path, shard in zip(paths + val_paths, shards + val_shards):
         check_vocabulary(path, shard, vocab_size)
 
-    everything = TokenWindowRecords(shards, spec.seq_len)
-    held_out = None
-    if val_shards:
-        held_out = TokenWindowRecords(val_shards, spec.seq_len)
-        train = everything
-    elif spec.val_fraction:
-        n_val = math.ceil(spec.val_fraction * everything.total_windows)
-        train = TokenWindowRecords(shards, spec.seq_len, 0, everything.total_windows - n_val)
-        held_out = TokenWindowRecords(shards, spec.seq_len, train.num_records, n_val)
-    else:
-        train = everything
+    train, held_out = split_windows(shards, val_shards, spec.seq_len, spec.val_fraction)
     if train.num_records < 1:
         lengths = {p: len(s) for p, s in zip(paths, shards)}
         raise ValueError(
