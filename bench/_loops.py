@@ -15,7 +15,9 @@ are left out of both sides.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -107,6 +109,16 @@ def bare_loop(objective, optim, batches, steps: int, warmup: int) -> tuple[float
 def trainer_loop(run, objective, data, steps: int, warmup: int, name: str) -> tuple[float, float]:
     """Wall and process-CPU seconds of ``run.train``'s loop between the metrics of step ``warmup``
     and of step ``warmup + steps``; ``run`` must train that many steps and log every ``warmup``."""
+    with metrics_times() as seen:
+        run.train(objective, data, name=name)
+    (wall0, cpu0), (wall1, cpu1) = seen[warmup], seen[warmup + steps]
+    return wall1 - wall0, cpu1 - cpu0
+
+
+@contextlib.contextmanager
+def metrics_times() -> Iterator[dict[int, tuple[float, float]]]:
+    """Within: when each step's training metrics reached the run's tracker, as (wall, process-CPU)
+    seconds by step, taken outside the trainer (each fetch of a step's metrics waits for the step)."""
     from dew.training.reporting import tracker as tracking
 
     seen: dict[int, tuple[float, float]] = {}
@@ -119,8 +131,6 @@ def trainer_loop(run, objective, data, steps: int, warmup: int, name: str) -> tu
 
     tracking.Tracker.metrics = metrics
     try:
-        run.train(objective, data, name=name)
+        yield seen
     finally:
         tracking.Tracker.metrics = original
-    (wall0, cpu0), (wall1, cpu1) = seen[warmup], seen[warmup + steps]
-    return wall1 - wall0, cpu1 - cpu0

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 if __package__:  # imported as bench.prefetch
-    from bench._loops import Synthetic
+    from bench._loops import Synthetic, metrics_times
     from bench.trainer_overhead import compose
 else:  # run as a script: bench/ is first on sys.path
-    from _loops import Synthetic
+    from _loops import Synthetic, metrics_times
     from trainer_overhead import compose
 
 
@@ -66,7 +66,6 @@ def side(recipe, data: Synthetic, prefetch: int, steps: int, warmup: int, work: 
     before). Timed from here."""
     from dew.build import build_run
     from dew.training.prefetch import Feed
-    from dew.training.reporting import tracker as tracking
 
     run = dataclasses.replace(
         recipe,
@@ -75,14 +74,8 @@ def side(recipe, data: Synthetic, prefetch: int, steps: int, warmup: int, work: 
         ),
     )
     run, objective, _ = build_run(run)
-    seen: dict[int, float] = {}
     waits: list[float] = []
-    metrics, feed = tracking.Tracker.metrics, Feed.next
-
-    def timed_metrics(self, step, values):
-        if "train/loss" in values:
-            seen[step] = time.perf_counter()
-        return metrics(self, step, values)
+    feed = Feed.next
 
     def timed_next(self: Feed):
         start = time.perf_counter()
@@ -91,12 +84,13 @@ def side(recipe, data: Synthetic, prefetch: int, steps: int, warmup: int, work: 
         finally:
             waits.append(time.perf_counter() - start)
 
-    tracking.Tracker.metrics, Feed.next = timed_metrics, timed_next
+    Feed.next = timed_next
     try:
-        run.train(objective, data, name=name)
+        with metrics_times() as seen:
+            run.train(objective, data, name=name)
     finally:
-        tracking.Tracker.metrics, Feed.next = metrics, feed
-    gaps = [seen[s] - seen[s - 1] for s in range(warmup + 1, warmup + steps + 1)]
+        Feed.next = feed
+    gaps = [seen[s][0] - seen[s - 1][0] for s in range(warmup + 1, warmup + steps + 1)]
     return Side(gaps, waits[warmup : warmup + steps])  # call k of Feed.next feeds step k + 1
 
 
