@@ -183,7 +183,8 @@ def interrupt_ten_times(workdir: Path, name: str, failures: list[str], phases: c
         code, out, rank0, second = interrupt(workdir, name, n, trigger, double)
         phases[landed(rank0)] += 1
         where = f"{name}{n} ({phase}, landed {landed(rank0)}, {'twice' if double else 'once'})"
-        outputs = [out, *task_logs(workdir, name).values()]
+        logs = task_logs(workdir, name)
+        outputs = [out, *logs.values()]
         lines = [line for line in out.splitlines() if line.startswith("dew-train:")]
         if code == 0 and newest == STEPS and not any("Traceback" in text for text in outputs):
             # The launch before stopped at the last step: this one resumes a finished run, which ends
@@ -191,9 +192,7 @@ def interrupt_ten_times(workdir: Path, name: str, failures: list[str], phases: c
             continue
         if code != 130 or any("Traceback" in text for text in outputs):
             raised = [
-                f"{p}:\n{t[max(0, t.index('Traceback') - 500) :][:3000]}"
-                for p, t in task_logs(workdir, name).items()
-                if "Traceback" in t
+                f"{p}:\n{t[max(0, t.index('Traceback') - 500) :][:3000]}" for p, t in logs.items() if "Traceback" in t
             ]
             failures.append(f"{where}: status {code}\n{out[-3000:]}\n" + "\n".join(raised))
             continue

@@ -78,7 +78,6 @@ def test_in_a_job_a_ctrl_c_after_the_run_ended_meets_no_handler(handlers, monkey
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     assert signal.getsignal(signal.SIGUSR2) is handlers and signal.getsignal(signal.SIGTERM) is handlers
     os.kill(os.getpid(), signal.SIGINT)  # would raise here with Python's handler
-    signal.pthread_kill(threading.get_ident(), signal.SIGINT)
 
 
 def test_a_ctrl_c_while_the_task_starts_is_kept_until_the_run_listens(handlers):
