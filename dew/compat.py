@@ -58,6 +58,21 @@ def jax_preemption_sync_manager() -> Any:
     return distributed.global_state.preemption_sync_manager
 
 
+def preemption_notice_in_pool(client: Any, count: int) -> tuple[bool, bool]:
+    """``(noticed, answered)`` for a pool of ``count`` processes, read from the coordination
+    service's key-value store where XLA's preemption sync manager (jaxlib 0.12, the same since
+    0.4) keeps them: whether a process's notifier caught a SIGTERM (``RECEIVED_PREEMPTION_NOTICE``,
+    then written for every process to see), and whether every process's manager answered it (each
+    writes its step counter under ``PREEMPTION_CURRENT_COUNTER/`` and then waits at the pool's
+    preemption barrier). A manager shut down before it answered leaves the others at that barrier
+    until it times out, 3 minutes, when they leave the pool: checked on a 2-process gloo pool."""
+    try:
+        client.key_value_try_get("RECEIVED_PREEMPTION_NOTICE")
+    except Exception:  # absent: NOT_FOUND
+        return False, False
+    return True, len(client.key_value_dir_get("PREEMPTION_CURRENT_COUNTER/")) >= count
+
+
 XLA_CPU_CLIENT_CHILD = """
 try:
     import jaxlib._jax as xla

@@ -16,6 +16,12 @@ the rest. The per-step check is a C++ call that compares two integers (measured 
 with no collective and no device sync, so it sits in the loop at every step. A run alone in its
 process checks a flag the handler set.
 
+Once the loop has ended no step boundary is left to stop at, and a signal passed on then would be
+agreed by nobody: a process whose notifier caught it after another process had left the pool waited
+3 minutes at JAX's preemption barrier before it could exit (a Ctrl-C on a 2-task sweep as its run
+ended). So every process calls ``StopSignals.settle`` where its loop ends: nothing is passed on
+from there, and a notice already in flight is answered by every process before any of them leaves.
+
 A stop request (``StopSignals.request``) is the other way a run stops before its last step: not a
 signal but a decision of the run's own (``trainer.early_stopping``, or any hook, which is handed
 ``request`` in ``Started.request_stop``). It is honoured at the same step boundary, but the run then
@@ -38,6 +44,7 @@ from types import FrameType
 from typing import Any
 
 from dew import compat
+from dew.launching.pool import barrier
 
 log = logging.getLogger("dew")
 
@@ -114,6 +121,7 @@ class StopSignals:
         self._passed_on = False
         self._in_pool: bool | None = None
         self._stepped = False
+        self._ended = False
         self.requested: StopRequest | None = None
         """The first stop request (``request``), None while nothing asked."""
 
@@ -190,7 +198,7 @@ class StopSignals:
     def _pass_on(self) -> None:
         """In a pool, tell every process which signal came and hand it to JAX's notifier as a
         SIGTERM, which agrees on the step (before this process's first step boundary: at it)."""
-        if self._passed_on or self.received is None or not self._stepped or not self._pool():
+        if self._ended or self._passed_on or self.received is None or not self._stepped or not self._pool():
             return
         self._passed_on = True
         client = compat.jax_distributed_client()
@@ -228,6 +236,36 @@ class StopSignals:
                 return True
             return False
         return self.received is not None
+
+    def settle(self, step: int, *, timeout_s: float = 60) -> None:
+        """Where the loop ended, at ``step`` (its last step, or a stop request's), on every process:
+        no signal is passed on to JAX's notifier from here on, and a notice a process passed on (or
+        a scheduler's SIGTERM that JAX's notifier caught) after the last agreement is answered by
+        every process's preemption sync manager before any process goes on to leave the pool."""
+        self._ended = True  # the handler runs in this thread: no pass-on after this line
+        if not self._pool():
+            return
+        import jax
+
+        barrier(f"dew/loop_ended/{step}")  # any pass-on came before: none can come after
+        client = compat.jax_distributed_client()
+        try:  # set before the SIGTERM that JAX's notifier then catches within a second (_pass_on)
+            passed_on = client.key_value_try_get(SIGNAL_KEY) is not None
+        except Exception:  # absent: NOT_FOUND
+            passed_on = False
+        deadline = time.monotonic() + timeout_s
+        while True:
+            noticed, answered = compat.preemption_notice_in_pool(client, jax.process_count())
+            if answered or not (noticed or passed_on):
+                return
+            if time.monotonic() > deadline:
+                log.warning(
+                    "a stop signal came as the run ended and JAX's preemption notice has not reached every "
+                    "process in %.0f s: leaving the pool may wait for JAX's preemption barrier (3 minutes)",
+                    timeout_s,
+                )
+                return
+            time.sleep(0.05)  # JAX's notifier looks for its SIGTERM once a second
 
     @property
     def reason(self) -> str:

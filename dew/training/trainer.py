@@ -526,6 +526,7 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
                 raise p.saver.stopped(p.stop, at.step, at.records, state)
             _stopped_early(p, p.stop.requested, at.step)  # asked: the run ends here as a finished one
             break
+    p.stop.settle(at.step)  # no boundary is left to stop at: a signal from here on is not passed on
     p.hooks.flush(state)
     p.saver.check_finite(state)
     return state

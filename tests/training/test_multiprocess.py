@@ -232,3 +232,52 @@ def test_a_killed_rank_stops_the_other(workdir: Path):
     assert log.split("stopped sending heartbeats")[1].split(":", 1)[1].split()[0] == "1"  # names the dead task
     steps = sorted(int(p.name) for p in (workdir / "ck" / "kill").iterdir() if p.name.isdigit())
     assert steps and host_params(workdir / "ck" / "kill", steps[-1])  # the last complete checkpoint is whole
+
+
+LATE_SIGNAL = """
+import os, signal, sys, time
+import jax
+from dew.training.preemption import StopSignals
+
+rank, port, settle = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "settle"
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=rank)
+stop = StopSignals().install()
+for step in (1, 2):  # the boundaries before the last step: nothing to stop
+    assert not stop.stop_at(step)
+if rank == 0:  # a Ctrl-C during the last step: passed on to JAX's notifier, agreed at no boundary
+    os.kill(os.getpid(), signal.SIGINT)
+if settle:
+    stop.settle(3)
+if rank == 1:  # a Ctrl-C once the loop ended: passed on to nobody
+    os.kill(os.getpid(), signal.SIGINT)
+else:  # what follows the loop (process 0 draws the samples alone) outlasts its notifier's look
+    time.sleep(2)
+stop.restore()
+print("left the loop", flush=True)
+"""
+
+
+def test_a_signal_as_the_loop_ends_does_not_hold_the_pool_at_exit(workdir: Path):
+    """A signal that reaches one process of a pool during its last step is passed on to JAX's
+    preemption notifier, which no later boundary agrees on: without ``StopSignals.settle`` the
+    other process left the pool first, and this one waited 3 minutes at JAX's preemption barrier
+    before it could exit (a Ctrl-C on a 2-task sweep as its run ended: tests/cli/test_interrupts.py)."""
+    (port,) = free_ports(1).values()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LATE_SIGNAL, str(rank), str(port), "settle"],
+            cwd=workdir,
+            env=fast_env(JAX_NUM_CPU_DEVICES="1"),
+            stdout=open(workdir / f"late{rank}.out", "w"),
+            stderr=subprocess.STDOUT,
+        )
+        for rank in (0, 1)
+    ]
+    began = time.monotonic()
+    assert wait(procs, timeout=120) == [0, 0]
+    took = time.monotonic() - began
+    out = [(workdir / f"late{rank}.out").read_text() for rank in (0, 1)]
+    assert all("left the loop" in text for text in out), out
+    assert "SIGTERM caught" in out[0] and "SIGTERM caught" not in out[1], out  # passed on by rank 0 alone
+    assert took < 60, f"the pool took {took:.0f} s to end: {out}"  # JAX's barrier times out after 180 s
