@@ -58,6 +58,15 @@ def jax_preemption_sync_manager() -> Any:
     return distributed.global_state.preemption_sync_manager
 
 
+def key_value_or_none(client: Any, key: str) -> str | None:
+    """``key``'s value in a JAX process pool's key-value store, None where it is absent (the
+    client's ``key_value_try_get`` raises NOT_FOUND) or where there is no pool (``client`` None)."""
+    try:
+        return client.key_value_try_get(key)
+    except Exception:
+        return None
+
+
 def preemption_notice_in_pool(client: Any, count: int) -> tuple[bool, bool]:
     """``(noticed, answered)`` for a pool of ``count`` processes, read from the coordination
     service's key-value store where XLA's preemption sync manager (jaxlib 0.12, the same since
@@ -66,9 +75,7 @@ def preemption_notice_in_pool(client: Any, count: int) -> tuple[bool, bool]:
     writes its step counter under ``PREEMPTION_CURRENT_COUNTER/`` and then waits at the pool's
     preemption barrier). A manager shut down before it answered leaves the others at that barrier
     until it times out, 3 minutes, when they leave the pool: checked on a 2-process gloo pool."""
-    try:
-        client.key_value_try_get("RECEIVED_PREEMPTION_NOTICE")
-    except Exception:  # absent: NOT_FOUND
+    if key_value_or_none(client, "RECEIVED_PREEMPTION_NOTICE") is None:
         return False, False
     return True, len(client.key_value_dir_get("PREEMPTION_CURRENT_COUNTER/")) >= count
 

@@ -211,10 +211,7 @@ class StopSignals:
     def _agreed_signal(self) -> None:
         """At the agreed step: the signal the first signalled process recorded, else SIGTERM (JAX's
         notifier was told directly: a scheduler's stop to every process)."""
-        try:
-            recorded = compat.jax_distributed_client().key_value_try_get(SIGNAL_KEY)
-        except Exception:
-            recorded = None
+        recorded = compat.key_value_or_none(compat.jax_distributed_client(), SIGNAL_KEY)
         self.received = int(recorded) if recorded else (self.received or signal.SIGTERM)
 
     def stop_at(self, step: int) -> bool:
@@ -249,10 +246,8 @@ class StopSignals:
 
         barrier(f"dew/loop_ended/{step}")  # any pass-on came before: none can come after
         client = compat.jax_distributed_client()
-        try:  # set before the SIGTERM that JAX's notifier then catches within a second (_pass_on)
-            passed_on = client.key_value_try_get(SIGNAL_KEY) is not None
-        except Exception:  # absent: NOT_FOUND
-            passed_on = False
+        # set before the SIGTERM that JAX's notifier then catches within a second (_pass_on)
+        passed_on = compat.key_value_or_none(client, SIGNAL_KEY) is not None
         deadline = time.monotonic() + timeout_s
         while True:
             noticed, answered = compat.preemption_notice_in_pool(client, jax.process_count())
