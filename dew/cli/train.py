@@ -281,8 +281,15 @@ def plan(recipe: Recipe, container: Any) -> Planned:
     return Planned(run, objective, dataset, name)
 
 
-def train_from_hydra(cfg: DictConfig) -> Any:
-    """Convert the composed config once, build what it names, set the run up and train."""
+def train_from_hydra(cfg: DictConfig) -> str | TrialOutcome | None:
+    """Convert the composed config once, build what it names, set the run up and train. Returns
+    what Hydra hands its sweeper and callbacks (``JobReturn.return_value``): in a search, the
+    trial's outcome (process 0's); otherwise the run directory. Never the trained state: a
+    launcher's task pickles what it returns into ``.submitit/`` for the launching process, which
+    would write every parameter and moment once per task, make the launching process load JAX to
+    read them back (1-2 s a launch), and fail at the end of any run whose parameters are split
+    across processes (a ``jax.Array`` that spans other processes' devices cannot be pickled): the
+    state is in the run's checkpoints."""
     from dew.training.setup import set_up  # heavy: JAX loads once the config is valid
 
     held = contextlib.ExitStack()  # the lock and the signal handlers, to the end of the run
@@ -291,7 +298,8 @@ def train_from_hydra(cfg: DictConfig) -> Any:
         container = OmegaConf.to_container(cfg, resolve=True)
         recipe = Recipe.from_dict(container)
         if checking():
-            return check_single_run(recipe)
+            check_single_run(recipe)
+            return None
         planned, setup = set_up(recipe.trainer, held, functools.partial(plan, recipe, container), agree=agree)
     except Exception as err:
         refused = refusal(err)
@@ -305,9 +313,9 @@ def train_from_hydra(cfg: DictConfig) -> Any:
     is_main = jax.process_index() == 0
     recipe, objective, _, name = planned  # process 0's
     hooks = trial_hooks(recipe, objective, name, setup.total_steps, is_main)
-    state = train_set_up(planned, setup, held, hooks=hooks, hydra_cfg=cfg)
+    train_set_up(planned, setup, held, hooks=hooks, hydra_cfg=cfg)
     if not in_a_search():
-        return state
+        return os.fspath(setup.path)
     return reported_value(recipe, objective, name) if is_main else None  # the launcher reads process 0's
 
 

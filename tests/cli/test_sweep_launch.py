@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import resource
 import signal
 import subprocess
@@ -242,6 +243,21 @@ def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
     assert losses(read_journal(journal())) == losses(read_journal(whole_journal))
     a, b = host_params(whole, STEPS), host_params(run(), STEPS)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_a_job_whose_parameters_span_its_tasks_ends_and_hands_back_only_its_run_directory(workdir: Path):
+    """Every parameter split over the job's two tasks (FSDP over two processes): the job ends with
+    status 0, and each task hands the launching process its run directory (submitit pickles Hydra's
+    ``JobReturn``, which holds what the task function returned, into ``.submitit/``), not the
+    trained state: a ``jax.Array`` over another process's devices cannot be pickled (the job failed
+    at its end), and a replicated one was written there once a task."""
+    split = ["trainer.steps=2", "trainer.mesh.data=1", "trainer.mesh.fsdp=2", "trainer.layout.min_shard_size=0"]
+    code, out = finish(launch(workdir, "split", "split.out", *split, TINY[-1])), (workdir / "split.out").read_text()
+    assert code == 0 and "Traceback" not in out, out[-3000:]
+    run = next((workdir / "ck").glob("split-sweep-*/0*"))
+    results = sorted((workdir / "ck").glob("split-sweep-*/.submitit/*/*_result.pkl"))
+    returned = [pickle.loads(p.read_bytes()) for p in results]  # ("success", Hydra's JobReturn)
+    assert [(status, job.return_value) for status, job in returned] == [("success", str(run))] * 2, returned
 
 
 def test_a_killed_launcher_takes_its_local_tasks_with_it(workdir: Path):
