@@ -59,26 +59,36 @@ def checked() -> int:
     return sum(_checked)
 
 
-def check_job(job: SweepJob, device_count: int | None) -> None:
+def check_job(job: SweepJob, device_count: int | None, process_count: int | None = None) -> None:
     """Raise ``ConfigError``/``ValueError``/``OSError`` with the message a single run would print,
     for any problem the job's run would find before writing anything."""
     with hydra_config(job.hydra):
         container = OmegaConf.to_container(job.config, resolve=True)
     job.recipe = Recipe.from_dict(container)  # before JAX is imported: a typo fails at once
-    check_run(job.recipe, job.run_dir, device_count)
+    check_run(job.recipe, job.run_dir, device_count, process_count)
 
 
-def check_run(recipe: Recipe, run_dir: str, device_count: int | None) -> None:
+def check_run(recipe: Recipe, run_dir: str, device_count: int | None, process_count: int | None = None) -> None:
     """Every check a run makes before it writes anything, for the run ``recipe`` in ``run_dir``:
     the XLA flags, the data (present, sized), the model and the optimizer as shapes, the run's
     length against its warmup and cadences, the mesh over ``device_count`` devices (the mesh's
-    fixed sizes where the count is unknown), the checkpoint directory, and a run directory that
+    fixed sizes where the count is unknown) and the batch's rows over the job's ``process_count``
+    processes (where the mesh's size is known), the checkpoint directory, and a run directory that
     already holds another run's record or is held by a live process. Reads only."""
     from dew.training.trainer import check  # heavy: JAX stays out of composing and launching until a run is checked
 
     check_xla_flags(recipe.trainer)
     recipe, objective, dataset = build_run(recipe)
-    check(recipe, objective, dataset, device_count=device_count or _known_devices(recipe))
+    # With the device count unknown, a mesh that fills an axis (-1) has an unknown size: the rows
+    # over the processes are the run's own check then.
+    sized = device_count is not None or -1 not in dataclasses.asdict(recipe.trainer.mesh).values()
+    check(
+        recipe,
+        objective,
+        dataset,
+        device_count=device_count or _known_devices(recipe),
+        process_count=process_count if sized else None,
+    )
     check_checkpoint_dir(recipe.trainer, run_dir)
     refuse_if_held(run_dir)
     name = os.path.relpath(run_dir, recipe.trainer.checkpoint_dir)
@@ -94,15 +104,16 @@ def _known_devices(recipe: Recipe) -> int:
     return count
 
 
-def failures(jobs: Sequence[SweepJob], device_count: int | None) -> list[str]:
-    """One line per job that fails its checks: the job, its overrides and the message."""
+def failures(jobs: Sequence[SweepJob], device_count: int | None, process_count: int | None = None) -> list[str]:
+    """One line per job that fails its checks: the job, its overrides and the message
+    (``device_count`` and ``process_count``: what each job gets, where the launcher knows)."""
     lines = []
     for job in jobs:
         if job.problem:  # Hydra could not compose it
             lines.append(f"{job.describe()}: {job.problem}")
             continue
         try:
-            check_job(job, device_count)
+            check_job(job, device_count, process_count)
         except (ConfigError, ValueError, OSError, RunLockedError) as err:
             lines.append(f"{job.describe()}: {err}")
     return lines

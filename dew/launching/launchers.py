@@ -42,6 +42,10 @@ class CheckedLaunch:
     def requested_devices(self) -> int | None:
         return None
 
+    def requested_processes(self) -> int | None:
+        """How many processes (tasks) each job starts, where the launcher's parameters say."""
+        return None
+
     def launcher_problem(self) -> str | None:
         """What stops this launcher from starting any job on this machine (no ``sbatch`` here),
         as one sentence; None when it can."""
@@ -53,7 +57,8 @@ class CheckedLaunch:
         jobs = compose_jobs(self.config, self.hydra_context, job_overrides, initial_job_idx)
         try:
             refuse_live_jobs(sweep_dir, jobs)
-            lines, problem = failures(jobs, self.requested_devices()), self.launcher_problem()
+            lines = failures(jobs, self.requested_devices(), self.requested_processes())
+            problem = self.launcher_problem()
             if lines and searching(self.config) and not checking() and not problem:
                 for line in lines:  # a search's trial that fails its checks is a failed trial, not the end
                     print(f"dew-train: warning: {line}: the trial fails and the search goes on", file=sys.stderr)

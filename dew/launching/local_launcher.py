@@ -57,6 +57,10 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
         known = isinstance(tasks, int) and on_cpu and "JAX_NUM_CPU_DEVICES" in os.environ
         return tasks * cpu_devices if known and isinstance(tasks, int) else None
 
+    def requested_processes(self) -> int | None:
+        tasks = self.params.get("tasks_per_node")
+        return tasks if isinstance(tasks, int) else None
+
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         self.ports = free_ports(len(job_overrides), first=initial_job_idx)
         self.record_sweep()

@@ -118,6 +118,11 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
         gpus = self.params.get("gpus_per_node") or gpus_in_gres(self.params.get("gres"))
         return nodes * gpus if isinstance(nodes, int) and isinstance(gpus, int) and gpus > 0 else None
 
+    def requested_processes(self) -> int | None:
+        """Every node's tasks (``nodes`` x ``tasks_per_node``), where both are set."""
+        nodes, tasks = self.params.get("nodes"), self.params.get("tasks_per_node")
+        return nodes * tasks if isinstance(nodes, int) and isinstance(tasks, int) else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         job_process_setup(kwargs.get("singleton_state", args[-1]))  # hydra-submitit-launcher's last argument
         self.restore_sweep()

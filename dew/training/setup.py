@@ -76,7 +76,12 @@ def start_process(t: TrainerConfig) -> None:
 
 
 def check(
-    run: RunConfig, objective: Objective, dataset: Dataset, *, device_count: int | None = None
+    run: RunConfig,
+    objective: Objective,
+    dataset: Dataset,
+    *,
+    device_count: int | None = None,
+    process_count: int | None = None,
 ) -> tuple[int, int | None, int | None]:
     """Everything about a run that can fail before it starts, checked without touching the disk or
     allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
@@ -84,7 +89,8 @@ def check(
 
     Returns the run's total steps and its evaluation and checkpoint intervals. With
     ``device_count``, the mesh is an abstract one over that many devices (the launching process of
-    a sweep checks its jobs so, without opening an accelerator).
+    a sweep checks its jobs so, without opening an accelerator), held by ``process_count``
+    processes where the launcher knows how many tasks a job starts.
     """
     t = run.trainer
     if dataset.batch_size != t.batch_size:
@@ -113,8 +119,11 @@ def check(
             field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp",
         )
         # each process feeds its own records: no row of a batch may sit on two processes' devices
-        # (a real mesh only: an abstract one has no processes)
-        if isinstance(mesh, Mesh) and (problem := sharding.shared_rows(sharding.batch_sharding(mesh, t.layout), batch)):
+        if isinstance(mesh, Mesh):
+            problem = sharding.shared_rows(sharding.batch_sharding(mesh, t.layout), batch)
+        else:  # a launcher's check: the processes its job will start
+            problem = sharding.shared_rows_over(mesh, t.layout, process_count) if process_count else None
+        if problem:
             raise ValueError(problem)
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written

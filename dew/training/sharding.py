@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -72,15 +72,34 @@ def shared_rows(batch_sharding: NamedSharding, batch_size: int) -> str | None:
     rows: dict[tuple[int | None, int | None], set[int]] = {}
     for device, index in batch_sharding.devices_indices_map((batch_size,)).items():
         rows.setdefault((index[0].start, index[0].stop), set()).add(device.process_index)  # type: ignore[attr-defined]  # jaxlib's Device stub lacks it
-    shared = sorted(r for r, processes in rows.items() if len(processes) > 1)
+    return _shared_rows_problem(dict(batch_sharding.mesh.shape), tuple(batch_sharding.spec[0] or ()), rows.values())
+
+
+def shared_rows_over(mesh: AbstractMesh, layout: Layout, process_count: int) -> str | None:
+    """``shared_rows`` before the processes exist (a launcher checking its jobs): ``make_mesh`` lays
+    ``jax.devices()`` out in order, and JAX lists the devices process by process, so process ``p``
+    holds the ``p``-th run of ``device_count / process_count`` devices of the mesh in row-major order.
+    None where the devices do not divide over the processes (the run's own check decides then)."""
+    shape, axes = dict(mesh.shape), batch_axes(mesh, layout)
+    devices = math.prod(shape.values())
+    if process_count <= 1 or devices % process_count:
+        return None
+    process = np.arange(devices).reshape(tuple(shape.values())) // (devices // process_count)
+    # one row of the batch per coordinate along the batch axes: the processes holding its devices
+    moved = np.moveaxis(process, [list(shape).index(a) for a in axes], list(range(len(axes))))
+    groups = moved.reshape(math.prod(shape[a] for a in axes), -1)
+    return _shared_rows_problem(shape, axes, [set(g.tolist()) for g in groups])
+
+
+def _shared_rows_problem(shape: dict[str, int], axes: tuple[str, ...], rows: Iterable[set[int]]) -> str | None:
+    shared = [processes for processes in rows if len(processes) > 1]
     if not shared:
         return None
-    mesh, axes = batch_sharding.mesh, tuple(batch_sharding.spec[0] or ())
     split = " x ".join(axes) or "no axis"
-    devices = math.prod(mesh.shape[a] for a in axes)
+    devices = math.prod(shape[a] for a in axes)
     return (
-        f"trainer.mesh={dict(mesh.shape)}: the batch splits over {split} ({devices} devices), so processes "
-        f"{sorted(set().union(*(rows[r] for r in shared)))} hold the same rows of it, but each reads its own "
+        f"trainer.mesh={shape}: the batch splits over {split} ({devices} devices), so processes "
+        f"{sorted(set().union(*shared))} hold the same rows of it, but each reads its own "
         "records; split it over the processes (trainer.mesh.data or trainer.mesh.fsdp a multiple of their count)"
     )
 

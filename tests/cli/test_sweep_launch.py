@@ -89,6 +89,29 @@ def test_a_bad_job_submits_nothing(workdir: Path):
     assert "job 1 (" in odd.stderr and "job 0 (" not in odd.stderr
     assert "trainer.batch_size: a batch of 36 (per micro-batch) does not divide over the 8 devices" in odd.stderr
 
+    # The batch's rows against the processes the job starts: 2 nodes x 2 tasks of one GPU each. With
+    # tensor=2 a row sits on two tasks' GPUs, which would each fill it with their own records.
+    rows = dew(
+        "-m",
+        "hydra/launcher=slurm",
+        "hydra.launcher.nodes=2",
+        "hydra.launcher.gpus_per_node=2",
+        "hydra.launcher.tasks_per_node=2",
+        *TINY,
+        "trainer.checkpoint_dir=ck",
+        "trainer.mesh.tensor=2,1",
+        cwd=workdir,
+        env=env,
+    )
+    assert rows.returncode == EXIT_BAD_INPUT and not calls.exists() and tree(workdir) == [], rows.stderr
+    assert "job 1 (" not in rows.stderr and rows.stderr.strip().endswith("1 of 2 jobs would fail"), rows.stderr
+    assert (
+        "job 0 (" in rows.stderr
+        and "trainer.mesh={'data': 2, 'fsdp': 1, 'tensor': 2}: the batch splits over data x fsdp (2 devices), "
+        "so processes [0, 1, 2, 3] hold the same rows of it"
+        in rows.stderr
+    ), rows.stderr
+
     # The basic launcher runs its jobs here one after another: job 1's mistake stops job 0 too.
     basic = dew(
         "-m",

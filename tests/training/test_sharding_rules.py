@@ -154,3 +154,29 @@ def test_four_meshes_of_eight_devices_train_as_one_device(tmp_path: Path):
     np.testing.assert_allclose(resumed["losses"], result["transformer/fsdp4_tensor2"]["losses"][2:], rtol=1e-5)
     assert all(got == want for got, want, *_ in resumed["specs"].values())
     assert resumed["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+@pytest.mark.parametrize(
+    ("shape", "processes", "shared"),
+    [
+        ({"data": 4, "fsdp": 1, "tensor": 2}, 4, None),  # each process's 2 devices are one row's tensor pair
+        ({"data": 2, "fsdp": 1, "tensor": 4}, 4, [0, 1, 2, 3]),  # a row's 4 devices span 2 processes
+        ({"data": 2, "fsdp": 2, "tensor": 2}, 2, None),  # fsdp is a batch axis too: 4 rows, 2 a process
+        ({"data": 2, "fsdp": 2, "tensor": 2}, 8, list(range(8))),  # one device a process: every row on two
+        ({"data": 1, "fsdp": 1, "tensor": 2}, 2, [0, 1]),
+        ({"data": 1, "fsdp": 1, "tensor": 2}, 1, None),
+        ({"data": 3, "fsdp": 1, "tensor": 1}, 2, None),  # 3 devices over 2 processes: the run's check decides
+    ],
+)
+def test_a_launcher_finds_the_rows_a_job_s_processes_would_share(shape, processes, shared):
+    """``shared_rows_over``: before any process exists, which rows of the batch would sit on two
+    processes, devices assigned as ``make_mesh`` lays ``jax.devices()`` out (process by process)."""
+    from jax.sharding import AbstractMesh
+
+    from dew.contract.config import Layout
+    from dew.training import sharding
+
+    problem = sharding.shared_rows_over(AbstractMesh(tuple(shape.values()), tuple(shape)), Layout(), processes)
+    assert (problem is None) == (shared is None), problem
+    if shared is not None:
+        assert f"so processes {shared} hold the same rows of it" in problem
