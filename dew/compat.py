@@ -276,6 +276,19 @@ def submitit_local_controllers(started: list[Any]) -> Iterator[None]:
         local.start_controller = original
 
 
+def submitit_job_number(submitted: str) -> int | None:
+    """The Hydra job number a submitit job ran, read from its ``<id>_submitted.pkl`` (submitit's
+    pickled ``DelayedSubmission``, whose arguments hydra-submitit-launcher 1.2 sets as (overrides,
+    the sweep-dir key, the job number, its id, Hydra's singleton state)); None where it cannot be read."""
+    from submitit.core.utils import DelayedSubmission
+
+    try:
+        number = DelayedSubmission.load(submitted).args[2]
+    except Exception:
+        return None
+    return number if isinstance(number, int) else None
+
+
 @contextlib.contextmanager
 def submitit_local_results_wait(seconds: float) -> Iterator[None]:
     """Within: a local job whose tasks ended without a result (a run stopped by Ctrl-C or SIGTERM

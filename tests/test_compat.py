@@ -300,3 +300,14 @@ def test_submitit_local_results_wait_reports_a_job_without_a_result_at_once(tmp_
         waited = time.monotonic() - began
     assert waited < 10, waited  # submitit's own wait is 15 s
     assert local.LocalJob._results_timeout_s == 15 and "_results_timeout_s" not in vars(local.LocalJob)
+
+
+def test_submitit_job_number_reads_hydra_s_job_number_from_the_submission(tmp_path):
+    """hydra-submitit-launcher submits ``launcher(overrides, sweep-dir key, job number, id, state)``:
+    the third argument is the number (the launch test reads it back from a real job's folder)."""
+    from submitit.core.utils import DelayedSubmission
+
+    DelayedSubmission(print, ["a=1"], "hydra.sweep.dir", 7, "job_id_for_7", {}).dump(tmp_path / "7_submitted.pkl")
+    (tmp_path / "bad_submitted.pkl").write_bytes(b"not a pickle")
+    assert compat.submitit_job_number(str(tmp_path / "7_submitted.pkl")) == 7
+    assert compat.submitit_job_number(str(tmp_path / "bad_submitted.pkl")) is None

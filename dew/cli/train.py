@@ -232,8 +232,13 @@ def stop_status(err: BaseException) -> int | None:
 def _leave_no_trace() -> None:
     """Remove the job directory Hydra made for a job of a sweep that failed before writing into it."""
     job_dir = Path(HydraConfig.get().runtime.output_dir)
-    if HydraConfig.get().mode == RunMode.MULTIRUN and job_dir.is_dir() and not any(job_dir.iterdir()):
-        job_dir.rmdir()
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    # Every process of a job's pool refuses together: another may have removed it (or written into
+    # it) since; rank 1's FileNotFoundError here replaced its refusal with a failed JobReturn.
+    with contextlib.suppress(OSError):
+        if job_dir.is_dir() and not any(job_dir.iterdir()):
+            job_dir.rmdir()
 
 
 class PeerRefused(Exception):

@@ -7,15 +7,18 @@ mixins before Hydra's and hydra-submitit-launcher's classes; ``dew.launching.loc
 
 from __future__ import annotations
 
+import glob
 import os
 import shlex
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
 
+from dew import compat
 from dew.cli.sweeper_conf import store_sweeper_config
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
 from dew.contract.lock import RunLockedError, holder
@@ -35,6 +38,9 @@ class CheckedLaunch:
 
     config: Any
     hydra_context: Any
+    params: dict[str, Any]
+    started = 0.0
+    """When this launch started its jobs (``time.time()``)."""
     dry_run = False
     """A launch that only prints what it would submit (the SLURM launcher's ``dry_run``): checked
     like any other, and leaving nothing behind, not even Hydra's ``multirun.yaml``."""
@@ -78,6 +84,7 @@ class CheckedLaunch:
                 _leave_no_trace(sweep_dir)
                 return []
             _stop_if_interrupted(sweep_dir, len(jobs))
+            self.started = time.time()  # the job folders this launch makes are younger
             with holding_the_sweep(sweep_dir):
                 results = self.run_jobs(jobs, job_overrides, initial_job_idx)
             if self.dry_run:
@@ -153,7 +160,8 @@ class SubmititLaunch(CheckedLaunch):
             sys.exit(130)
         except UncompletedJobError:
             if not ended_on_a_signal(jobs):
-                raise  # a job that failed without stopping: submitit's report is the one to read
+                end_of_refused(jobs, self.params["submitit_folder"], self.started)
+                raise  # a job that failed without stopping or refusing: submitit's report is the one to read
 
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """hydra-submitit-launcher's ``launch``: submit the jobs, wait for them, return their results."""
@@ -166,6 +174,39 @@ def ended_on_a_signal(jobs: Sequence[Any]) -> bool:
     KillWait); False if none did."""
     wait_until_released(jobs)
     return end_of_stopped(jobs, interrupted=False)
+
+
+REFUSAL = "dew-train: error: "
+"""How a task's own refusal begins (``dew.cli.train.fail``): one line, then its exit status."""
+
+
+def end_of_refused(jobs: Sequence[SweepJob], submitit_folder: str, since: float) -> None:
+    """After submitit reported a job ended without a result: if the job's tasks refused the run as
+    they started (a check only the job's own processes can make, over the devices they see), print
+    each such job's line, as the launch's own checks do, with the task log it comes from, and exit
+    1; return, printing nothing, for any other failure (a crash: submitit's report, with its
+    traceback, is the one to read). ``since``: when this launch began (older job folders are an
+    earlier launch's)."""
+    by_number = {job.num: job for job in jobs}
+    lines = []
+    for submitted in sorted(glob.glob(os.path.join(submitit_folder.replace("%j", "*"), "*_submitted.pkl"))):
+        if os.path.getmtime(submitted) < since:
+            continue
+        for log in sorted(glob.glob(os.path.join(os.path.dirname(submitted), "*_log.*"))):  # rank 0's first
+            with open(log, errors="replace") as f:
+                refused = [line for line in f.read().splitlines() if line.startswith(REFUSAL)]
+            if refused:
+                job = by_number.get(compat.submitit_job_number(submitted))  # type: ignore[arg-type]
+                where = job.describe() if job is not None else f"job {os.path.basename(os.path.dirname(submitted))}"
+                lines.append(f"{REFUSAL}{where}: {refused[-1].removeprefix(REFUSAL)} (in {log})")
+                break
+    if not lines:
+        return
+    for line in lines:
+        print(line, file=sys.stderr)
+    print(f"dew-train: {len(lines)} of {len(jobs)} jobs refused to run as their processes started", file=sys.stderr)
+    sys.stderr.flush()
+    sys.exit(1)
 
 
 def end_of_stopped(jobs: Sequence[SweepJob], *, interrupted: bool, status: int | None = None) -> bool:

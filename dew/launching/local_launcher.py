@@ -23,7 +23,13 @@ from typing import Any
 
 from dew import compat
 from dew.launching.interrupts import for_launch
-from dew.launching.launchers import SubmititLaunch, end_of_stopped, ended_on_a_signal, job_process_setup
+from dew.launching.launchers import (
+    SubmititLaunch,
+    end_of_refused,
+    end_of_stopped,
+    ended_on_a_signal,
+    job_process_setup,
+)
 from dew.launching.naming import SweepInPickle
 from dew.launching.pool import free_ports
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR, wait_until_released
@@ -82,7 +88,8 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
             results = self.start_and_wait(job_overrides, initial_job_idx)
         except UncompletedJobError:  # submitit's report of a job that ended without a result
             if signals.received is None and not ended_on_a_signal(jobs):
-                raise  # a job that failed without stopping: submitit's report is the one to read
+                end_of_refused(jobs, self.params["submitit_folder"], self.started)
+                raise  # a job that failed without stopping or refusing: submitit's report is the one to read
             results = None
         finally:
             signals.ended()

@@ -283,6 +283,25 @@ def test_a_job_whose_parameters_span_its_tasks_ends_and_hands_back_only_its_run_
     assert [(status, job.return_value) for status, job in returned] == [("success", str(run))] * 2, returned
 
 
+def test_a_job_its_own_processes_refuse_ends_with_their_line_not_a_traceback(workdir: Path):
+    """What only a job's processes can check, once they see their devices (here the launcher cannot
+    know them: no JAX_NUM_CPU_DEVICES): both tasks refuse the run with dew's one line, and the
+    command ends with it, naming the job and the task log, status 1, instead of submitit's
+    ``UncompletedJobError`` traceback; no run directory is left."""
+    env = {k: v for k, v in fast_env().items() if k != "JAX_NUM_CPU_DEVICES"}
+    odd = dew(*LOCAL[:-1], "trainer.name=odd", "trainer.batch_size=33", TINY[-1], cwd=workdir, env=env)
+    lines = odd.stderr.strip().splitlines()
+    assert odd.returncode == 1 and "Traceback" not in odd.stderr, odd.stderr[-3000:]
+    assert lines[-2].startswith("dew-train: error: job 0 (") and lines[-1] == (
+        "dew-train: 1 of 1 jobs refused to run as their processes started"
+    ), lines
+    assert "trainer.batch_size: a batch of 33 (per micro-batch) does not divide over the 2 devices" in lines[-2]
+    assert lines[-2].endswith("_0_log.out)")
+    for log in (workdir / "ck").glob("odd-sweep-*/.submitit/*/*_log.out"):  # rank 1 refused too
+        assert "dew-train: error: trainer.batch_size" in log.read_text(), log.read_text()[-2000:]
+    assert not list((workdir / "ck").glob("odd-sweep-*/0*")) and not list((workdir / "ck").rglob("*_result.pkl"))
+
+
 def test_a_killed_launcher_takes_its_local_tasks_with_it(workdir: Path):
     proc, ranks = launch(workdir, "orphan", "orphan.out", "trainer.steps=100000"), []
     journal = lambda: next((workdir / "tracking").glob("orphan-sweep-*/*/journal.jsonl"), None)  # noqa: E731
