@@ -313,7 +313,8 @@ class MeshSpec:
             sizes = {k: (device_count // known if v == -1 else v) for k, v in sizes.items()}
         if math.prod(sizes.values()) != device_count:
             raise ValueError(
-                f"trainer.mesh={sizes} needs {math.prod(sizes.values())} devices, {device_count} are visible"
+                f"trainer.mesh={sizes} needs {math.prod(sizes.values())} devices, {device_count} are visible; "
+                "give trainer.mesh sizes that multiply to the devices here (an axis of -1 takes the rest)"
             )
         return sizes
 
