@@ -181,12 +181,12 @@ REFUSAL = "dew-train: error: "
 
 
 def end_of_refused(jobs: Sequence[SweepJob], submitit_folder: str, since: float) -> None:
-    """After submitit reported a job ended without a result: if the job's tasks refused the run as
-    they started (a check only the job's own processes can make, over the devices they see), print
-    each such job's line, as the launch's own checks do, with the task log it comes from, and exit
-    1; return, printing nothing, for any other failure (a crash: submitit's report, with its
-    traceback, is the one to read). ``since``: when this launch began (older job folders are an
-    earlier launch's)."""
+    """After submitit reported a job ended without a result: if the job's tasks ended with dew's
+    own one-line error (a refusal only the job's processes can make, over the devices they see, or
+    a run's own stop: a non-finite loss, no intact checkpoint), print each such job's line, as the
+    launch's own checks do, with the task log it comes from, and exit 1; return, printing nothing,
+    for any other failure (a crash: submitit's report, with its traceback, is the one to read).
+    ``since``: when this launch began (older job folders are an earlier launch's)."""
     by_number = {job.num: job for job in jobs}
     lines = []
     for submitted in sorted(glob.glob(os.path.join(submitit_folder.replace("%j", "*"), "*_submitted.pkl"))):
@@ -204,7 +204,10 @@ def end_of_refused(jobs: Sequence[SweepJob], submitit_folder: str, since: float)
         return
     for line in lines:
         print(line, file=sys.stderr)
-    print(f"dew-train: {len(lines)} of {len(jobs)} jobs refused to run as their processes started", file=sys.stderr)
+    print(
+        f"dew-train: {len(lines)} of {len(jobs)} jobs ended with the error{'s' * (len(lines) > 1)} above",
+        file=sys.stderr,
+    )
     sys.stderr.flush()
     sys.exit(1)
 

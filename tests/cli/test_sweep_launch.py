@@ -293,7 +293,7 @@ def test_a_job_its_own_processes_refuse_ends_with_their_line_not_a_traceback(wor
     lines = odd.stderr.strip().splitlines()
     assert odd.returncode == 1 and "Traceback" not in odd.stderr, odd.stderr[-3000:]
     assert lines[-2].startswith("dew-train: error: job 0 (") and lines[-1] == (
-        "dew-train: 1 of 1 jobs refused to run as their processes started"
+        "dew-train: 1 of 1 jobs ended with the error above"
     ), lines
     assert "trainer.batch_size: a batch of 33 (per micro-batch) does not divide over the 2 devices" in lines[-2]
     assert lines[-2].endswith("_0_log.out)")
