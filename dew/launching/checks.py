@@ -78,6 +78,12 @@ def check_run(recipe: Recipe, run_dir: str, device_count: int | None, process_co
     from dew.training.trainer import check  # heavy: JAX stays out of composing and launching until a run is checked
 
     check_xla_flags(recipe.trainer)
+    if process_count is not None and process_count > 1 and recipe.trainer.multi_host is False:
+        raise ValueError(
+            f"trainer.multi_host=false: each of the job's {process_count} processes would train its own "
+            "copy of the run in the same run directory, which takes one writer; leave trainer.multi_host "
+            "unset (or true) to train one run across them, or start one task a job"
+        )
     recipe, objective, dataset = build_run(recipe)
     # With the device count unknown, a mesh that fills an axis (-1) has an unknown size: the rows
     # over the processes are the run's own check then.

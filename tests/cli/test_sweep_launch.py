@@ -100,17 +100,23 @@ def test_a_bad_job_submits_nothing(workdir: Path):
         *TINY,
         "trainer.checkpoint_dir=ck",
         "trainer.mesh.tensor=2,1",
+        "trainer.multi_host=null,false",  # false: 4 processes, each its own copy of one run directory
         cwd=workdir,
         env=env,
     )
     assert rows.returncode == EXIT_BAD_INPUT and not calls.exists() and tree(workdir) == [], rows.stderr
-    assert "job 1 (" not in rows.stderr and rows.stderr.strip().endswith("1 of 2 jobs would fail"), rows.stderr
+    refused = {
+        int(line.split()[3]): line for line in rows.stderr.splitlines() if line.startswith("dew-train: error: job")
+    }
+    assert sorted(refused) == [0, 1, 3] and rows.stderr.strip().endswith("3 of 4 jobs would fail"), rows.stderr
     assert (
-        "job 0 (" in rows.stderr
+        "trainer.mesh.tensor=2 trainer.multi_host=null" in refused[0]
         and "trainer.mesh={'data': 2, 'fsdp': 1, 'tensor': 2}: the batch splits over data x fsdp (2 devices), "
         "so processes [0, 1, 2, 3] hold the same rows of it"
-        in rows.stderr
-    ), rows.stderr
+        in refused[0]
+    ), refused[0]
+    for job in (1, 3):
+        assert "trainer.multi_host=false: each of the job's 4 processes would train its own copy" in refused[job]
 
     # The basic launcher runs its jobs here one after another: job 1's mistake stops job 0 too.
     basic = dew(
