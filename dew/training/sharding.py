@@ -100,7 +100,8 @@ def _shared_rows_problem(shape: dict[str, int], axes: tuple[str, ...], rows: Ite
     return (
         f"trainer.mesh={shape}: the batch splits over {split} ({devices} devices), so processes "
         f"{sorted(set().union(*shared))} hold the same rows of it, but each reads its own "
-        "records; split it over the processes (trainer.mesh.data or trainer.mesh.fsdp a multiple of their count)"
+        "records; split it over the processes (trainer.mesh.data or trainer.mesh.fsdp a multiple of their count), "
+        "or start fewer processes, each holding more devices (one task per node for a tensor axis)"
     )
 
 
