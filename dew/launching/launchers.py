@@ -187,7 +187,7 @@ def end_of_refused(jobs: Sequence[SweepJob], submitit_folder: str, since: float)
     launch's own checks do, with the task log it comes from, and exit 1; return, printing nothing,
     for any other failure (a crash: submitit's report, with its traceback, is the one to read).
     ``since``: when this launch began (older job folders are an earlier launch's)."""
-    by_number = {job.num: job for job in jobs}
+    by_number: dict[int | None, SweepJob] = {job.num: job for job in jobs}
     lines = []
     for submitted in sorted(glob.glob(os.path.join(submitit_folder.replace("%j", "*"), "*_submitted.pkl"))):
         if os.path.getmtime(submitted) < since:
@@ -196,7 +196,7 @@ def end_of_refused(jobs: Sequence[SweepJob], submitit_folder: str, since: float)
             with open(log, errors="replace") as f:
                 refused = [line for line in f.read().splitlines() if line.startswith(REFUSAL)]
             if refused:
-                job = by_number.get(compat.submitit_job_number(submitted))  # type: ignore[arg-type]
+                job = by_number.get(compat.submitit_job_number(submitted))
                 where = job.describe() if job is not None else f"job {os.path.basename(os.path.dirname(submitted))}"
                 lines.append(f"{REFUSAL}{where}: {refused[-1].removeprefix(REFUSAL)} (in {log})")
                 break

@@ -111,6 +111,10 @@ def check(
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
     mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
+    # a launcher's check: the rows the processes its job will start would share (for any batch)
+    shared_over = None
+    if not isinstance(mesh, Mesh) and process_count:
+        shared_over = sharding.shared_rows_over(mesh, t.layout, process_count)
     for batch, _ in t.stages():
         sharding.check_batch(
             batch // t.accumulation,
@@ -121,8 +125,8 @@ def check(
         # each process feeds its own records: no row of a batch may sit on two processes' devices
         if isinstance(mesh, Mesh):
             problem = sharding.shared_rows(sharding.batch_sharding(mesh, t.layout), batch)
-        else:  # a launcher's check: the processes its job will start
-            problem = sharding.shared_rows_over(mesh, t.layout, process_count) if process_count else None
+        else:
+            problem = shared_over
         if problem:
             raise ValueError(problem)
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
