@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from dew.launching.gc_settings import collect_less
+
+# The suite's own processes collect garbage as a dew program does (the commands it runs and their
+# tasks do it themselves): -9% CPU on the fast tier in one process (109.8, 102.5 -> 100.2, 93.4 CPU-s),
+# the same peak memory.
+collect_less()
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")

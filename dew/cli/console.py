@@ -12,7 +12,10 @@ wrapped in ``console_script``):
 - the command, run as a program (its console script, ``python -m``), ends once ``main`` returned or
   exited and its threads and exit handlers are done, without Python's tear-down of the modules it
   imported (``dew.launching.interrupts.end_process``: -0.3 CPU-s a command, bench/exit_time.py). Called from Python
-  code, ``main`` returns (or raises ``SystemExit``) as any function does.
+  code, ``main`` returns (or raises ``SystemExit``) as any function does;
+- run as a program, the command collects garbage less often (``dew.launching.gc_settings``: -0.8
+  CPU-s a tiny training run); called from Python code, it leaves the caller's garbage collector as
+  it is.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TextIO
 
+from dew.launching.gc_settings import collect_less
 from dew.launching.interrupts import end_process
 
 EXIT_CLOSED_PIPE = 141
@@ -83,6 +87,8 @@ def console_script[F: Callable[..., Any]](main: F) -> F:
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> Any:
         program = _the_program(main, sys._getframe(1).f_globals)
+        if program:  # the process is the command's own: its garbage collector too (dew.launching.gc_settings)
+            collect_less()
         if not _is_terminal(sys.stderr) and "FORCE_COLOR" not in os.environ:
             os.environ.setdefault("NO_COLOR", "1")
         stdout, sys.stdout = sys.stdout, _Stdout(sys.stdout)

@@ -14,6 +14,7 @@
   ``slurm_launcher`` what each submitit launcher adds.
 - ``stop_exit``: how a process leaves after its run stopped on a signal (submitit's requeue, or
   128 + the signal).
+- ``gc_settings``: the garbage collector of a dew program's own process (a command, a job's task).
 
 Nothing here imports JAX at module level: Hydra imports the launcher plugins at every start.
 """

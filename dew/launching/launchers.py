@@ -23,6 +23,7 @@ from dew.cli.sweeper_conf import store_sweeper_config
 from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
 from dew.contract.lock import RunLockedError, holder
 from dew.launching.checks import checking, failures, record_checked
+from dew.launching.gc_settings import collect_less
 from dew.launching.interrupts import current, stop_before_start
 from dew.launching.jobs import SweepJob, compose_jobs, stop_record
 from dew.launching.sweep_lock import holding_the_sweep, refuse_live_jobs, wait_until_released
@@ -260,6 +261,7 @@ def job_process_setup(singleton_state: dict[str, Any]) -> None:
     then finds the plugins scanned and leaves the store as it is. (The job composes its config
     again, with ``hydra/sweeper/pruner=...`` when the search prunes.)"""
     install_early()
+    collect_less()  # the task's process is dew's: dew.launching.gc_settings
     register_configs()
     Singleton.set_state(singleton_state)
     store_sweeper_config()

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 from dew.cli.console import console_script
+from dew.launching.gc_settings import THRESHOLDS
 
 PROGRAM = textwrap.dedent(
     """
@@ -43,6 +44,10 @@ PROGRAM = textwrap.dedent(
             sys.exit(int(sys.argv[2]))
         if how == "message":
             sys.exit("dew-x: a message")
+        if how == "gc":
+            import gc
+            print(" gc", gc.get_threshold())
+            return None
         raise RuntimeError("a bug")
 
     if __name__ == "__main__":
@@ -106,3 +111,24 @@ def test_called_from_python_code_main_returns_and_raises():
     with pytest.raises(SystemExit) as stop:
         main(4)
     assert stop.value.code == 4
+
+
+def test_run_as_a_program_the_command_collects_garbage_less_often(run):
+    done = run("gc")
+    assert done.returncode == 0 and f" gc {THRESHOLDS}" in done.stdout, done  # CPython's default: (700, 10, 10)
+
+
+def test_called_from_python_code_main_leaves_the_callers_garbage_collector_alone():
+    import gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+
+        @console_script
+        def main():
+            return gc.get_threshold()
+
+        assert main() == (1234, 5, 6)
+    finally:
+        gc.set_threshold(*before)

@@ -17,6 +17,8 @@ from typing import Any
 
 import jax
 
+from dew.launching.gc_settings import collect_less
+
 MESHES = {"data8": (8, 1, 1), "fsdp8": (1, 8, 1), "fsdp4_tensor2": (1, 4, 2), "data2_fsdp2_tensor2": (2, 2, 2)}
 """The four meshes the issue names: (data, fsdp, tensor) sizes."""
 
@@ -191,5 +193,6 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
+    collect_less()  # a program of the suite's: collects as dew's own programs do
     jax.config.update("jax_num_cpu_devices", 8)
     main(Path(sys.argv[1]))
