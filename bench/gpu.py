@@ -7,11 +7,13 @@ none): simple_dit DiT-B/2 and DiT-XL/2 on 32x32x4 latents with 1,000 classes (fl
 ``attention_impl`` xla and cudnn, through ``RunConfig.train`` and through a bare jitted, donated
 value_and_grad + optax step on the same objective, batch and optimizer; the data is one synthetic
 batch held in host memory and handed to both sides every step, so the input pipeline is out of it.
-A side's time is taken between the end of ``--warmup`` steps and the last step (the trainer's by
-the wall time between the tracker receiving those two steps' metrics, as bench/trainer_overhead.py
-does). MFU is training FLOPs (``dew.models.flops``) per second over the bf16 matmul ceiling measured
-here first, and over the data sheet's peak (``dew.training.reporting.tracker.PEAK_FLOPS``) where it names
-the device. Last, the blocking time of an asynchronous save of DiT-XL/2's full train state.
+``--remat`` builds every model of both sides with one rematerialisation policy (each step line
+records the policy it ran; by default the models' own, ``minimal_with_context``). A side's time is
+taken between the end of ``--warmup`` steps and the last step (the trainer's by the wall time
+between the tracker receiving those two steps' metrics, as bench/trainer_overhead.py does). MFU is
+training FLOPs (``dew.models.flops``) per second over the bf16 matmul ceiling measured here first,
+and over the data sheet's peak (``dew.training.reporting.tracker.PEAK_FLOPS``) where it names the
+device. Last, the blocking time of an asynchronous save of DiT-XL/2's full train state.
 
 On the GPU machine (jax with CUDA installed, no package index), from a checkout carrying the
 wheelhouse bench/gpu_wheels.sh built:
@@ -31,12 +33,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from dew.contract.models import resolve_fields
+from dew.contract.registry import RematPolicy
 
 if __package__:  # imported as bench.gpu (tests/bench)
     from bench._loops import Synthetic, bare_loop, trainer_loop
@@ -180,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also append the JSON lines to this file")
     parser.add_argument("--cases", default=None, help=f"comma-separated subset of {', '.join(CASES)}")
     parser.add_argument("--warmup", type=int, default=None, help="steps before the timed ones (5; smoke 1)")
+    parser.add_argument(
+        "--remat",
+        choices=get_args(RematPolicy),
+        default=None,
+        help="every model's rematerialisation policy, on both sides (default: the model's own, minimal_with_context)",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("absl").setLevel(logging.WARNING)
     cases = SMOKE if args.smoke else CASES
@@ -210,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         for name in names:
             arch, fields, batch, steps = cases[name]
+            if args.remat is not None:
+                fields = {**fields, "remat": args.remat}
             for impl in IMPLS:
                 base = {"measure": "step", "model": name, "attention_impl": impl, "batch": batch, **device}
                 head_dim = fields["hidden_size"] // fields["num_heads"]
@@ -235,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                             "mfu_vs_ceiling": rate * flops / ceiling,
                             "mfu_vs_datasheet": sheet and rate * flops / sheet,
                             "flops_per_example": flops,
+                            "remat": resolve_fields(arch, run.model.fields()).remat,  # as built, both sides
                         },
                         args.out,
                     )

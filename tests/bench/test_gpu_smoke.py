@@ -13,7 +13,7 @@ def test_every_measurement_is_recorded_and_cudnn_is_skipped_with_its_reason(tmp_
 
     monkeypatch.setenv("DEW_TRACKING_DIR", str(tmp_path / "tracking"))
     out = tmp_path / "gpu.jsonl"
-    assert gpu.main(["--smoke", "--out", str(out), "--cases", "lm_124m,dit_b2"]) == 0
+    assert gpu.main(["--smoke", "--out", str(out), "--cases", "lm_124m,dit_b2", "--remat", "none"]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     ceiling, *steps, checkpoint = records
     assert ceiling["measure"] == "matmul_ceiling" and ceiling["tflops"] > 0
@@ -23,6 +23,7 @@ def test_every_measurement_is_recorded_and_cudnn_is_skipped_with_its_reason(tmp_
         for side in ("bare", "dew"):
             r = ran[(model, side)]
             assert r["attention_impl"] == "xla" and r["step_ms"] > 0 and r["examples_per_sec"] > 0
+            assert r["remat"] == "none"  # both sides built with --remat
             assert r["mfu_vs_ceiling"] > 0 and r["mfu_vs_datasheet"] is None
     skipped = [r for r in steps if "skipped" in r]
     assert {r["model"] for r in skipped} == {"lm_124m", "dit_b2"}
