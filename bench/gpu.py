@@ -40,12 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dew.contract.models import resolve_fields
-from dew.contract.registry import RematPolicy
-
 if __package__:  # imported as bench.gpu (tests/bench)
     from bench._loops import Synthetic, bare_loop, trainer_loop
-else:  # run as a script: bench/ is first on sys.path
+else:  # run as a script: bench/ is first on sys.path, and dew is the checkout's (not installed on a GPU machine)
+    sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
     from _loops import Synthetic, bare_loop, trainer_loop
 
 # name -> (architecture, fields, batch, timed steps); the smoke shapes keep every code path.
@@ -180,6 +178,9 @@ def checkpoint_blocking(run, objective, saves: int, work: Path) -> dict[str, flo
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dew.contract.models import resolve_fields
+    from dew.contract.registry import RematPolicy
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="toy shapes, for a CPU (the test suite)")
     parser.add_argument("--out", type=Path, default=None, help="also append the JSON lines to this file")
