@@ -26,6 +26,11 @@ class ScheduleSpec:
     (``@schedules.register``). A record holds only its own fields and builds its rate."""
 
     name: ClassVar[str]
+    traceable: ClassVar[bool] = False
+    """Whether ``build`` computes with ``peak`` and ``ramp``'s numbers only through JAX (no Python
+    ``if`` or ``round`` on them): then the trainer hands them over as the compiled step's inputs
+    (int32 and float32 arrays), and runs that differ only in the rate, the warmup or their length
+    share one compiled step. False: they are Python numbers, and each value is another program."""
 
     def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
         """The rate at each step (a function of the step, ``dew.training.optim.schedules.Rate``), peaking at

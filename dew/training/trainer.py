@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from flax import nnx
@@ -350,26 +351,36 @@ def compile_train_step(
     """The train step, jitted over the mesh with the state donated; traced under the layout's rules,
     so the models' activation constraints (dew.models.axes) apply."""
     graphdef, rest = state_sharding.graphdef, state_sharding.rest
-    return jax.jit(
-        sharding.under_rules(
-            mesh,
-            t.layout,
-            make_train_step(
-                objective,
-                graphdef,
-                rest,
-                optimizer.tx,
-                optimizer.learning_rate,
-                accumulation=t.accumulation,
-                dynamic_scale=t.dynamic_scale,
-                extra_args=optimizer.extra_args,
-            ),
-        ),
-        in_shardings=(state_sharding, batch_sharding),
+
+    def step(state: TrainState, batch: Any, inputs: Mapping[str, jax.Array]) -> tuple[TrainState, dict]:
+        o = optimizer.rebuild(inputs) if inputs and optimizer.rebuild is not None else optimizer
+        return make_train_step(
+            objective,
+            graphdef,
+            rest,
+            o.tx,
+            o.learning_rate,
+            accumulation=t.accumulation,
+            dynamic_scale=t.dynamic_scale,
+            extra_args=o.extra_args,
+        )(state, batch)
+
+    compiled = jax.jit(
+        sharding.under_rules(mesh, t.layout, step),
+        in_shardings=(state_sharding, batch_sharding, None),
         out_shardings=(state_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
         donate_argnums=0,
     )
+    # The schedule's numbers are the program's inputs, not its constants (``Optimizer.inputs``):
+    # runs that differ only in the rate, the warmup or their length compile one program (the
+    # compilation cache then serves a sweep's every trial). On the devices once, not at every call.
+    inputs = {k: jnp.asarray(v) for k, v in optimizer.inputs.items()}
+
+    def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
+        return compiled(state, batch, inputs)
+
+    return train_step
 
 
 def _resume(

@@ -21,13 +21,15 @@ default is listed in docs/optimizers.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dew.contract.config import OptimConfig, ParamGroup
@@ -36,7 +38,7 @@ from dew.training.optim.bf16 import bf16_moments
 from dew.training.optim.muon import EMBEDDING_PATTERNS, NON_MATRIX_PATTERNS
 from dew.training.optim.muonclip import qk_clip
 from dew.training.optim.registry import UpdateRule, optimizers, path_str
-from dew.training.optim.schedules import Rate, build_schedule
+from dew.training.optim.schedules import Rate, build_schedule, step_inputs
 
 if TYPE_CHECKING:
     from dew.contract.models import Architecture
@@ -69,6 +71,12 @@ class Optimizer:
     extra_args: tuple[str, ...] = ()
     """What ``tx.update`` takes besides the gradients (``UpdateRule.extra_args``): ``max_logits``
     for MuonClip."""
+    inputs: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """The schedule's numbers the compiled step takes as inputs (``schedules.step_inputs``): the
+    peak rate, the warmup and the run's length, where the schedule allows it."""
+    rebuild: Callable[[Mapping[str, jax.Array]], Optimizer] | None = None
+    """This optimizer again with ``inputs`` (as traced arrays) in its schedule: what the compiled
+    step updates with, so that its program holds none of these numbers as constants."""
 
 
 def build_optimizer(
@@ -78,6 +86,7 @@ def build_optimizer(
     total_steps: int,
     tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
     architecture: Architecture | None = None,
+    inputs: Mapping[str, jax.Array] | None = None,
 ) -> Optimizer:
     """Build the run's optimizer for ``params`` (an ``nnx.State`` of parameters or a nested dict).
 
@@ -85,10 +94,13 @@ def build_optimizer(
     update, so the gradients may be either tree type as long as their paths are the parameters'.
     ``tokens_seen(step)`` is the tokens (or records) consumed before ``step``, batch ramp included,
     as a float array; the power schedule requires it. ``architecture`` is the run's model, for a
-    rule that reads it after the update (MuonClip's attention layers).
+    rule that reads it after the update (MuonClip's attention layers). ``inputs``: the schedule's
+    numbers as arrays (``Optimizer.rebuild``, inside the compiled step).
     """
     rule: UpdateRule = optimizers[config.optimizer].resolve(config.optimizer_opts)
-    schedule = build_schedule(config.schedule, config.learning_rate, total_steps=total_steps, tokens_seen=tokens_seen)
+    schedule = build_schedule(
+        config.schedule, config.learning_rate, total_steps=total_steps, tokens_seen=tokens_seen, inputs=inputs
+    )
     default_decay = config.weight_decay if config.weight_decay is not None else rule.weight_decay
     groups = config.param_groups
     group_labels(params, groups)  # raises on a pattern that matches nothing, before anything compiles
@@ -107,7 +119,21 @@ def build_optimizer(
     after = rule.after_update(architecture)
     if after is not None:
         tx = optax.chain(tx, after)
-    return Optimizer(tx=tx, learning_rate=schedule, extra_args=rule.extra_args)
+    if inputs is not None:
+        return Optimizer(tx=tx, learning_rate=schedule, extra_args=rule.extra_args)
+    # Read again inside the trace for its paths and shapes only: abstract, so that the optimizer
+    # holds no reference to the arrays it was built for.
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    again = functools.partial(
+        build_optimizer, config, shapes, total_steps=total_steps, tokens_seen=tokens_seen, architecture=architecture
+    )
+    return Optimizer(
+        tx=tx,
+        learning_rate=schedule,
+        extra_args=rule.extra_args,
+        inputs=step_inputs(config.schedule, config.learning_rate, total_steps),
+        rebuild=lambda arrays: again(inputs=arrays),
+    )
 
 
 def _scaled(schedule: Rate, multiplier: float) -> Rate:

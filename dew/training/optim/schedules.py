@@ -14,13 +14,14 @@ end point.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from dew.contract.schedules import ScheduleSpec, schedules
 
 if TYPE_CHECKING:
     import jax
+    import numpy as np
 
 
 Rate = Callable[["jax.Array"], "jax.Array"]
@@ -31,28 +32,35 @@ builds, what an update rule is handed and what the trainer logs as ``train/lr``.
 @dataclasses.dataclass(frozen=True)
 class WarmupDecay:
     """The parts every schedule shares: a linear warmup over ``warmup`` updates and the progress
-    of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``)."""
+    of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``). Both
+    numbers are Python ints or, in a compiled step that takes them as inputs (``step_inputs``),
+    int32 arrays: the arithmetic below is the same for either."""
 
-    warmup: int
-    total_steps: int
+    warmup: int | jax.Array
+    total_steps: int | jax.Array
 
     def warming(self, step: jax.Array) -> jax.Array:
         """step / warmup, 1 once warmed up (and with no warmup at all)."""
         import jax.numpy as jnp
 
-        return jnp.minimum(step.astype(jnp.float32) / max(self.warmup, 1), 1.0) if self.warmup else jnp.float32(1.0)
+        warmup = jnp.asarray(self.warmup)
+        rising = jnp.minimum(step.astype(jnp.float32) / jnp.maximum(warmup, 1).astype(jnp.float32), 1.0)
+        return jnp.where(warmup > 0, rising, jnp.float32(1.0))
 
     def progress(self, step: jax.Array) -> jax.Array:
         import jax.numpy as jnp
 
-        span = max(self.total_steps - self.warmup, 1)
-        return jnp.clip((step.astype(jnp.float32) - self.warmup) / span, 0.0, 1.0)
+        warmup = jnp.asarray(self.warmup)
+        span = jnp.maximum(jnp.asarray(self.total_steps) - warmup, 1).astype(jnp.float32)
+        return jnp.clip((step.astype(jnp.float32) - warmup.astype(jnp.float32)) / span, 0.0, 1.0)
 
 
 @schedules.register("cosine")
 @dataclasses.dataclass(frozen=True)
 class CosineSchedule(ScheduleSpec):
     """Linear warmup, then a cosine decay from the peak to ``floor_ratio``·peak at the last step."""
+
+    traceable = True
 
     warmup_steps: int = 0
     """Optimizer updates of linear warmup from 0 to the peak."""
@@ -80,6 +88,8 @@ class CosineSchedule(ScheduleSpec):
 @dataclasses.dataclass(frozen=True)
 class LinearSchedule(ScheduleSpec):
     """Linear warmup, then a linear decay from the peak to ``end_ratio``·peak at the last step."""
+
+    traceable = True
 
     warmup_steps: int = 0
     """Optimizer updates of linear warmup from 0 to the peak."""
@@ -147,7 +157,7 @@ class PowerSchedule(ScheduleSpec):
                 "optim.schedule is the power schedule, a function of tokens seen: build_optimizer needs "
                 "tokens_seen(step) (the trainer passes it, with the batch ramp in it)"
             )
-        warmup, total_steps = ramp.warmup, ramp.total_steps
+        warmup, total_steps = int(ramp.warmup), int(ramp.total_steps)  # not traceable: numbers
         tail = self.decay_steps if self.decay_steps is not None else round((self.decay_fraction or 0.0) * total_steps)
         tail_start = total_steps - tail
         if tail and tail_start < warmup:
@@ -187,21 +197,50 @@ def build_schedule(
     *,
     total_steps: int,
     tokens_seen: Callable[[jax.Array], jax.Array] | None = None,
+    inputs: Mapping[str, jax.Array] | None = None,
 ) -> Rate:
     """Return the learning rate as a function of the step (an int32 array), a float32 array.
 
     ``spec`` None is the constant ``peak``. ``tokens_seen(step)`` is the number of tokens (records,
     for data without tokens) consumed before ``step``; only the power schedule reads it, and
     requires it. It should return a float array: token counts pass int32's range in real runs.
+    ``inputs`` (``step_inputs``'s names, as arrays: a compiled step's inputs) stand for ``peak``,
+    the warmup and ``total_steps`` in the rate, once they were checked here as numbers.
     """
     import jax.numpy as jnp
 
+    if spec is not None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps={total_steps} must be >= 1 for a schedule")
+        if spec.warmup_steps > total_steps:  # type: ignore[attr-defined]
+            raise ValueError(
+                f"optim.schedule.warmup_steps={spec.warmup_steps} exceeds the run's {total_steps} steps"  # type: ignore[attr-defined]
+            )
+    if inputs:
+        peak_in: float | jax.Array = inputs["peak"]
+        warmup, total = inputs.get("warmup", 0), inputs.get("total_steps", total_steps)
+    else:
+        peak_in, total = peak, total_steps
+        warmup = spec.warmup_steps if spec is not None else 0  # type: ignore[attr-defined]
     if spec is None:
-        return lambda step: jnp.full((), peak, jnp.float32)
-    if total_steps < 1:
-        raise ValueError(f"total_steps={total_steps} must be >= 1 for a schedule")
-    warmup = spec.warmup_steps  # type: ignore[attr-defined]
-    if warmup > total_steps:
-        raise ValueError(f"optim.schedule.warmup_steps={warmup} exceeds the run's {total_steps} steps")
+        return lambda step: jnp.full((), peak_in, jnp.float32)
+    return spec.build(peak_in, WarmupDecay(warmup, total), tokens_seen)  # type: ignore[arg-type]
 
-    return spec.build(peak, WarmupDecay(warmup, total_steps), tokens_seen)
+
+def step_inputs(spec: ScheduleSpec | None, peak: float, total_steps: int) -> dict[str, np.ndarray]:
+    """The schedule's numbers that a compiled step takes as inputs instead of constants: the peak
+    rate (float32), and for a ``traceable`` schedule the warmup and the run's length (int32). Runs
+    that differ only in these share one compiled step: the trials of a search over the rate, a run
+    trained longer, the suite's many short runs. Empty where the schedule computes with them in
+    Python (``ScheduleSpec.traceable`` False) or where int32 cannot hold the run's length."""
+    import numpy as np
+
+    if spec is None:
+        return {"peak": np.asarray(peak, np.float32)}
+    if not spec.traceable or total_steps > np.iinfo(np.int32).max:
+        return {}
+    return {
+        "peak": np.asarray(peak, np.float32),
+        "warmup": np.asarray(spec.warmup_steps, np.int32),  # type: ignore[attr-defined]
+        "total_steps": np.asarray(total_steps, np.int32),
+    }

@@ -1,5 +1,7 @@
 """Schedules against their closed forms (dew.training.optim.schedules)."""
 
+import dataclasses
+import functools
 import math
 
 import jax.numpy as jnp
@@ -7,7 +9,7 @@ import numpy as np
 import pytest
 
 from dew.contract.schedules import schedules
-from dew.training.optim.schedules import CosineSchedule, LinearSchedule, PowerSchedule, build_schedule
+from dew.training.optim.schedules import CosineSchedule, LinearSchedule, PowerSchedule, build_schedule, step_inputs
 
 PEAK = 3e-3
 TOTAL = 100
@@ -104,3 +106,37 @@ def test_power_requires_tokens_seen():
 def test_warmup_longer_than_run_is_an_error():
     with pytest.raises(ValueError, match="warmup_steps=200"):
         build_schedule(CosineSchedule(warmup_steps=200), PEAK, total_steps=TOTAL)
+
+
+@pytest.mark.parametrize("spec", [None, CosineSchedule(10, 0.1), LinearSchedule(0, 0.2), LinearSchedule(7, 0.0)])
+def test_the_numbers_as_inputs_of_a_compiled_program_give_the_same_rates(spec):
+    """``step_inputs`` as traced arguments of one jitted function: the rates of the schedule compiled
+    with the numbers as constants, to within float32's rounding (with a constant divisor XLA
+    multiplies by its reciprocal instead: a few ulps apart), and one program for other numbers."""
+    import jax
+
+    inputs = step_inputs(spec, PEAK, TOTAL)
+    assert set(inputs) == ({"peak"} if spec is None else {"peak", "warmup", "total_steps"})
+    rate = jax.jit(lambda arrays, s: build_schedule(spec, PEAK, total_steps=TOTAL, inputs=arrays)(s))
+    steps = [0, 3, 7, 9, 10, 11, 50, 99, 100, 140]
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-6, atol=0)
+    close([rate(inputs, jnp.int32(s)) for s in steps], constants(spec, PEAK, TOTAL, steps))
+    other = step_inputs(dataclasses.replace(spec, warmup_steps=3) if spec else None, 2 * PEAK, 2 * TOTAL)
+    close(
+        [rate(other, jnp.int32(s)) for s in steps],
+        constants(spec and dataclasses.replace(spec, warmup_steps=3), 2 * PEAK, 2 * TOTAL, steps),
+    )
+    assert rate._cache_size() == 1  # the other numbers ran the same program
+
+
+def test_a_schedule_that_is_not_traceable_keeps_its_numbers_as_constants():
+    assert step_inputs(PowerSchedule(warmup_steps=5, decay_fraction=0.1), PEAK, TOTAL) == {}
+    assert step_inputs(CosineSchedule(10), PEAK, 2**31) == {}  # int32 cannot hold the run's length
+
+
+def constants(spec, peak, total, steps):
+    """The rates of the schedule compiled with its numbers as constants (as before ``step_inputs``)."""
+    import jax
+
+    fn = jax.jit(build_schedule(spec, peak, total_steps=total))
+    return np.array([fn(jnp.int32(s)) for s in steps])

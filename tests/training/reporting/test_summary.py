@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tests.training.conftest import dew_train, fast_env, train_tiny
+from tests.training.conftest import dew_train, fast_env, journal, train_tiny
 
 
 @pytest.mark.slow
@@ -93,6 +93,14 @@ def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
     first = dew_train(*args, "trainer.name=a", cwd=tmp_path, env=fast_env())
     assert first.returncode == 0, first.stdout[-3000:]
     assert "compiled the train step and ran step 1" in first.stdout
-    second = dew_train(*args, "trainer.name=b", cwd=tmp_path, env=fast_env())
+    # Another rate, warmup and length: the schedule's numbers are the step's inputs, not constants
+    # of its program (Optimizer.inputs), so the second run loads the program the first compiled ...
+    other = ["optim.learning_rate=0.003", "optim.schedule.warmup_steps=2", "trainer.steps=4", "trainer.log_every=1"]
+    second = dew_train(*args, *other, "trainer.name=b", cwd=tmp_path, env=fast_env())
     assert second.returncode == 0, second.stdout[-3000:]
     assert "loaded the train step from the compilation cache and ran step 1" in second.stdout
+    assert re.search(r"compilation cache \S+: \d+ hits, 0 misses", second.stdout), second.stdout[-3000:]
+    # ... and steps with its own numbers: linear warmup over 2 updates to 0.003, cosine to 0 at step 4.
+    lr = {r["step"]: r["train/lr"] for r in journal(tmp_path, "b") if "train/lr" in r}
+    expected = {1: 0.0, 2: 0.0015, 3: 0.003, 4: 0.0015}
+    assert lr.keys() == expected.keys() and all(math.isclose(lr[s], expected[s], abs_tol=1e-9) for s in lr), lr
