@@ -1,15 +1,15 @@
-"""What the schedule's numbers as inputs of the compiled step save (``Optimizer.inputs``): the same
-sweep over the learning rate, the warmup and the run's length, with those numbers as the step's
-inputs (dew) and as constants of its program (before).
+"""What the optimizer's numbers as inputs of the compiled step save (``Optimizer.inputs``): the
+same sweep over the learning rate, the weight decay and the run's length, with those numbers as the
+step's inputs (dew) and as constants of its program (before).
 
 A side is one ``dew-train -m`` sweep under Hydra's basic launcher (its trials one after the other
 in one process, as a search's trials run), with a fresh compilation cache: ``inputs`` is
 ``python -m dew.cli.train ...`` as a user runs it; ``constants`` is the same ``main`` with
-``dew.training.optim.build.step_inputs`` answering nothing, so each trial's rate, warmup and length
-are constants of its program, as before, and nothing else differs. The sides run interleaved, the
-order rotating each round. A side's cost is its process's CPU time (user + system, from ``wait4``)
-and its trials' compilations, counted from their log lines ("compiled the train step" against
-"loaded the train step from the compilation cache").
+``dew.training.optim.build.step_inputs`` answering nothing and AdamW not ``traceable``, so each
+trial's rate, length and decay are constants of its program, as before, and nothing else
+differs. The sides run interleaved, the order rotating each round. A side's cost is its process's
+CPU time (user + system, from ``wait4``) and its trials' compilations, counted from their log lines
+("compiled the train step" against "loaded the train step from the compilation cache").
 
     JAX_PLATFORMS=cpu python bench/step_inputs.py [--rounds 3] [--depth 1]
 
@@ -39,14 +39,16 @@ SWEEP = [
     "trainer.checkpoint_every=null",
     "flow_matching.samples_per_class=1",
     "flow_matching.sample_steps=1",
+    "optim.schedule.warmup_steps=1",
     "optim.learning_rate=0.001,0.003",
-    "optim.schedule.warmup_steps=1,2",
+    "optim.weight_decay=0.01,0.05",
     "trainer.steps=4,6",
 ]
-"""Eight trials: every pair of two rates, two warmups and two lengths."""
+"""Eight trials: two rates, two weight decays, two lengths."""
 CONSTANTS = (
-    "import sys; sys.argv[0] = 'dew-train'; from dew.training.optim import build; "
-    "build.step_inputs = lambda *args: {}; from dew.cli import train; train.main()"  # numbers baked in, as before
+    "import sys; sys.argv[0] = 'dew-train'; from dew.training.optim import adam, build; "
+    "build.step_inputs = lambda *args: {}; adam.AdamW.traceable = False; "
+    "from dew.cli import train; train.main()"  # the numbers baked in, as before
 )
 
 

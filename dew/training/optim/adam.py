@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
+import jax
 import optax
 
 from dew.training.optim.bf16 import bf16_moments
@@ -20,6 +21,7 @@ class Adam(UpdateRule):
 
     options: ClassVar[Mapping[str, object]] = {"b1": 0.9, "b2": 0.999, "eps": 1e-8}
     weight_decay = 0.0  # Adam has no decoupled decay
+    traceable = True
 
     def scale(self, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
@@ -27,7 +29,7 @@ class Adam(UpdateRule):
             return bf16_moments(o["b1"], o["b2"], o["eps"])
         return optax.scale_by_adam(o["b1"], o["b2"], o["eps"])
 
-    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float | jax.Array, state_dtype: str) -> optax.GradientTransformation:
         return optax.chain(
             optax.add_decayed_weights(decay), self.scale(state_dtype), optax.scale_by_learning_rate(rate)
         )
@@ -39,7 +41,7 @@ class AdamW(Adam):
 
     weight_decay = 1e-4  # optax.adamw's default
 
-    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float | jax.Array, state_dtype: str) -> optax.GradientTransformation:
         return optax.chain(
             self.scale(state_dtype), optax.add_decayed_weights(decay), optax.scale_by_learning_rate(rate)
         )

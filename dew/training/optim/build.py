@@ -71,9 +71,11 @@ class Optimizer:
     extra_args: tuple[str, ...] = ()
     """What ``tx.update`` takes besides the gradients (``UpdateRule.extra_args``): ``max_logits``
     for MuonClip."""
-    inputs: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    """The schedule's numbers the compiled step takes as inputs (``schedules.step_inputs``): the
-    peak rate, the warmup and the run's length, where the schedule allows it."""
+    inputs: Mapping[str, np.ndarray | float] = dataclasses.field(default_factory=dict)
+    """The numbers the compiled step takes as inputs instead of constants: the schedule's
+    (``schedules.step_inputs``: the peak rate, the warmup and the run's length, where the schedule
+    allows it) and a nonzero weight decay of the run (where the rule allows it:
+    ``UpdateRule.traceable``; a group's own decay stays a constant)."""
     rebuild: Callable[[Mapping[str, jax.Array]], Optimizer] | None = None
     """This optimizer again with ``inputs`` (as traced arrays) in its schedule: what the compiled
     step updates with, so that its program holds none of these numbers as constants."""
@@ -101,7 +103,12 @@ def build_optimizer(
     schedule = build_schedule(
         config.schedule, config.learning_rate, total_steps=total_steps, tokens_seen=tokens_seen, inputs=inputs
     )
-    default_decay = config.weight_decay if config.weight_decay is not None else rule.weight_decay
+    default_decay: float | jax.Array = config.weight_decay if config.weight_decay is not None else rule.weight_decay
+    numbers: dict[str, np.ndarray | float] = dict(step_inputs(config.schedule, config.learning_rate, total_steps))
+    if rule.traceable and default_decay != 0:  # a zero decay stays a constant: optax then skips the term
+        numbers["weight_decay"] = float(default_decay)  # weakly typed once on the devices, as a Python float is
+    if inputs is not None and "weight_decay" in inputs:
+        default_decay = inputs["weight_decay"]
     groups = config.param_groups
     group_labels(params, groups)  # raises on a pattern that matches nothing, before anything compiles
 
@@ -131,7 +138,7 @@ def build_optimizer(
         tx=tx,
         learning_rate=schedule,
         extra_args=rule.extra_args,
-        inputs=step_inputs(config.schedule, config.learning_rate, total_steps),
+        inputs=numbers,
         rebuild=lambda arrays: again(inputs=arrays),
     )
 

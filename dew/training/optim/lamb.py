@@ -68,8 +68,9 @@ class Lamb(UpdateRule):
 
     options: ClassVar[Mapping[str, object]] = {"b1": 0.9, "b2": 0.999, "eps": 1e-6}
     weight_decay = 0.0  # optax.lamb's default
+    traceable = True
 
-    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float | jax.Array, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
         return optax.chain(
             optax.scale_by_adam(o["b1"], o["b2"], o["eps"]),

@@ -206,7 +206,7 @@ def scale_by_muon(
 def muon(
     learning_rate: Rate,
     *,
-    weight_decay: float,
+    weight_decay: float | jax.Array,
     momentum: float,
     nesterov: bool,
     ns_steps: int,
@@ -282,8 +282,9 @@ class Muon(UpdateRule):
         "matrix_axes": dict(DEFAULT_MATRIX_AXES),
     }
     weight_decay = 0.1  # Moonlight (Liu et al. 2025), with its matched update RMS
+    traceable = True
 
-    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float | jax.Array, state_dtype: str) -> optax.GradientTransformation:
         o = self.opts
         return muon(
             rate,

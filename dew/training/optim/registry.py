@@ -33,6 +33,11 @@ class UpdateRule:
     """The ``optimizer_opts`` it takes, with their defaults (docs/optimizers.md)."""
     weight_decay: ClassVar[float] = 0.0
     """Its decoupled weight decay when ``OptimConfig.weight_decay`` is unset."""
+    traceable: ClassVar[bool] = False
+    """Whether ``rule`` uses ``decay`` only through optax or JAX (no Python ``if`` on it): then a
+    nonzero decay is handed over as the compiled step's input (a weakly typed float32 array, which
+    keeps the updates in the parameters' dtype as a Python float does), and runs that differ only
+    in it (a search over the decay) share one compiled step. False: each value is another program."""
     extra_args: ClassVar[tuple[str, ...]] = ()
     """What its update needs from the step besides the gradients, passed by name to
     ``tx.update``: ``max_logits``, each attention head's largest logit of the forward pass
@@ -56,7 +61,7 @@ class UpdateRule:
             check_option(key, value)
         return cls(opts)
 
-    def rule(self, rate: Rate, decay: float, state_dtype: str) -> optax.GradientTransformation:
+    def rule(self, rate: Rate, decay: float | jax.Array, state_dtype: str) -> optax.GradientTransformation:
         """One parameter group's update: the rule, its decoupled weight decay ``decay`` and the rate
         ``rate`` (the group's multiplier already in it). ``state_dtype`` is ``OptimConfig``'s."""
         raise NotImplementedError(f"optimizer {self.name!r} must implement rule")

@@ -216,7 +216,7 @@ def build_schedule(
             raise ValueError(
                 f"optim.schedule.warmup_steps={spec.warmup_steps} exceeds the run's {total_steps} steps"  # type: ignore[attr-defined]
             )
-    if inputs:
+    if inputs and "peak" in inputs:
         peak_in: float | jax.Array = inputs["peak"]
         warmup, total = inputs.get("warmup", 0), inputs.get("total_steps", total_steps)
     else:

@@ -247,3 +247,37 @@ def test_mup_groups_split():
         "final_norm/scale": "group0",
         "lm_head/kernel": "group2",
     }
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "muon"])
+def test_the_step_inputs_rebuild_the_optimizer_those_numbers_build(name):
+    """``Optimizer.rebuild(inputs)`` inside one jitted update, given another run's numbers (rate,
+    warmup, length, weight decay), updates as the optimizer built with those numbers does; the
+    numbers are the program's inputs (one compilation for both)."""
+    from dew.training.optim.schedules import CosineSchedule
+
+    params = {"w": rng.normal(size=(8, 8)).astype(np.float32), "b": rng.normal(size=(8,)).astype(np.float32)}
+    grads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in params.items()}
+
+    def config(lr, warmup, wd):
+        return OptimConfig(optimizer=name, learning_rate=lr, weight_decay=wd, schedule=CosineSchedule(warmup))
+
+    a, b = build_optimizer(config(1e-2, 2, 0.05), params, total_steps=10), config(3e-2, 4, 0.2)
+    other = build_optimizer(b, params, total_steps=20)
+    assert set(a.inputs) == {"peak", "warmup", "total_steps", "weight_decay"}
+    assert isinstance(other.inputs["weight_decay"], float)  # weakly typed on the devices
+
+    @jax.jit
+    def update(inputs, state):
+        tx = a.rebuild(inputs).tx
+        return tx.update(grads, state, params)
+
+    state = other.tx.init(params)
+    for _ in range(5):  # past the warmup of 4
+        want, _ = other.tx.update(grads, state, params)
+        got, state = update(other.inputs, state)
+        for k in params:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-8)
+    update(a.inputs, state)
+    assert update._cache_size() == 1
+    assert "weight_decay" not in build_optimizer(config(1e-2, 2, 0.0), params, total_steps=10).inputs

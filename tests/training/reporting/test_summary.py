@@ -90,12 +90,13 @@ def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
         f"trainer.compilation_cache_dir={tmp_path / 'cache'}",
         f"trainer.checkpoint_dir={tmp_path / 'ck'}",
     ]
-    first = dew_train(*args, "trainer.name=a", cwd=tmp_path, env=fast_env())
+    first = dew_train(*args, "optim.weight_decay=0.01", "trainer.name=a", cwd=tmp_path, env=fast_env())
     assert first.returncode == 0, first.stdout[-3000:]
     assert "compiled the train step and ran step 1" in first.stdout
-    # Another rate, warmup and length: the schedule's numbers are the step's inputs, not constants
-    # of its program (Optimizer.inputs), so the second run loads the program the first compiled ...
-    other = ["optim.learning_rate=0.003", "optim.schedule.warmup_steps=2", "trainer.steps=4", "trainer.log_every=1"]
+    # Another rate, warmup, length and weight decay: these numbers are the step's inputs, not
+    # constants of its program (Optimizer.inputs), so the second run loads the program the first compiled ...
+    other = ["optim.learning_rate=0.003", "optim.schedule.warmup_steps=2", "trainer.steps=4", "optim.weight_decay=0.05"]
+    other.append("trainer.log_every=1")
     second = dew_train(*args, *other, "trainer.name=b", cwd=tmp_path, env=fast_env())
     assert second.returncode == 0, second.stdout[-3000:]
     assert "loaded the train step from the compilation cache and ran step 1" in second.stdout
