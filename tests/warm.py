@@ -131,8 +131,12 @@ def become(request: dict) -> None:
     environment, with its own standard streams."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    if request.get("log"):  # ``2>&1 >> log``: both streams appended to one file, in their order
+        os.dup2(os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 1)
+        os.dup2(1, 2)
+    else:
+        for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -200,9 +204,17 @@ class Server:
         return not any(k.startswith(AT_IMPORT) and env.get(k) != self.env.get(k) for k in keys)
 
     def run(
-        self, module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float | None
+        self,
+        module: str,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float | None,
+        log: Path | None = None,
     ) -> subprocess.CompletedProcess | None:
-        """The command's result, or None where the server could not run it (run it cold)."""
+        """The command's result, or None where the server could not run it (run it cold). With
+        ``log``, both its streams are appended to that file, and the result's stdout is what it
+        appended."""
         with tempfile.TemporaryDirectory(prefix="dew-warm-") as tmp:
             with self.lock:
                 self.count += 1
@@ -218,7 +230,9 @@ class Server:
                     "timeout": timeout,
                     "stdout": f"{tmp}/out",
                     "stderr": f"{tmp}/err",
+                    "log": None if log is None else str(log),
                 }
+                start = log.stat().st_size if log is not None and log.exists() else 0
                 try:
                     self.proc.stdin.write(json.dumps(request) + "\n")
                     self.proc.stdin.flush()
@@ -230,6 +244,10 @@ class Server:
                 return None
             argv = [sys.executable, "-m", module, *args]
             out, err = (Path(tmp, name).read_text() if Path(tmp, name).exists() else "" for name in ("out", "err"))
+            if log is not None:
+                with open(log, errors="replace") as f:
+                    f.seek(start)
+                    out = err = f.read()
             if box["timed_out"]:
                 raise subprocess.TimeoutExpired(argv, timeout, out, err)
             return subprocess.CompletedProcess(argv, box["status"], out, err)
@@ -242,9 +260,11 @@ _started = threading.Lock()
 
 
 def run(
-    module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float | None
-) -> subprocess.CompletedProcess:
-    """``python -m module args`` in ``cwd`` with ``env``: warm where it reads what a cold start would."""
+    module: str, args: list[str], cwd: Path, env: dict[str, str], timeout: float | None, log: Path | None = None
+) -> subprocess.CompletedProcess | None:
+    """``python -m module args`` in ``cwd`` with ``env``: warm where it reads what a cold start would.
+    With ``log`` (both streams appended there, as ``Server.run`` says): None where it cannot run warm,
+    for the caller to run it cold its own way."""
     global _server
     with _started:
         if _server is None and os.environ.get("DEW_TESTS_COLD") != "1":
@@ -252,9 +272,11 @@ def run(
 
             _server = Server(cli_env())
     if _server is not None and _server.serves(module, env):
-        result = _server.run(module, args, cwd, env, timeout)
+        result = _server.run(module, args, cwd, env, timeout, log)
         if result is not None:
             return result
+    if log is not None:
+        return None
     return subprocess.run(
         [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
