@@ -372,9 +372,10 @@ def compile_train_step(
         compiler_options=COMPILER_OPTIONS or None,
         donate_argnums=0,
     )
-    # The schedule's numbers are the program's inputs, not its constants (``Optimizer.inputs``):
-    # runs that differ only in the rate, the warmup or their length compile one program (the
-    # compilation cache then serves a sweep's every trial). On the devices once, not at every call.
+    # The optimizer's numbers are the program's inputs, not its constants (``Optimizer.inputs``):
+    # runs that differ only in the rate, the warmup, their length or the weight decay compile one
+    # program (the compilation cache then serves a sweep's every trial). On the devices once, not at
+    # every call.
     inputs = {k: jnp.asarray(v) for k, v in optimizer.inputs.items()}
 
     def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:

@@ -77,8 +77,8 @@ class Optimizer:
     allows it) and a nonzero weight decay of the run (where the rule allows it:
     ``UpdateRule.traceable``; a group's own decay stays a constant)."""
     rebuild: Callable[[Mapping[str, jax.Array]], Optimizer] | None = None
-    """This optimizer again with ``inputs`` (as traced arrays) in its schedule: what the compiled
-    step updates with, so that its program holds none of these numbers as constants."""
+    """This optimizer again with ``inputs`` (as traced arrays) in its schedule and decay: what the
+    compiled step updates with, so that its program holds none of these numbers as constants."""
 
 
 def build_optimizer(
@@ -96,17 +96,14 @@ def build_optimizer(
     update, so the gradients may be either tree type as long as their paths are the parameters'.
     ``tokens_seen(step)`` is the tokens (or records) consumed before ``step``, batch ramp included,
     as a float array; the power schedule requires it. ``architecture`` is the run's model, for a
-    rule that reads it after the update (MuonClip's attention layers). ``inputs``: the schedule's
-    numbers as arrays (``Optimizer.rebuild``, inside the compiled step).
+    rule that reads it after the update (MuonClip's attention layers). ``inputs``: ``Optimizer.inputs``
+    as arrays (``Optimizer.rebuild``, inside the compiled step).
     """
     rule: UpdateRule = optimizers[config.optimizer].resolve(config.optimizer_opts)
     schedule = build_schedule(
         config.schedule, config.learning_rate, total_steps=total_steps, tokens_seen=tokens_seen, inputs=inputs
     )
     default_decay: float | jax.Array = config.weight_decay if config.weight_decay is not None else rule.weight_decay
-    numbers: dict[str, np.ndarray | float] = dict(step_inputs(config.schedule, config.learning_rate, total_steps))
-    if rule.traceable and default_decay != 0:  # a zero decay stays a constant: optax then skips the term
-        numbers["weight_decay"] = float(default_decay)  # weakly typed once on the devices, as a Python float is
     if inputs is not None and "weight_decay" in inputs:
         default_decay = inputs["weight_decay"]
     groups = config.param_groups
@@ -128,6 +125,9 @@ def build_optimizer(
         tx = optax.chain(tx, after)
     if inputs is not None:
         return Optimizer(tx=tx, learning_rate=schedule, extra_args=rule.extra_args)
+    numbers: dict[str, np.ndarray | float] = dict(step_inputs(config.schedule, config.learning_rate, total_steps))
+    if rule.traceable and default_decay != 0:  # a zero decay stays a constant: optax then skips the term
+        numbers["weight_decay"] = float(default_decay)  # weakly typed once on the devices, as a Python float is
     # Read again inside the trace for its paths and shapes only: abstract, so that the optimizer
     # holds no reference to the arrays it was built for.
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
