@@ -25,7 +25,7 @@ WRITTEN_FOR = {
     "orbax-checkpoint": "0.12.8",
     "hydra-core": "1.3.8",
     "submitit": "1.5.4",
-    "optuna": "2.10.1",
+    "optuna": "5.1.0",
     "tyro": "1.0.16",
 }
 """The versions whose internals the functions below were written against."""
@@ -374,66 +374,18 @@ def orbax_uncompressed_standard_handler() -> Any:
     return handler
 
 
-# ---------------------------------------------------------------------------- hydra-optuna-sweeper
-
-OPTUNA_SWEEPER_PRIVATE = (
-    "_get_directions",
-    "_process_searchspace_config",
-    "_parse_sweeper_params_config",
-    "_to_grid_sampler_choices",
-    "_configure_trials",
-)
-"""The private methods of hydra-optuna-sweeper's ``OptunaSweeperImpl`` that dew's resumable sweeper
-(``dew.cli.study_sweeper``, a subclass) calls on itself: checked against hydra-optuna-sweeper 1.3.0
-(tests/test_compat.py)."""
-
-
-def optuna_sweeper_impl() -> Any:
-    """hydra-optuna-sweeper's private ``_impl`` module: ``OptunaSweeperImpl``, the sweeper dew's
-    resumable one subclasses (its study in the sweep directory, resumed, one writer), and
-    ``create_params_from_overrides``, which turns the sweep's overrides into Optuna distributions.
-    The plugin's public face (``OptunaSweeper``) only forwards to them. Checked against 1.3.0;
-    importing it imports Optuna, so it is called only where a search runs."""
-    from hydra_plugins.hydra_optuna_sweeper import _impl
-
-    return _impl
+# ------------------------------------------------------------------------------------------ optuna
 
 
 def optuna_trial(study: optuna.Study, number: int) -> optuna.trial.Trial:
     """The live ``optuna.trial.Trial`` of ``study`` numbered ``number`` (a trial still running, such
-    as one an interrupted command left), to set its attributes before it is told: Optuna 2.10 maps a
+    as one an interrupted command left), to set its attributes before it is told: Optuna maps a
     trial's number to its id only through the storage (as ``Study.tell`` does), and a
-    ``FrozenTrial`` keeps its id private. Checked against optuna 2.10.1."""
+    ``FrozenTrial`` keeps its id private. Checked against optuna 5.1.0."""
     import optuna
 
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
     return optuna.trial.Trial(study, trial_id)
-
-
-def optuna_hyperband_pruner(**options: Any) -> optuna.pruners.HyperbandPruner:
-    """Optuna's ``HyperbandPruner`` (``options``: its constructor's), choosing a trial's bracket with
-    a hash that is the same in every process. Optuna 2.10's ``_get_bracket_id`` hashes
-    ``"<study name>_<trial number>"`` with Python's ``hash``, salted per process
-    (``PYTHONHASHSEED``): a trial judged in a process of its own (every dew trial) would land in a
-    bracket the next process disagrees with. This is the same computation with ``zlib.crc32``, as
-    Optuna 3 made it. Reads ``_pruners``, ``_n_brackets``, ``_total_trial_allocation_budget`` and
-    ``_trial_allocation_budgets``; checked against optuna 2.10.1."""
-    import zlib
-
-    import optuna
-
-    class StableHyperband(optuna.pruners.HyperbandPruner):
-        def _get_bracket_id(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> int:
-            if not self._pruners:
-                return 0
-            n = zlib.crc32(f"{study.study_name}_{trial.number}".encode()) % self._total_trial_allocation_budget
-            for bracket_id, budget in enumerate(self._trial_allocation_budgets):
-                n -= budget
-                if n < 0:
-                    return bracket_id
-            raise AssertionError("unreachable: the budgets sum to the total")
-
-    return StableHyperband(**options)
 
 
 # ------------------------------------------------------------------------------------------- tyro

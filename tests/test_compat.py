@@ -225,31 +225,15 @@ def test_hydra_basic_launcher_is_hydras_default():
     assert issubclass(launcher, Launcher) and launcher.__name__ == "BasicLauncher"
 
 
-def test_optuna_sweeper_impl_has_what_the_resumable_sweeper_uses():
-    """The resumable sweeper subclasses ``OptunaSweeperImpl``, calls ``create_params_from_overrides``
-    and the base's private methods ``OPTUNA_SWEEPER_PRIVATE`` on itself: each still there."""
-    impl = compat.optuna_sweeper_impl()
-    assert isinstance(impl.OptunaSweeperImpl, type) and callable(impl.create_params_from_overrides)
-    missing = [m for m in compat.OPTUNA_SWEEPER_PRIVATE if not callable(getattr(impl.OptunaSweeperImpl, m, None))]
-    assert not missing, missing
-    import inspect
-
-    import dew.cli.study_sweeper as sweeper
-
-    called = {m for m in compat.OPTUNA_SWEEPER_PRIVATE if f"self.{m}(" in inspect.getsource(sweeper)}
-    own = {m for m in vars(sweeper.ResumableOptunaSweeper) if m.startswith("_") and not m.startswith("__")}
-    base_private = {m for m in dir(impl.OptunaSweeperImpl) if m.startswith("_") and not m.startswith("__")}
-    used = {m for m in base_private - own if f"self.{m}(" in inspect.getsource(sweeper)}
-    assert used == called == set(compat.OPTUNA_SWEEPER_PRIVATE), (used, called)
-
-
 def test_optuna_trial_is_the_running_trial_of_that_number(tmp_path):
     """``optuna_trial`` finds a running trial by its number (as ``Study.tell`` does) and sets its
     attributes, in the storage dew's studies use."""
     import optuna
 
+    from dew.runs.study_storage import journal
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
+    study = optuna.create_study(storage=journal(str(tmp_path / "study.journal")))
     first, second = study.ask(), study.ask()
     study.tell(first, 1.0)
     compat.optuna_trial(study, second.number).set_user_attr("why", "because")

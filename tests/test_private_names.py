@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARIES = {"jax", "jaxlib", "flax", "optax", "orbax", "hydra", "omegaconf", "submitit", "qwix", "grain", "wandb"}
-PLUGINS = ("hydra_plugins.hydra_optuna_sweeper", "hydra_plugins.hydra_submitit_launcher")
+LIBRARIES = {"jax", "jaxlib", "flax", "optax", "orbax", "hydra", "omegaconf", "submitit", "qwix", "grain", "wandb", "optuna"}
+PLUGINS = ("hydra_plugins.hydra_submitit_launcher",)
 """Other libraries' Hydra plugins, in the ``hydra_plugins`` namespace dew's own plugins share."""
 
 
@@ -127,7 +127,7 @@ import jaxlib._jax as xla
 from hydra._internal.utils import get_args_parser
 from submitit.core.job_environment import JobEnvironment
 from orbax.checkpoint import _src
-from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+from hydra_plugins.hydra_submitit_launcher._core import launch
 from hydra_plugins.dew_launchers import _private_of_dew
 import qwix
 import optax as ox
@@ -154,7 +154,7 @@ def fine(x):
         "import jaxlib._jax",
         "import hydra._internal.utils.get_args_parser",
         "import orbax.checkpoint._src",
-        "import hydra_plugins.hydra_optuna_sweeper._impl.OptunaSweeperImpl",
+        "import hydra_plugins.hydra_submitit_launcher._core.launch",
         "JobEnvironment._usr_sig",
         "getattr(ox, '_private')",
         "qwix.QtProvider._init_rule",

@@ -28,8 +28,9 @@ from dew.runs.discover import RunsError, find_runs
 from dew.runs.plot import draw, plot_data
 from dew.runs.show import show_text
 from dew.runs.status import Run, read_run
-from dew.runs.study import Study, has_study, read_study, study_text
+from dew.runs.study import Study, read_study, study_text
 from dew.runs.study_plot import draw_study
+from dew.runs.study_storage import has_study
 
 EXIT_BAD_INPUT = 2
 COMMANDS = ("list", "diff", "plot", "show")

@@ -1,30 +1,29 @@
-"""hydra-optuna-sweeper run as dew runs sweeps (``hydra/sweeper=optuna``; docs/search.md).
+"""dew's Optuna sweeper (``hydra/sweeper=optuna``; docs/search.md): Hydra's sweeper interface over
+Optuna's ask-and-tell, with the study a dew sweep needs.
 
-What changes from the plugin's own sweeper:
-
-* the study lives in the sweep directory: ``<sweep dir>/study.db`` (SQLite) unless ``storage`` says
-  otherwise, named after the sweep directory, so the same command (the same directory: its name is a
-  digest of the command line) continues the study. Only this process, the one that sweeps, opens the
-  storage, trials never do, and it holds dew's run lock on ``<sweep dir>/.study`` while it sweeps (a
-  second command continuing the same study is refused): SQLite's own locks, which fail on NFS and
-  Lustre, are off (``dew.contract.rundir.study_url``);
+* the study lives in the sweep directory: ``<sweep dir>/study.journal``, Optuna's journal file storage
+  (``dew.runs.study_storage``), unless ``storage`` says otherwise, named after the sweep directory, so
+  the same command (the same directory: its name is a digest of the command line) continues the
+  study. A study an older dew kept in ``study.db`` (optuna 2.10, SQLite) is copied into the journal
+  once and continued. This process holds dew's run lock on ``<sweep dir>/.study`` while it sweeps (a
+  second command continuing the same study is refused, exit 4);
 * ``n_trials`` counts the whole study: a study that holds 2 finished trials and is asked for 4 runs 2;
 * a trial left running by an interrupted command runs again first, with its parameters, under its
   own number: job numbers are trial numbers, so it lands in its own job directory and resumes from
   its checkpoint there;
 * a failed trial (the task function raised: a run that diverged or was refused) is recorded FAIL and
-  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 in dew's config); so is
-  a trial that fails before it trains (an override Hydra cannot merge, checked here before the
-  launch, or a launch that raises), with its message as the trial's ``fail_reason``: no trial is left
-  running but by an interrupt or a refusal that ends the command, and a trial left running resumes
-  through the same checks (one an older command could not compose is recorded FAIL then);
+  the study goes on while the failure rate allows (``max_failure_rate``, 1.0 by default); so is a
+  trial that fails before it trains (an override Hydra cannot merge, checked here before the launch,
+  or a launch that raises), with its message as the trial's ``fail_reason``: no trial is left running
+  but by an interrupt or a refusal that ends the command, and a trial left running resumes through
+  the same checks (one an older command could not compose is recorded FAIL then);
 * a space that cannot be composed at its low end (``interval(a, b)``, floats, for an int field) is
   refused before any trial;
 * every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``);
 * a ``pruner`` (``hydra/sweeper/pruner=median``, ...: Optuna's pruners) stops trials at an
   evaluation: each trial judges itself against the sweep's journals (``dew.cli.pruning``), and this
-  process, the study's one writer, replays each trial's journal into the study when it ends (its
-  intermediate values, the pruner's attributes) and records a pruned one PRUNED.
+  process replays each trial's journal into the study when it ends (its intermediate values, the
+  pruner's attributes) and records a pruned one PRUNED.
 
 Optuna is imported here, never by ``dew-train`` itself: this module loads only when the sweeper is
 chosen.
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import logging
 import math
@@ -45,22 +45,23 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import optuna
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dew import compat
+from dew.cli import search_space
 from dew.cli.overrides import unset_record
 from dew.cli.pruning import replay
 from dew.cli.train import EXIT_BUSY, conf_dir
 from dew.cli.trial import TrialOutcome
 from dew.contract.lock import RunLock, RunLockedError
-from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_LOCK_DIR, study_url
+from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_LOCK_DIR
 from dew.launching.checks import checking
 from dew.launching.naming import SWEEP_ENV
 from dew.recipe import Recipe
-
-_impl = compat.optuna_sweeper_impl()
-OptunaSweeperImpl: Any = _impl.OptunaSweeperImpl  # the plugin's class, read through compat (it ships no types)
-create_params_from_overrides = _impl.create_params_from_overrides
+from dew.runs.study_storage import sweeper_storage
 
 log = logging.getLogger("dew")
 
@@ -85,23 +86,55 @@ def holding_the_study(sweep_dir: str) -> Iterator[None]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-class ResumableOptunaSweeper(OptunaSweeperImpl):
-    """The plugin's sweeper with the study in the sweep directory, resumed and counted whole."""
+class StudySweeper(Sweeper):
+    """A search as a Hydra sweeper: Optuna's sampler asks, dew's launchers run the trials, the study in
+    the sweep directory keeps the answers (the fields: ``dew.cli.sweeper_conf.OptunaSweeperConf``)."""
 
-    sampler: Any
-    """The plugin's sampler (a ``functools.partial`` of the grid sampler until the space is known)."""
-    n_trials: int
+    config: DictConfig
+    hydra_context: HydraContext
+    launcher: Any
+    sweep_dir: str
 
-    def __init__(self, pruner: Callable[[], optuna.pruners.BasePruner] | None = None, **settings: Any) -> None:
-        super().__init__(**settings)
+    def __init__(
+        self,
+        sampler: Any,
+        direction: Any = "minimize",
+        storage: str | None = None,
+        study_name: str | None = None,
+        n_trials: int = 20,
+        n_jobs: int = 2,
+        max_failure_rate: float = 1.0,
+        params: DictConfig | None = None,
+        pruner: Callable[[], optuna.pruners.BasePruner] | None = None,
+    ) -> None:
+        self.sampler = sampler
+        """Optuna's sampler as Hydra built it (a ``functools.partial`` of the grid sampler until the space is known)."""
+        self.direction = direction
+        self.storage = storage
+        self.study_name = study_name
+        self.n_trials = n_trials
+        self.n_jobs = n_jobs
+        if not 0.0 <= max_failure_rate <= 1.0:
+            stop(f"hydra.sweeper.max_failure_rate={max_failure_rate} must be between 0 and 1", BAD_INPUT)
+        self.max_failure_rate = max_failure_rate
+        self.params = params
         self.pruner = pruner
         """``hydra.sweeper.pruner`` as Hydra built it (a ``functools.partial`` of the pruner's class),
         None for no pruning; each trial builds its own (dew.cli.pruning)."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # dew logs the study's news itself
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=task_function
+        )
+        self.sweep_dir = str(config.hydra.sweep.dir)
 
     def sweep(self, arguments: list[str]) -> None:
         self._check_pruner()
         space, fixed = self._search_space(arguments)
-        directions = self._get_directions()
+        directions = self._directions()
         if len(directions) != 1:
             stop(
                 f"hydra.sweeper.direction={directions}: a dew trial returns one number (its selection value); "
@@ -109,6 +142,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 BAD_INPUT,
             )
         self._check_space(space, fixed)
+        self._check_sampler()
         self._record_searched_keys(space)
         if rehearsal(self.config):
             return self._rehearse(space, fixed, directions[0])
@@ -116,10 +150,19 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         with holding_the_study(self.sweep_dir):
             self._sweep(space, fixed, directions[0])
 
+    def _directions(self) -> list[str]:
+        """``direction`` as Optuna's names: one, or a list of them."""
+        given = list(self.direction) if isinstance(self.direction, (list, tuple, ListConfig)) else [self.direction]
+        names = [str(getattr(d, "name", d)).rsplit(".", 1)[-1] for d in given]
+        for name in names:
+            if name not in ("minimize", "maximize"):
+                stop(f"hydra.sweeper.direction={name!r} must be minimize or maximize", BAD_INPUT)
+        return names
+
     def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
         study = optuna.create_study(
             study_name=self.study_name or Path(self.sweep_dir).name,
-            storage=self.storage or study_url(self.sweep_dir),
+            storage=sweeper_storage(self.sweep_dir, self.storage),
             sampler=self.sampler,
             direction=direction,
             load_if_exists=True,
@@ -137,7 +180,7 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
             log.info("resuming trial(s) %s, left running by an interrupted command", [t.number for t in trials])
             self._run(study, trials, [_overrides(t.params, fixed) for t in trials])
         while (todo := self.n_trials - sum(t.state in FINISHED for t in study.trials)) > 0:
-            trials = [study.ask() for _ in range(min(todo, max(self.n_jobs, 1)))]
+            trials = [study.ask(space) for _ in range(min(todo, max(self.n_jobs, 1)))]
             for group in _consecutive(trials):
                 self._run(study, group, self._configure_trials(group, space, fixed))
         self._report(study)
@@ -147,19 +190,22 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         sampler's seed as configured), drawn in a study held in memory, handed to the launcher,
         which checks (or prints) them and starts nothing; nothing is told, written or continued."""
         study = optuna.create_study(sampler=self.sampler, direction=direction)
-        trials = [study.ask() for _ in range(min(self.n_trials, max(self.n_jobs, 1)))]
+        trials = [study.ask(space) for _ in range(min(self.n_trials, max(self.n_jobs, 1)))]
         self.launcher.launch(self._configure_trials(trials, space, fixed), initial_job_idx=0)
 
     def _search_space(self, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(distributions, fixed values) from hydra.sweeper.params and the command line, as the
-        plugin reads them (a fixed value on the command line takes the key out of the space)."""
-        self._process_searchspace_config()
-        space, fixed = create_params_from_overrides([*self._parse_sweeper_params_config(), *arguments])
-        space = {**(self.search_space_distributions or {}), **space}
-        for key in fixed:
-            space.pop(key, None)
+        """(distributions, fixed values) from ``hydra.sweeper.params`` and the command line (a fixed
+        value on the command line takes the key out of the space); the grid sampler gets its grid."""
+        given = [f"{k}={v}" for k, v in (self.params or {}).items()]
+        try:
+            space, fixed = search_space.parse([*given, *arguments])
+        except ValueError as err:
+            stop(f"hydra.sweeper.params: {_one_line(err)}", BAD_INPUT)
         if isinstance(self.sampler, functools.partial) and self.sampler.func is optuna.samplers.GridSampler:
-            grid = {k: self._to_grid_sampler_choices(d) for k, d in space.items()}
+            try:
+                grid = search_space.grid(space)
+            except ValueError as err:
+                stop(f"hydra.sweeper.params: {err}", BAD_INPUT)
             self.sampler = self.sampler(grid)
             self.n_trials = min(self.n_trials, math.prod(len(v) for v in grid.values()))
         return space, fixed
@@ -170,19 +216,17 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
         schedule chosen), or whose values cannot be merged into their field at all (the low end of
         ``interval(0, 300)``, a float, into an int field). A space that merges at its low end may
         still hold values dew refuses: those trials fail one by one."""
+        if not space:
+            stop(
+                "hydra.sweeper.params is empty and the command line sweeps nothing: give the space to search, "
+                "e.g. optim.learning_rate='tag(log, interval(1e-4, 1e-2))' (docs/search.md)",
+                BAD_INPUT,
+            )
         for key in space:
             if problem := unset_record(key, self.config, Recipe, conf_dir()):
                 stop(f"hydra.sweeper.params: {problem}", BAD_INPUT)
-        lows = {k: d.low for k, d in space.items() if hasattr(d, "low")}  # a choice's values are each a trial's
-        if problem := self._composition_problem(_overrides(lows, fixed)):
-            floats = [
-                k
-                for k, d in space.items()
-                if f"{k}=" in problem
-                and isinstance(
-                    d, (optuna.distributions.UniformDistribution, optuna.distributions.LogUniformDistribution)
-                )
-            ]
+        if problem := self._composition_problem(_overrides(search_space.lows(space), fixed)):
+            floats = [k for k, d in space.items() if f"{k}=" in problem and search_space.is_float(d)]
             stop(
                 f"hydra.sweeper.params: {problem}"
                 + (
@@ -193,6 +237,18 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 ),
                 BAD_INPUT,
             )
+
+    def _check_sampler(self) -> None:
+        """Refuse a sampler that cannot run here before any trial: Optuna imports what some need
+        (PyTorch for ``gp``, ``cmaes`` for ``cmaes``) only when they first sample."""
+        needs = {optuna.samplers.GPSampler: ("torch", "torch"), optuna.samplers.CmaEsSampler: ("cmaes", "dew[search]")}
+        for kind, (module, package) in needs.items():
+            if isinstance(self.sampler, kind) and importlib.util.find_spec(module) is None:
+                stop(
+                    f"hydra/sweeper/sampler: Optuna's {kind.__name__} needs the {module} package, which is not "
+                    f"installed: pip install '{package}'",
+                    BAD_INPUT,
+                )
 
     def _check_pruner(self) -> None:
         """Refuse a pruner Optuna refuses (``percentile=150``), or one that could never prune: the
@@ -209,6 +265,13 @@ class ResumableOptunaSweeper(OptunaSweeperImpl):
                 "pruner; evaluate (trainer.eval_every=N) or drop the pruner",
                 BAD_INPUT,
             )
+
+    def _configure_trials(
+        self, trials: Sequence[optuna.trial.Trial], space: dict[str, Any], fixed: dict[str, Any]
+    ) -> list[tuple[str, ...]]:
+        """Each trial's overrides: the parameters the sampler drew for it from ``space`` when it was
+        asked (``study.ask(space)``), then the fixed values."""
+        return [_overrides(trial.params, fixed) for trial in trials]
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)

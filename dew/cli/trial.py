@@ -95,8 +95,6 @@ def search_unavailable(overrides: list[str]) -> str | None:
         return None
     try:
         import optuna  # noqa: F401
-
-        import hydra_plugins.hydra_optuna_sweeper  # noqa: F401
     except ImportError as err:
-        return f"the Optuna sweeper is not installed ({err}): pip install 'dew[search]' (docs/search.md)"
+        return f"Optuna is not installed ({err}): pip install 'dew[search]' (docs/search.md)"
     return None

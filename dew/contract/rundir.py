@@ -8,8 +8,6 @@ the trainer does not import a reader. This module imports nothing else from dew 
 
 from __future__ import annotations
 
-import os
-
 RUN_RECORD = "run.json"
 """The run's typed config, written by process 0 before anything trains (``RunConfig.save``)."""
 
@@ -94,8 +92,14 @@ FAILURES = ("nonfinite", "error")
 """Stop reasons that mean the run failed; the others (preempted, interrupted) stopped it on a signal."""
 
 
-STUDY_FILE = "study.db"
-"""A search's Optuna study (SQLite), in its sweep directory (docs/search.md)."""
+STUDY_FILE = "study.journal"
+"""A search's Optuna study, in its sweep directory: Optuna's journal file storage (one JSON line per
+change, appended under a lock file made with ``O_EXCL``, no ``flock``), which several processes on
+several nodes may write at once (docs/search.md)."""
+
+LEGACY_STUDY_FILE = "study.db"
+"""Where dew kept a study before its own sweeper (optuna 2.10, SQLite): continued by copying it into
+``STUDY_FILE`` once, the file itself left as it was (``dew.runs.study_storage``)."""
 
 STUDY_LOCK_DIR = ".study"
 """Where in a sweep's directory the sweeping process holds the run lock for as long as it sweeps:
@@ -104,15 +108,6 @@ one writer of the study at a time."""
 STUDY_FAIL_REASON = "fail_reason"
 """The user attribute of a failed trial in the study: why it failed, one line (a trial refused before
 it trained has no run of its own to say so)."""
-
-
-def study_url(sweep_dir: str) -> str:
-    """The SQLAlchemy URL of the study in ``sweep_dir``, with SQLite's own file locking off
-    (``nolock=1``). SQLite locks with POSIX ``fcntl`` locks, which fail on the filesystems clusters
-    share (NFS without a lock manager, Lustre mounted without ``-o flock``); dew's run lock, which
-    falls back to a lease there, keeps the study to one writer instead: the sweeping process, the
-    only one that opens the file, holds it on ``STUDY_LOCK_DIR`` while it sweeps."""
-    return f"sqlite:///file:{os.path.abspath(os.path.join(sweep_dir, STUDY_FILE))}?nolock=1&uri=true"
 
 
 def human(n: float) -> str:

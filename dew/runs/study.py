@@ -1,4 +1,5 @@
-"""An Optuna study in a sweep directory (``hydra/sweeper=optuna``: ``<sweep dir>/study.db``), as
+"""An Optuna study in a sweep directory (``hydra/sweeper=optuna``: ``<sweep dir>/study.journal``, or an
+older dew's ``study.db``: ``dew.runs.study_storage``), as
 ``dew-runs`` shows it: every trial with its state, value and parameters, the best one first, and
 for a trial that failed, why (its run's state, read from the run's files as for any run).
 
@@ -10,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 from etils import epath
 
-from dew.contract.rundir import PRUNED, STUDY_FAIL_REASON, STUDY_FILE, study_url
+from dew.contract.rundir import PRUNED, STUDY_FAIL_REASON
 from dew.runs.discover import RunsError
 from dew.runs.status import read_run
+from dew.runs.study_storage import reading, study_name
 from dew.runs.table import number
 
 
@@ -68,32 +69,24 @@ class Study:
         return out
 
 
-def has_study(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, STUDY_FILE))
-
-
 def read_study(directory: str, tracking: str | None = None) -> Study:
     """The study in sweep ``directory``; RunsError when it cannot be read."""
     try:
         import optuna
     except ImportError:
         raise RunsError(
-            f"{directory} holds an Optuna study ({STUDY_FILE}); reading it needs Optuna: pip install 'dew[search]'"
+            f"{directory} holds an Optuna study; reading it needs Optuna: pip install 'dew[search]'"
         ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = study_url(directory)
     try:
-        summaries = optuna.get_all_study_summaries(storage)
-        if len(summaries) != 1:
-            raise RunsError(f"{directory}/{STUDY_FILE} holds {len(summaries)} studies; dew keeps one per sweep")
-        study = optuna.load_study(study_name=summaries[0].study_name, storage=storage)
-    except RunsError:
-        raise
+        with reading(directory) as storage:
+            study = optuna.load_study(study_name=study_name(storage, directory), storage=storage)
+            finished, direction = study.trials, study.direction  # read while an older dew's upgraded copy exists
     except Exception as err:
-        raise RunsError(f"{directory}/{STUDY_FILE}: not a readable Optuna study ({err})") from None
+        raise RunsError(f"{directory}: not a readable Optuna study ({_one_line(err)})") from None
     jobs = {d.name.split("-", 1)[0]: d for d in epath.Path(directory).iterdir() if d.is_dir()}
     trials, log_params = [], set()
-    for t in study.trials:
+    for t in finished:
         job = jobs.get(str(t.number))
         trial = Trial(
             number=t.number,
@@ -114,10 +107,14 @@ def read_study(directory: str, tracking: str | None = None) -> Study:
     return Study(
         name=study.study_name,
         path=directory,
-        direction=study.direction.name.lower(),
+        direction=direction.name.lower(),
         trials=trials,
         log_params=log_params,
     )
+
+
+def _one_line(err: BaseException) -> str:
+    return str(err).strip().split("\n", 1)[0] or type(err).__name__
 
 
 def _why(job: epath.Path | None, tracking: str | None, failure: str | None) -> str:

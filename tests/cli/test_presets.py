@@ -14,6 +14,7 @@ import optuna
 import pytest
 import yaml
 
+from dew.runs.study_storage import journal
 from tests.conftest import REPO
 from tests.training.conftest import dew_train, fast_env
 
@@ -60,13 +61,13 @@ def flat(node: dict, prefix: str = "") -> set[str]:
 
 def largest_warmup(group: str, name: str) -> int:
     """The largest warmup the preset can give a run: its own value, or its search space's top."""
-    from dew.cli.study_sweeper import create_params_from_overrides
+    from dew.cli.search_space import parse
 
     node = preset(group, name)
     if group == "experiment":
         return node["optim"]["schedule"]["warmup_steps"]
     expression = node["hydra"]["sweeper"]["params"]["optim.schedule.warmup_steps"]
-    space, _ = create_params_from_overrides([f"w={expression}"])
+    space, _ = parse([f"w={expression}"])
     return space["w"].high
 
 
@@ -169,7 +170,7 @@ def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir
     result = dew_train(*search_command(name), cwd=work, env=env(work), timeout=900)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((work / "ck").glob(f"{name}-sweep-*"))  # each search preset is its experiment's
-    storage = f"sqlite:///{sweep / 'study.db'}"
+    storage = journal(str(sweep / "study.journal"))
     [summary] = optuna.get_all_study_summaries(storage)
     trials = optuna.load_study(study_name=summary.study_name, storage=storage).trials
     top = largest_warmup("hparams_search", name)
@@ -177,7 +178,7 @@ def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir
     for t in trials:
         warmup = t.params["optim.schedule.warmup_steps"]
         assert type(warmup) is int and 0 <= warmup <= top, warmup
-        assert isinstance(t.distributions["optim.schedule.warmup_steps"], optuna.distributions.IntUniformDistribution)
+        assert isinstance(t.distributions["optim.schedule.warmup_steps"], optuna.distributions.IntDistribution)
         assert set(t.params) == set(preset("hparams_search", name)["hydra"]["sweeper"]["params"])
     text = run([str(sweep), "--tracking", str(work / "tracking")])
     lines = text.splitlines()

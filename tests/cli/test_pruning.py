@@ -16,11 +16,11 @@ import numpy as np
 import optuna
 import pytest
 
-from dew import compat
 from dew.cli.pruning import Reported, judge, sweep_reports
 from dew.cli.sweeper_conf import PRUNERS
 from dew.contract import journal as journals
 from dew.contract.rundir import PRUNED
+from dew.runs.study_storage import journal
 from tests.training.conftest import TINY, dew_train
 
 TrialState = optuna.trial.TrialState
@@ -41,7 +41,7 @@ PRUNER_CASES = {
     "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2),
     "percentile": lambda: optuna.pruners.PercentilePruner(40.0, n_startup_trials=1, n_warmup_steps=6),
     "successive_halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=5, reduction_factor=2),
-    "hyperband": lambda: compat.optuna_hyperband_pruner(min_resource=5, max_resource=20, reduction_factor=2),
+    "hyperband": lambda: optuna.pruners.HyperbandPruner(min_resource=5, max_resource=20, reduction_factor=2),
 }
 
 
@@ -108,11 +108,12 @@ def test_every_pruner_option_builds_optunas_class():
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # create_trial, add_trial
 def test_hyperbands_bracket_is_the_same_in_every_process():
-    """Optuna 2.10 picks a trial's bracket with Python's salted ``hash``; dew's with crc32, whose
-    values are known."""
+    """Every trial's process judges it in the same bracket: Optuna picks a trial's bracket with a
+    crc32 of the study's name and the trial's number (Optuna 2.10 used Python's salted ``hash``),
+    whose values are known."""
     import zlib
 
-    pruner = compat.optuna_hyperband_pruner(min_resource=1, max_resource=27, reduction_factor=3)
+    pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=27, reduction_factor=3)
     study = optuna.create_study(study_name="study")
     for _ in range(8):
         study.add_trial(optuna.trial.create_trial(state=TrialState.RUNNING, params={}, distributions={}))
@@ -170,21 +171,21 @@ def test_a_pruner_optuna_refuses_or_that_could_never_prune_is_refused(capsys):
 
     from omegaconf import OmegaConf
 
-    from dew.cli.study_sweeper import ResumableOptunaSweeper
+    from dew.cli.study_sweeper import StudySweeper
 
     evaluating = OmegaConf.create({"trainer": {"eval_every": 5}})
     bad = SimpleNamespace(pruner=functools.partial(optuna.pruners.PercentilePruner, 150.0), config=evaluating)
     with pytest.raises(SystemExit) as refused:
-        ResumableOptunaSweeper._check_pruner(bad)
+        StudySweeper._check_pruner(bad)
     assert refused.value.code == 2
     assert capsys.readouterr().err.strip() == (
-        "dew-train: error: hydra.sweeper.pruner: Percentile must be between 0 and 100 inclusive but got 150.0."
+        "dew-train: error: hydra.sweeper.pruner: Percentile must be between 0 and 100 inclusive, but got percentile=150.0."
     )
     blind = SimpleNamespace(
         pruner=optuna.pruners.MedianPruner, config=OmegaConf.create({"trainer": {"eval_every": None}})
     )
     with pytest.raises(SystemExit) as refused:
-        ResumableOptunaSweeper._check_pruner(blind)
+        StudySweeper._check_pruner(blind)
     assert refused.value.code == 2 and "trainer.eval_every=null" in capsys.readouterr().err
 
 
@@ -213,7 +214,7 @@ SEARCH = [
 
 
 def study_of(sweep: Path) -> optuna.Study:
-    storage = f"sqlite:///{sweep / 'study.db'}"
+    storage = journal(str(sweep / "study.journal"))
     [summary] = optuna.get_all_study_summaries(storage)
     return optuna.load_study(study_name=summary.study_name, storage=storage)
 

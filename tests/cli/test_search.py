@@ -25,7 +25,9 @@ SEARCH = ["-m", "hydra/sweeper=optuna", "hparams_search=digits", "hydra.sweeper.
 
 
 def study_of(sweep: Path) -> optuna.Study:
-    storage = f"sqlite:///{sweep / 'study.db'}"
+    from dew.runs.study_storage import journal
+
+    storage = journal(str(sweep / "study.journal"))
     [summary] = optuna.get_all_study_summaries(storage)
     assert summary.study_name == sweep.name  # named after the sweep
     return optuna.load_study(study_name=summary.study_name, storage=storage)
@@ -71,18 +73,16 @@ def test_a_sweeper_direction_against_the_metric_fails_the_trial():
     from omegaconf import OmegaConf
 
     from dew.cli.trial import check_direction
-    from hydra_plugins.hydra_optuna_sweeper.config import Direction
 
     try:
-        for direction in (Direction.minimize, "minimize"):  # as the plugin's schema stores it, and as text
-            HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": direction}}})
-            check_direction("eval/loss", False)
-            with pytest.raises(
-                TrialFailed,
-                match="the best eval/accuracy, is higher for better runs: set hydra.sweeper.direction=maximize",
-            ):
-                check_direction("eval/accuracy", True)
-        HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": Direction.maximize}}})
+        HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": "minimize"}}})
+        check_direction("eval/loss", False)
+        with pytest.raises(
+            TrialFailed,
+            match="the best eval/accuracy, is higher for better runs: set hydra.sweeper.direction=maximize",
+        ):
+            check_direction("eval/accuracy", True)
+        HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": "maximize"}}})
         check_direction("eval/accuracy", True)
     finally:
         HydraConfig.instance().cfg = None
@@ -105,19 +105,20 @@ def test_a_launch_that_raises_fails_its_trials_with_the_reason(tmp_path):
     the error on one line as the reason: none is left running for the next command to trip on."""
     from types import SimpleNamespace
 
-    from dew.cli.study_sweeper import ResumableOptunaSweeper
+    from dew.cli.study_sweeper import StudySweeper
     from dew.contract.rundir import STUDY_FAIL_REASON
+    from dew.runs.study_storage import journal
 
     class Refusing:
         def launch(self, overrides, initial_job_idx):
             raise OSError("sbatch: error: Batch job submission failed\nand a second line")
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}")
-    space = {"trainer.steps": optuna.distributions.IntUniformDistribution(1, 9)}
+    study = optuna.create_study(storage=journal(str(tmp_path / "study.journal")))
+    space = {"trainer.steps": optuna.distributions.IntDistribution(1, 9)}
     trials = [study.ask(space), study.ask(space)]
     sweeper = SimpleNamespace(launcher=Refusing())
-    said = ResumableOptunaSweeper._launch(sweeper, study, trials, [["trainer.steps=1"], ["trainer.steps=2"]])
+    said = StudySweeper._launch(sweeper, study, trials, [["trainer.steps=1"], ["trainer.steps=2"]])
     reason = "its launch failed: sbatch: error: Batch job submission failed"
     assert said == [reason, reason]
     assert [(t.state.name, t.user_attrs) for t in study.trials] == [("FAIL", {STUDY_FAIL_REASON: reason})] * 2
@@ -444,19 +445,26 @@ def test_a_float_interval_for_an_int_field_is_refused_before_any_trial(workdir: 
     assert list(workdir.iterdir()) == []
 
 
-def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, capsys):
-    """SQLite's POSIX locks fail on NFS without a lock manager and on Lustre without ``-o flock``: the
-    study is opened with them off, and dew's run lock (a lease where flock fails) keeps it to one
-    sweeping command."""
-    from dew.cli.study_sweeper import holding_the_study
-    from dew.contract.rundir import STUDY_LOCK_DIR, study_url
+def test_the_study_file_needs_no_flock_and_one_sweeper_holds_it(tmp_path, capsys, monkeypatch):
+    """``flock`` fails on NFS without a lock manager and on Lustre without ``-o flock``: the study's
+    journal is written and read with ``flock`` failing, and dew's run lock (a lease where flock fails)
+    keeps it to one sweeping command. (Many writers at once: tests/runs/test_study_journal.py.)"""
+    import errno
+    import fcntl
 
-    url = study_url(str(tmp_path))
-    assert "nolock=1" in url
-    study = optuna.create_study(study_name="s", storage=url)
-    study.tell(study.ask({"x": optuna.distributions.UniformDistribution(0, 1)}), 0.25)
-    assert [t.value for t in optuna.load_study(study_name="s", storage=url).trials] == [0.25]
-    assert (tmp_path / "study.db").is_file()
+    from dew.cli.study_sweeper import holding_the_study
+    from dew.contract.rundir import STUDY_FILE, STUDY_LOCK_DIR
+    from dew.runs.study_storage import journal, sweeper_storage
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    study = optuna.create_study(study_name="s", storage=sweeper_storage(str(tmp_path), None))
+    study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 0.25)
+    path = str(tmp_path / STUDY_FILE)
+    assert [t.value for t in optuna.load_study(study_name="s", storage=journal(path)).trials] == [0.25]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STUDY_FILE]  # no lock file left behind
     with holding_the_study(str(tmp_path)):
         with pytest.raises(SystemExit) as refused, holding_the_study(str(tmp_path)):
             pass
@@ -465,3 +473,58 @@ def test_the_study_file_needs_no_file_locks_and_one_sweeper_holds_it(tmp_path, c
     assert not (tmp_path / STUDY_LOCK_DIR).exists()  # no trace once the sweep ends
     with holding_the_study(str(tmp_path)):  # and the next command takes it
         pass
+
+
+# -------------------------------------------------------------- a study an older dew made, continued
+
+OLD_STUDY = Path(__file__).resolve().parents[1] / "fixtures" / "optuna2_study"
+"""A study made by dew before its own sweeper (hydra-optuna-sweeper 1.3, optuna 2.10, SQLite), with
+the command below at n_trials=2 (checked in: ``study.db`` and its ``optimization_results.yaml``)."""
+OLD_COMMAND = [
+    "-m",
+    "hydra/sweeper=optuna",
+    "hparams_search=digits",
+    "hydra.sweeper.n_jobs=1",
+    *[a for a in TINY if not a.startswith("trainer.compilation_cache_dir=")],
+    "trainer.steps=3",
+    "trainer.eval_every=3",
+    "trainer.checkpoint_every=2",
+    "trainer.checkpoint_dir=ck",
+]
+
+
+@pytest.mark.slow
+def test_a_study_an_older_dew_made_is_continued_by_the_same_command(workdir: Path):
+    """The same command, asked for one trial more, keeps the two trials optuna 2.10 recorded (their
+    parameters, values and intermediate values), adds the third, reports the best, and leaves the
+    old file exactly as it was; ``dew-runs`` reads the old file before and the journal after."""
+    import filecmp
+    import shutil
+
+    from dew.cli.runs import run
+    from dew.runs.study_storage import reading, study_name
+
+    sweep = workdir / "ck" / "digits-sweep-91ab037321"  # the digest of OLD_COMMAND: the same directory
+    sweep.mkdir(parents=True)
+    shutil.copy(OLD_STUDY / "study.db", sweep / "study.db")
+    with reading(str(sweep)) as storage:
+        old = optuna.load_study(study_name=study_name(storage, str(sweep)), storage=storage).trials
+    assert [(t.number, t.state.name) for t in old] == [(0, "COMPLETE"), (1, "COMPLETE")]
+    before = run([str(sweep), "--tracking", str(workdir / "tracking")]).splitlines()
+    assert before[0] == f"study {sweep.name} (minimize): 2 trials, 2 complete"
+
+    result = dew_train(*OLD_COMMAND, "hydra.sweeper.n_trials=3", cwd=workdir, timeout=600)
+    assert result is not None and result.returncode == 0, result.stdout[-3000:]
+    assert f"{sweep.name}: 2 trials so far, 3 asked for" in result.stdout
+    study = study_of(sweep)
+    assert [(t.number, t.state.name) for t in study.trials] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
+    for was, now in zip(old, study.trials):
+        assert (now.params, now.value, now.intermediate_values) == (was.params, was.value, was.intermediate_values)
+    assert set(jobs(sweep)) == {2}  # only the new trial trained here
+    assert study.trials[2].value == pytest.approx(best_eval_loss(workdir, sweep, jobs(sweep)[2]), rel=1e-6)
+    best = min(study.trials, key=lambda t: t.value)
+    assert f"best trial {best.number}: {best.params} = {best.value}" in result.stdout
+    assert f"best_value: {best.value}" in (sweep / "optimization_results.yaml").read_text()
+    assert filecmp.cmp(OLD_STUDY / "study.db", sweep / "study.db", shallow=False)  # the old file as it was
+    after = run([str(sweep), "--tracking", str(workdir / "tracking")]).splitlines()
+    assert after[0] == f"study {sweep.name} (minimize): 3 trials, 3 complete"
