@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,10 @@ from dew.objectives.tokens import decode
 @dataclasses.dataclass
 class NextToken:
     """The next-token objective over ``tokens`` batches."""
+
+    eval_sums: ClassVar[tuple[str, ...]] = ("bits_per_token",)
+    """The keys of ``evaluate``'s ``Loss.sums``: its loss in bits too (declared, so that a run checks the
+    values its evaluations report before it trains: ``dew.objectives.base``)."""
 
     model_config: ModelConfig
     knobs: Any

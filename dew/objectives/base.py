@@ -51,6 +51,11 @@ class Objective(Protocol):
     # reported means (a perplexity is exp of a mean loss, not a mean of sums); the trainer logs them
     # beside the metrics they come from.
 
+    # Optional: ``eval_sums: tuple[str, ...]``, the keys of the ``Loss.sums`` that ``evaluate``
+    # returns (reported as ``eval/<key>``), so that a run knows before it trains which values its
+    # evaluations report (``dew.training.evaluate.reported``: ``trainer.early_stopping.metric`` is
+    # checked against them). Without it the check waits for the first evaluation.
+
     def summary(self) -> Mapping[str, Any]:
         """The recipe's own view of the run, for the tracker's config."""
         ...

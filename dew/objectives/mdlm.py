@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +54,10 @@ def subs_log_probs(logits_BxLxV1: jax.Array, z_BxL: jax.Array, mask_id: int) -> 
 @dataclasses.dataclass
 class MaskedDiffusion:
     """The masked-diffusion objective over ``tokens`` batches (the window's first ``seq_len``)."""
+
+    eval_sums: ClassVar[tuple[str, ...]] = ("bits_per_token",)
+    """The keys of ``evaluate``'s ``Loss.sums``: its loss in bits too (declared, so that a run checks the
+    values its evaluations report before it trains: ``dew.objectives.base``)."""
 
     model_config: ModelConfig
     knobs: Any

@@ -10,7 +10,7 @@ v = v_null + w·(v_label - v_null).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,10 @@ from dew.sampling import to_uint8
 @dataclasses.dataclass
 class FlowMatching:
     """The flow-matching objective over ``image``/``label`` batches."""
+
+    eval_sums: ClassVar[tuple[str, ...]] = ()
+    """The keys of ``evaluate``'s ``Loss.sums``: none, it reports the loss alone (declared, so that a run
+    checks the values its evaluations report before it trains: ``dew.objectives.base``)."""
 
     model_config: ModelConfig
     knobs: Any

@@ -13,6 +13,11 @@ journal: a resume restores them as they were at the step it resumes from, whiche
 is (one before a damaged one too), on every process, while the journal is written by process 0
 alone, may live elsewhere and holds evaluations a killed process made past that step. A preempted
 run therefore stops at the step an uninterrupted one does.
+
+A ``metric`` the run's evaluations do not report is refused before the run writes anything
+(``check``, among the set-up's checks and a launcher's), from what the objective declares its
+evaluation reports; the hook refuses it again at the first evaluation, for an objective that
+declares nothing and a dataset without evaluation batches.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dew.training.evaluate import reported
 from dew.training.hooks import Hook, Started
 from dew.training.preemption import StopRequest
 
 if TYPE_CHECKING:
     from dew.contract.config import EarlyStopping
-    from dew.objectives.base import Metric
+    from dew.objectives.base import Metric, Objective
     from dew.training.step import TrainState
 
 REASON = "early_stopping"
@@ -35,6 +41,26 @@ REASON = "early_stopping"
 
 class EarlyStoppingMetricError(ValueError):
     """``trainer.early_stopping.metric`` names a value the run's evaluations do not report."""
+
+
+def not_reported(metric: str, values: Sequence[str]) -> EarlyStoppingMetricError:
+    """The error for a watched ``metric`` outside the ``values`` the evaluations report."""
+    listed = ", ".join(sorted(values)) or "nothing (the dataset has no evaluation batches)"
+    return EarlyStoppingMetricError(
+        f"trainer.early_stopping.metric={metric!r} is not among the values this run's evaluations report: {listed}"
+    )
+
+
+def check(rule: EarlyStopping | None, objective: Objective, metrics: Sequence[Metric]) -> None:
+    """Refuse, before the run writes or trains anything, a ``rule.metric`` that the evaluations of
+    ``objective`` with ``metrics`` do not report (``dew.training.evaluate.reported``: the objective's
+    own declaration). An objective that declares nothing is left to the hook's check at the first
+    evaluation, as is a dataset without evaluation batches."""
+    if rule is None or rule.metric is None:
+        return  # the best checkpoint's metric: eval/loss or a metric of the run's own
+    values = reported(objective, metrics)
+    if values is not None and rule.metric not in values:
+        raise not_reported(rule.metric, values)
 
 
 def watched(rule: EarlyStopping, metrics: Sequence[Metric], best: tuple[str, bool]) -> tuple[str, bool]:
@@ -89,12 +115,8 @@ class EarlyStop(Hook):
 
     def observe(self, step: int, values: Mapping[str, float]) -> StopRequest | None:
         """Count the evaluation at ``step``; the stop request when the rule says to stop there."""
-        if self.metric not in values:
-            reported = ", ".join(sorted(values)) or "nothing (the dataset has no evaluation batches)"
-            raise EarlyStoppingMetricError(
-                f"trainer.early_stopping.metric={self.metric!r} is not among the values this run's evaluations "
-                f"report: {reported}"
-            )
+        if self.metric not in values:  # checked before the run (``check``) where the objective declares its values
+            raise not_reported(self.metric, list(values))
         value = float(values[self.metric])
         self.evaluations += 1
         if self.improves(value):

@@ -3,7 +3,7 @@ summed on the devices and divided once at the end, so every batch weighs by its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from flax import nnx
 
     from dew.contract.data import Batch
-    from dew.objectives.base import Objective
+    from dew.objectives.base import Metric, Objective
 
 Sums = tuple[Any, Any, dict[str, Any], dict[str, tuple[Any, Any]]]
 """What one evaluation batch returns, and what the batches add up to: (total loss, count, the
@@ -25,6 +25,19 @@ def derived_metrics(objective: Objective, values: Mapping[str, float]) -> dict[s
     """Metrics an objective derives from the reported means (next_token's perplexity)."""
     derive = getattr(objective, "derived_metrics", None)
     return dict(derive(values)) if derive is not None else {}
+
+
+def reported(objective: Objective, metrics: Sequence[Metric]) -> list[str] | None:
+    """The values an evaluation of ``objective`` with ``metrics`` reports, known before anything is
+    compiled: ``eval/loss``, the objective's own sums (its declared ``eval_sums``), each metric's and
+    what the objective derives from those (``derived_metrics``, asked of placeholder values). None
+    for an objective that does not declare its sums: its evaluation says what it reports when it
+    runs. (A dataset without evaluation batches reports nothing, which only its evaluation shows.)"""
+    sums = getattr(objective, "eval_sums", None)
+    if sums is None:
+        return None
+    values = [BEST_METRIC, *(f"eval/{k}" for k in sums), *(f"eval/{m.name}" for m in metrics)]
+    return sorted({*values, *derived_metrics(objective, dict.fromkeys(values, 1.0))})
 
 
 def add(a: Sums | None, b: Sums) -> Sums:

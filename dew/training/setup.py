@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import jax
@@ -23,8 +23,9 @@ from dew.contract.data import Dataset
 from dew.contract.journal import JournalError, read
 from dew.contract.models import of
 from dew.contract.rundir import JOURNAL
-from dew.objectives.base import Objective
-from dew.training import adapt, preflight, sharding
+from dew.objectives.base import Metric, Objective
+from dew.objectives.metrics import builtin_metrics
+from dew.training import adapt, early_stopping, preflight, sharding
 from dew.training.checkpointing import warmstart
 from dew.training.hooks import from_config
 from dew.training.optim.build import Optimizer, build_optimizer
@@ -80,12 +81,15 @@ def check(
     objective: Objective,
     dataset: Dataset,
     *,
+    metrics: Sequence[Metric] | None = None,
     device_count: int | None = None,
     process_count: int | None = None,
 ) -> tuple[int, int | None, int | None]:
     """Everything about a run that can fail before it starts, checked without touching the disk or
     allocating the model: the batch the dataset was loaded at, the run's length and cadences, the
-    mesh and the batch split, and the optimizer over the model's (abstract) parameters.
+    value early stopping watches against those the evaluations report (with ``metrics``, the ones
+    the run evaluates; None: dew-train's, ``builtin_metrics``), the mesh and the batch split, and
+    the optimizer over the model's (abstract) parameters.
 
     Returns the run's total steps and its evaluation and checkpoint intervals. With
     ``device_count``, the mesh is an abstract one over that many devices (the launching process of
@@ -107,6 +111,7 @@ def check(
         )
     preflight.check_attention(run)
     from_config(t.hooks)  # each named hook is registered and takes its options
+    early_stopping.check(t.early_stopping, objective, builtin_metrics(objective) if metrics is None else metrics)
     trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
@@ -148,10 +153,18 @@ def run_optimizer(run: RunConfig, dataset: Dataset, params: nnx.State, total_ste
     )
 
 
-def check_setup(run: RunConfig, objective: Objective, dataset: Dataset, name: str, stop: StopSignals) -> Setup:
-    """Check the run and its run directory (reading only: a refused resume changes nothing, the lock
-    included); the process must be started (``start_process``)."""
-    total_steps, eval_every, ckpt_every = check(run, objective, dataset)
+def check_setup(
+    run: RunConfig,
+    objective: Objective,
+    dataset: Dataset,
+    name: str,
+    stop: StopSignals,
+    metrics: Sequence[Metric] | None = None,
+) -> Setup:
+    """Check the run (evaluated with ``metrics``: ``check``) and its run directory (reading only: a
+    refused resume changes nothing, the lock included); the process must be started
+    (``start_process``)."""
+    total_steps, eval_every, ckpt_every = check(run, objective, dataset, metrics=metrics)
     path = run_dir(run, name)
     preflight.check_checkpoint_dir(run.trainer, path)
     trains = trained_objective(run, objective)
@@ -207,6 +220,7 @@ def set_up(
     plan: Callable[[], Planned],
     *,
     agree: Callable[[Exception | None], None] = alone,
+    metrics: Sequence[Metric] | None = None,
 ) -> tuple[Planned, Setup]:
     """The whole set-up of a run, once, for ``RunConfig.train`` and ``dew-train`` alike: the process
     (XLA flags, the compilation cache, the pool) before any backend opens, the stop signals, then
@@ -214,12 +228,12 @@ def set_up(
     pool is up), the checks (reading only), ``agree`` (the processes of a pool agree on the verdict:
     called with this process's error or None; it raises to stop a process whose peer failed), and
     the claim: the run directory's lock and record. The lock and the signal handlers are held until
-    ``held`` closes."""
+    ``held`` closes. ``metrics``: the ones the run evaluates (``RunConfig.train``'s; None: dew-train's)."""
     start_process(trainer)
     stop = listen(held)  # before the checks: a signal from here on stops the run at its first step
     try:
         planned = plan()
-        setup = check_setup(*planned, stop)  # reads only: a refused resume changes nothing
+        setup = check_setup(*planned, stop, metrics)  # reads only: a refused resume changes nothing
     except Exception as err:
         agree(err)
         raise

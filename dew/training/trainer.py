@@ -130,7 +130,7 @@ def train(
     with contextlib.ExitStack() as held:
         # (1) The set-up: checks, the process, the stop signals, the run directory's lock and record.
         if setup is None:
-            setup = set_up(run.trainer, held, lambda: Planned(run, objective, dataset, name))[1]
+            setup = set_up(run.trainer, held, lambda: Planned(run, objective, dataset, name), metrics=metrics)[1]
         return _train(
             run, objective, dataset, setup, metrics=metrics, summary=summary, criterion=criterion, hooks=hooks
         )

@@ -9,16 +9,19 @@ import math
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from etils import epath
 
 from dew.config import EarlyStopping
+from dew.training import early_stopping
 from dew.training.early_stopping import EarlyStop, EarlyStoppingMetricError, watched
 from dew.training.hooks import At, Hook, hooks
 from dew.training.preemption import Preempted, StopRequest, StopSignals
-from tests.training.conftest import compose, journal, load_params, losses, steps_on_disk, train_tiny
+from tests.conftest import dew
+from tests.training.conftest import TINY, compose, journal, load_params, losses, steps_on_disk, train_tiny
 
 # A tiny digits run whose eval/loss keeps falling, ever more slowly: with min_delta 0.02 the gains
 # drop under it and the rule stops the run at step 33 of 36 (an evaluation every 3 steps).
@@ -122,6 +125,121 @@ def test_a_stop_request_stops_at_the_next_boundary_and_the_first_one_stands():
     stop.request(StopRequest("pruned", "second"))
     assert stop.stop_at(2) and stop.requested is not None and stop.requested.message == "first"
     assert StopRequest.from_json(stop.requested.to_json()) == stop.requested
+
+
+class Top:
+    """A metric of a run's own (``RunConfig.train(metrics=...)``), by its name alone."""
+
+    name, best, higher_is_better = "top", False, True
+
+
+def built_in_objectives() -> dict[str, tuple[Any, dict[str, Any]]]:
+    """dew's objectives, tiny, as their own tests build them, each with a batch's shapes (no mask)."""
+    from dew.config import ModelConfig
+    from dew.objectives.autoregressive import NextToken
+    from dew.objectives.flow_matching import FlowMatchingKnobs
+    from dew.objectives.masked_diffusion import MaskedDiffusionKnobs
+    from dew.objectives.mdlm import MaskedDiffusion
+    from dew.objectives.next_token import NextTokenKnobs
+    from dew.objectives.rectified_flow import FlowMatching
+
+    tiny = {"hidden_size": 32, "depth": 1, "num_heads": 2}
+    dit = ModelConfig(
+        "simple_dit", {**tiny, "patch_size": 2, "input_size": 8, "in_channels": 1, "num_classes": 10}, dtype="float32"
+    )
+    lm = ModelConfig("transformer", {**tiny, "vocab_size": 13, "seq_len": 8}, dtype="float32")
+    mdlm = ModelConfig("simple_dit", {**tiny, "vocab_size": 12, "input_size": 8, "num_classes": 0}, dtype="float32")
+    tokens = {"tokens": ((4, 9), np.int32)}
+    return {
+        "flow_matching": (
+            FlowMatching(dit, FlowMatchingKnobs(), 10, (8, 8, 1)),
+            {"image": ((4, 8, 8, 1), np.float32), "label": ((4,), np.int32)},
+        ),
+        "next_token": (NextToken(lm, NextTokenKnobs(), 13, 8), tokens),
+        "masked_diffusion": (MaskedDiffusion(mdlm, MaskedDiffusionKnobs(), 11, 8), tokens),
+    }
+
+
+def test_each_objective_declares_the_sums_its_evaluation_reports():
+    """``eval_sums``, what the check before a run reads, is what ``evaluate`` returns (traced, not run)."""
+    import jax
+    from flax import nnx
+
+    from dew.contract.objectives import objectives
+
+    built = built_in_objectives()
+    assert {n for n, spec in objectives.items() if spec.__module__.startswith("dew.")} == set(built)
+    for name, (objective, spec) in built.items():
+        graphdef, state = nnx.split(nnx.eval_shape(lambda o=objective: o.build(nnx.Rngs(params=0))))
+        batch = {k: jax.ShapeDtypeStruct(shape, dtype) for k, (shape, dtype) in spec.items()}
+        batch["mask"] = jax.ShapeDtypeStruct((4,), np.float32)
+        key = jax.ShapeDtypeStruct((2,), np.uint32)
+
+        def evaluate(state, batch, key, objective=objective, graphdef=graphdef):
+            return objective.evaluate(nnx.merge(graphdef, state), batch, key)
+
+        out = jax.eval_shape(evaluate, state, batch, key)
+        assert tuple(out.sums) == objective.eval_sums, name
+
+
+def test_the_watched_metric_is_checked_against_what_the_evaluations_report():
+    """Before the run: eval/loss, the objective's own values and derived ones, its metrics' pass; any
+    other is refused naming the field, the value and the values reported."""
+    from dew.objectives.metrics import builtin_metrics
+    from dew.training.evaluate import reported
+
+    next_token = built_in_objectives()["next_token"][0]
+    metrics = builtin_metrics(next_token)
+    assert reported(next_token, metrics) == ["eval/accuracy", "eval/bits_per_token", "eval/loss", "eval/perplexity"]
+    for metric in (None, "eval/loss", "eval/accuracy", "eval/bits_per_token", "eval/perplexity"):
+        early_stopping.check(EarlyStopping(metric=metric), next_token, metrics)
+    early_stopping.check(None, next_token, metrics)
+    with pytest.raises(EarlyStoppingMetricError) as refused:
+        early_stopping.check(EarlyStopping(metric="eval/nonexistent"), next_token, metrics)
+    assert str(refused.value) == (
+        "trainer.early_stopping.metric='eval/nonexistent' is not among the values this run's evaluations report: "
+        "eval/accuracy, eval/bits_per_token, eval/loss, eval/perplexity"
+    )
+    with pytest.raises(EarlyStoppingMetricError, match=r"report: eval/bits_per_token, eval/loss, eval/perplexity$"):
+        early_stopping.check(EarlyStopping(metric="eval/accuracy"), next_token, ())  # a run without the metric
+    # An objective that declares nothing is left to the first evaluation.
+    assert reported(object(), metrics) is None
+    early_stopping.check(EarlyStopping(metric="eval/nonexistent"), object(), metrics)
+
+
+def test_the_run_checks_the_watched_metric_with_the_metrics_it_evaluates(tmp_path: Path):
+    """``check`` (the set-up's, dew-train's and a launcher's) takes dew-train's metrics, or the run's
+    own (``RunConfig.train``); a refused run writes nothing."""
+    from dew.build import build_run
+    from dew.training.trainer import check
+
+    built = build_run(compose("trainer.steps=2", "trainer.early_stopping={metric: eval/top}"))
+    with pytest.raises(EarlyStoppingMetricError, match=r"metric='eval/top' is not among .*: eval/loss$"):
+        check(*built)  # flow_matching's own metrics: none
+    check(*built, metrics=[Top()])  # type: ignore[list-item]
+    with pytest.raises(EarlyStoppingMetricError, match=r"metric='eval/top' is not among"):
+        train_tiny(tmp_path, "trainer.steps=2", "trainer.early_stopping={metric: eval/top}")
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "tracking").exists()
+
+
+@pytest.mark.slow
+def test_dew_train_refuses_a_metric_its_evaluations_do_not_report_and_writes_nothing(workdir: Path):
+    """dew-train, its --check and a sweep's check of each job: one line, exit 2, before any step, and
+    nothing written (not even the run directory that would then refuse the corrected command)."""
+    bad = [*TINY, "trainer.steps=4", "trainer.early_stopping={metric: eval/nonexistent}", "trainer.checkpoint_dir=ck"]
+    line = (
+        "dew-train: error: trainer.early_stopping.metric='eval/nonexistent' is not among the values this run's "
+        "evaluations report: eval/loss"
+    )
+    for args in (bad, ["--check", *bad]):
+        result = dew(*args, cwd=workdir)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [line]
+        assert list(workdir.iterdir()) == []
+    sweep = dew("-m", *bad, "optim.learning_rate=1e-3,1e-2", cwd=workdir)
+    assert sweep.returncode == 2, sweep.stderr
+    assert sweep.stderr.count(line.removeprefix("dew-train: error: ")) == 2, sweep.stderr
+    assert list(workdir.iterdir()) == []
 
 
 @pytest.mark.slow
