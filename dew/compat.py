@@ -388,6 +388,15 @@ def optuna_trial(study: optuna.Study, number: int) -> optuna.trial.Trial:
     return optuna.trial.Trial(study, trial_id)
 
 
+def optuna_set_system_attr(study: optuna.Study, number: int, key: str, value: Any) -> None:
+    """Set a system attribute of trial ``number`` of ``study`` (a pruner's own bookkeeping, such as
+    successive halving's rungs, that dew replays into the study from a trial's journal). Optuna 3
+    removed ``Trial.set_system_attr`` from the public API; its pruners write these through the
+    storage, as this does. Checked against optuna 5.1.0."""
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    study._storage.set_trial_system_attr(trial_id, key, value)
+
+
 # ------------------------------------------------------------------------------------------- tyro
 
 

@@ -11,7 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARIES = {"jax", "jaxlib", "flax", "optax", "orbax", "hydra", "omegaconf", "submitit", "qwix", "grain", "wandb", "optuna"}
+LIBRARIES = {
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "orbax",
+    "hydra",
+    "omegaconf",
+    "submitit",
+    "qwix",
+    "grain",
+    "wandb",
+    "optuna",
+}
 PLUGINS = ("hydra_plugins.hydra_submitit_launcher",)
 """Other libraries' Hydra plugins, in the ``hydra_plugins`` namespace dew's own plugins share."""
 

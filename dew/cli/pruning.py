@@ -110,7 +110,7 @@ def judge(
     """Optuna's verdict on trial ``own`` (running, its last value just reported), against a study in
     memory holding ``others`` under their numbers (a number no journal reported is a failed trial,
     which no pruner counts): whether to prune, and the pruner's attributes for the trial after it."""
-    study = optuna.create_study(study_name=study_name, direction=direction)
+    study = optuna.create_study(study_name=study_name, direction=optuna.study.StudyDirection[direction.upper()])
     with warnings.catch_warnings():  # create_trial and add_trial: experimental in Optuna 2.10, stable since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         for number in range(max([own.number, *others]) + 1):
@@ -216,5 +216,5 @@ def replay(study: optuna.Study, number: int, journal: str, metric: str) -> Repor
         if step not in known:
             trial.report(value if math.isfinite(value) else math.nan, step)
     for key, value in report.attrs.items():
-        trial.set_system_attr(key, value)
+        compat.optuna_set_system_attr(study, number, key, value)
     return report

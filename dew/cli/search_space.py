@@ -47,20 +47,23 @@ def distribution(override: Override) -> BaseDistribution:
     """The Optuna distribution of one sweep override (the table above)."""
     value = override.value()
     if override.is_choice_sweep() or (isinstance(value, RangeSweep) and value.shuffle):
-        return CategoricalDistribution(list(override.sweep_iterator(transformer=Transformer.encode)))
+        choices: list[Any] = list(override.sweep_iterator(transformer=Transformer.encode))
+        return CategoricalDistribution(choices)
     if isinstance(value, RangeSweep):
-        values = list(override.sweep_iterator())
+        values: list[Any] = list(override.sweep_iterator())
         if not values:
             raise ValueError(f"{override.input_line}: the range is empty")
-        step = value.step
+        step: Any = value.step
         if any(isinstance(v, float) for v in (value.start, value.stop, step)):
             return FloatDistribution(float(values[0]), float(values[-1]), step=float(step))
         return IntDistribution(int(values[0]), int(values[-1]), step=int(step))
     if isinstance(value, IntervalSweep):
         log = "log" in value.tags
-        if isinstance(value.start, int) and isinstance(value.end, int):
-            return IntDistribution(value.start, value.end, log=log)
-        return FloatDistribution(float(value.start), float(value.end), log=log)
+        start: Any = value.start
+        end: Any = value.end
+        if isinstance(start, int) and isinstance(end, int):
+            return IntDistribution(start, end, log=log)
+        return FloatDistribution(float(start), float(end), log=log)
     raise ValueError(f"{override.input_line}: a search takes choice, range or interval sweeps (docs/search.md)")
 
 

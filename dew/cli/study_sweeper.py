@@ -164,7 +164,7 @@ class StudySweeper(Sweeper):
             study_name=self.study_name or Path(self.sweep_dir).name,
             storage=sweeper_storage(self.sweep_dir, self.storage),
             sampler=self.sampler,
-            direction=direction,
+            direction=optuna.study.StudyDirection[direction.upper()],
             load_if_exists=True,
         )
         log.info(
@@ -176,6 +176,9 @@ class StudySweeper(Sweeper):
         )
         if study.trials:  # a seeded sampler would draw the first trials' parameters again
             self.sampler.reseed_rng()
+        if hasattr(self.launcher, "refilling"):  # dew's local and SLURM launchers: slots refilled as they free
+            self._refill(study, space, fixed)
+            return self._report(study)
         for trials in _consecutive([t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]):
             log.info("resuming trial(s) %s, left running by an interrupted command", [t.number for t in trials])
             self._run(study, trials, [_overrides(t.params, fixed) for t in trials])
@@ -185,18 +188,31 @@ class StudySweeper(Sweeper):
                 self._run(study, group, self._configure_trials(group, space, fixed))
         self._report(study)
 
+    def _refill(self, study: optuna.Study, space: dict[str, Any], fixed: dict[str, Any]) -> None:
+        """Run the study's trials ``n_jobs`` at a time, each slot given the next trial the moment its
+        trial ends (``dew.launching.refill``): first the trials an interrupted command left running,
+        then new ones until the study has ``n_trials`` finished."""
+        from dew.launching.refill import run_refilled
+
+        if problem := self.launcher.launcher_problem():
+            stop(problem, BAD_INPUT)
+        source = RefilledTrials(self, study, space, fixed)
+        run_refilled(self.launcher, source, self.n_jobs)
+        if source.stopping is not None:
+            stop(source.stopping)
+
     def _rehearse(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
         """``dew-train --check`` or a dry run: the first batch of trials a new study would draw (the
         sampler's seed as configured), drawn in a study held in memory, handed to the launcher,
         which checks (or prints) them and starts nothing; nothing is told, written or continued."""
-        study = optuna.create_study(sampler=self.sampler, direction=direction)
+        study = optuna.create_study(sampler=self.sampler, direction=optuna.study.StudyDirection[direction.upper()])
         trials = [study.ask(space) for _ in range(min(self.n_trials, max(self.n_jobs, 1)))]
         self.launcher.launch(self._configure_trials(trials, space, fixed), initial_job_idx=0)
 
     def _search_space(self, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(distributions, fixed values) from ``hydra.sweeper.params`` and the command line (a fixed
         value on the command line takes the key out of the space); the grid sampler gets its grid."""
-        given = [f"{k}={v}" for k, v in (self.params or {}).items()]
+        given = [f"{k!s}={v}" for k, v in (self.params or {}).items()]
         try:
             space, fixed = search_space.parse([*given, *arguments])
         except ValueError as err:
@@ -316,24 +332,32 @@ class StudySweeper(Sweeper):
             returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
         except Exception as err:
             return [_fail(study, t.number, f"its launch failed: {_one_line(err)}") for t in trials]
-        failures = []
-        for trial, ret in zip(trials, returns):
-            try:
-                outcome = ret.return_value  # raises the trial's own error when it failed
-                value = float(outcome)
-                if not math.isfinite(value):
-                    raise ValueError(f"its value is {value}")
-            except Exception as err:
-                failures.append(_fail(study, trial.number, _one_line(err)))
-                continue
-            if isinstance(outcome, TrialOutcome):  # what it reported to its pruner, as Optuna keeps it
-                replay(study, trial.number, outcome.journal, outcome.metric)
-            if isinstance(outcome, TrialOutcome) and outcome.pruned:
-                log.info("trial %d was pruned (its value so far: %s)", trial.number, value)
-                _tell(study, trial.number, state=optuna.trial.TrialState.PRUNED)
-            else:
-                _tell(study, trial.number, value)
+        failures = [
+            failure for trial, ret in zip(trials, returns) if (failure := self._record(study, trial.number, ret))
+        ]
         return failures
+
+    def _record(self, study: optuna.Study, number: int, ret: Any) -> str | None:
+        """Tell the study how trial ``number`` ended (``ret``: Hydra's ``JobReturn``, whose
+        ``return_value`` raises the trial's own error, or the exception that says why there is none):
+        its value, PRUNED with its intermediate values, or FAIL; the failure's message, else None."""
+        try:
+            if isinstance(ret, BaseException):
+                raise ret
+            outcome = ret.return_value  # raises the trial's own error when it failed
+            value = float(outcome)
+            if not math.isfinite(value):
+                raise ValueError(f"its value is {value}")
+        except Exception as err:
+            return _fail(study, number, _one_line(err))
+        if isinstance(outcome, TrialOutcome):  # what it reported to its pruner, as Optuna keeps it
+            replay(study, number, outcome.journal, outcome.metric)
+        if isinstance(outcome, TrialOutcome) and outcome.pruned:
+            log.info("trial %d was pruned (its value so far: %s)", number, value)
+            _tell(study, number, state=optuna.trial.TrialState.PRUNED)
+        else:
+            _tell(study, number, value)
+        return None
 
     def _report(self, study: optuna.Study) -> None:
         """Log the best trial and write it to ``optimization_results.yaml`` in the sweep directory,
@@ -347,6 +371,60 @@ class StudySweeper(Sweeper):
             OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
             Path(self.sweep_dir) / "optimization_results.yaml",
         )
+
+
+class RefilledTrials:
+    """The study as a launcher's ``TrialSource`` (``dew.launching.refill``): the next trial to start
+    (one an interrupted command left running first, then one the sampler draws, while the study lacks
+    finished trials that the running ones would not make up), and each ended trial told to the study
+    at once. ``max_failure_rate`` is the share of the trials this command ended that may fail (judged
+    once ``n_jobs`` of them ended): past it, no trial starts, the running ones end, and the command
+    ends with ``stopping``."""
+
+    def __init__(self, sweeper: StudySweeper, study: optuna.Study, space: dict[str, Any], fixed: dict[str, Any]):
+        self.sweeper, self.study, self.space, self.fixed = sweeper, study, space, fixed
+        self.resumed = [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+        if self.resumed:
+            log.info("resuming trial(s) %s, left running by an interrupted command", [t.number for t in self.resumed])
+        self.running: set[int] = set()
+        self.ended: list[str | None] = []
+        """Each trial this command ended: its failure, or None."""
+        self.stopping: str | None = None
+
+    def next_job(self) -> tuple[int, tuple[str, ...]] | None:
+        while self.stopping is None:
+            if self.resumed:
+                trial: Any = self.resumed.pop(0)
+            elif self._lacking() > 0:
+                trial = self.study.ask(self.space)
+            else:
+                return None
+            overrides = _overrides(trial.params, self.fixed)
+            if (problem := self.sweeper._composition_problem(overrides)) is not None:
+                self._ended(_fail(self.study, trial.number, problem))
+                continue
+            self.running.add(trial.number)
+            return trial.number, overrides
+        return None
+
+    def job_ended(self, number: int, outcome: Any) -> None:
+        self.running.discard(number)
+        self._ended(self.sweeper._record(self.study, number, outcome))
+
+    def _lacking(self) -> int:
+        """Finished trials the study lacks, less the ones running."""
+        finished = sum(t.state in FINISHED for t in self.study.get_trials(deepcopy=False))
+        return self.sweeper.n_trials - finished - len(self.running)
+
+    def _ended(self, failure: str | None) -> None:
+        self.ended.append(failure)
+        failed = [f for f in self.ended if f is not None]
+        rate = self.sweeper.max_failure_rate
+        if failed and len(self.ended) >= self.sweeper.n_jobs and len(failed) / len(self.ended) > rate:
+            self.stopping = (
+                f"{len(failed)} of {len(self.ended)} trials failed, more than hydra.sweeper.max_failure_rate={rate}; "
+                f"the study stops (the first: {failed[0]})"
+            )
 
 
 def rehearsal(config: DictConfig) -> bool:

@@ -7,12 +7,14 @@ mixins before Hydra's and hydra-submitit-launcher's classes; ``dew.launching.loc
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import logging
 import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hydra.core.singleton import Singleton
@@ -24,10 +26,12 @@ from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
 from dew.contract.lock import RunLockedError, holder
 from dew.launching.checks import checking, failures, record_checked
 from dew.launching.gc_settings import collect_less
-from dew.launching.interrupts import current, stop_before_start
+from dew.launching.interrupts import LaunchInterrupts, current, stop_before_start
 from dew.launching.jobs import SweepJob, compose_jobs, stop_record
 from dew.launching.sweep_lock import holding_the_sweep, refuse_live_jobs, wait_until_released
 from dew.training.preemption import install_early
+
+log = logging.getLogger("dew")
 
 
 class CheckedLaunch:
@@ -167,6 +171,59 @@ class SubmititLaunch(CheckedLaunch):
     def start_and_wait(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         """hydra-submitit-launcher's ``launch``: submit the jobs, wait for them, return their results."""
         return super(CheckedLaunch, self).launch(job_overrides, initial_job_idx)  # type: ignore[misc]
+
+    # A search's trials one job at a time, each slot refilled as its job ends (dew.launching.refill).
+
+    _EXECUTOR: str
+    """hydra-submitit-launcher's name of the submitit executor (``local``, ``slurm``)."""
+
+    @contextlib.contextmanager
+    def refilling(self) -> Iterator[LaunchInterrupts | None]:
+        """The set-up of a refilled search's whole run (``dew.launching.refill``), around every
+        submission: yields the launching process's signal handler, or None where Ctrl-C is Python's
+        own (it then ends the command at once, the jobs running on, as after a batch)."""
+        hand_back_signals()
+        try:
+            yield None
+        except KeyboardInterrupt:
+            print(
+                f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
+                "logs); scancel stops them, and the same command resumes what they did not finish",
+                file=sys.stderr,
+                flush=True,
+            )
+            sys.exit(130)
+
+    def executor(self) -> Any:
+        """submitit's executor with this launcher's parameters, as hydra-submitit-launcher's ``launch``
+        builds it (it builds one inside ``launch`` and keeps none: a job submitted on its own needs
+        its own): ``max_num_timeout`` an argument of the executor, the queue's shared fields as they
+        are and the others prefixed with the executor's name."""
+        import submitit
+
+        from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+        own = {"submitit_folder", "max_num_timeout"}
+        executor = submitit.AutoExecutor(
+            cluster=self._EXECUTOR,
+            folder=self.params["submitit_folder"],
+            **{f"{self._EXECUTOR}_max_num_timeout": v for k, v in self.params.items() if k == "max_num_timeout"},
+        )
+        shared = set(OmegaConf.structured(BaseQueueConf).keys())
+        executor.update_parameters(
+            **{k if k in shared else f"{self._EXECUTOR}_{k}": v for k, v in self.params.items() if k not in own}
+        )
+        return executor
+
+    def submit(self, executor: Any, job: SweepJob) -> Any:
+        """Submit ``job`` alone (its own submitit job, as each job of a batch's array is), with the
+        arguments hydra-submitit-launcher gives every job; its handle."""
+        from hydra.core.utils import filter_overrides
+
+        log.info("\t#%d : %s", job.num, " ".join(filter_overrides(job.overrides)))
+        return executor.submit(
+            self, job.overrides, "hydra.sweep.dir", job.num, f"job_id_for_{job.num}", Singleton.get_state()
+        )
 
 
 def ended_on_a_signal(jobs: Sequence[Any]) -> bool:

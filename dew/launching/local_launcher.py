@@ -17,12 +17,14 @@ the jobs to end. A launcher that dies takes its jobs with it (``watch_launcher``
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dew import compat
-from dew.launching.interrupts import for_launch
+from dew.launching.interrupts import LaunchInterrupts, for_launch
+from dew.launching.jobs import SweepJob
 from dew.launching.launchers import (
     SubmititLaunch,
     end_of_refused,
@@ -97,6 +99,30 @@ class LocalLaunch(SweepInPickle, SubmititLaunch):
             wait_until_released(jobs)
             end_of_stopped(jobs, interrupted=True, status=signals.status)
         return results
+
+    @contextlib.contextmanager
+    def refilling(self) -> Iterator[LaunchInterrupts | None]:
+        """A refilled search's set-up (``dew.launching.refill``): as ``run_jobs`` and ``start_and_wait``
+        set up a batch, once for the whole search; each job gets its port as it is submitted."""
+        signals = for_launch()
+        self.stop_file = os.path.abspath(os.path.join(str(self.config.hydra.sweep.dir), SWEEP_LOCK_DIR, STOP_FILE))
+        signals.watch(self.stop_file)
+        self.ports = {}
+        self.record_sweep()
+        self.launcher_pid = os.getpid()
+        self.controllers = []
+        try:
+            with (
+                compat.submitit_local_controllers(self.controllers),
+                compat.submitit_local_results_wait(RESULT_WAIT_S),
+            ):
+                yield signals
+        finally:
+            signals.ended()
+
+    def submit(self, executor: Any, job: SweepJob) -> Any:
+        self.ports.update(free_ports(1, first=job.num))  # taken by the job's pickle, made now
+        return super().submit(executor, job)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "controllers"}  # processes do not pickle

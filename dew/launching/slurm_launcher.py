@@ -9,15 +9,16 @@ cluster itself (``dew.launching.pool``)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from dew import compat
-from dew.launching.launchers import SubmititLaunch, job_process_setup
+from dew.launching.launchers import SubmititLaunch, job_process_setup, searching
 from dew.launching.naming import SweepInPickle
 
 
@@ -81,6 +82,17 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
         self.params = slurm_parameters(self.given, str(self.config.hydra.sweep.dir))
         return super().launch(job_overrides, initial_job_idx)  # the checks, then start_and_wait
 
+    @contextlib.contextmanager
+    def refilling(self) -> Iterator[None]:
+        """A refilled search's set-up (``dew.launching.refill``): the parameters and batch script of
+        ``launch`` and ``start_and_wait``, once for the whole search."""
+        self.record_sweep()
+        if self.given is None:
+            self.given = dict(self.params)
+        self.params = slurm_parameters(self.given, str(self.config.hydra.sweep.dir))
+        with super().refilling(), compat.submitit_slurm_script(functools.partial(batch_script, self.params)):
+            yield None
+
     def launcher_problem(self) -> str | None:
         if self.dry_run:  # prints the script: no cluster needed
             return None
@@ -99,13 +111,19 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
             return super().start_and_wait(job_overrides, initial_job_idx)
 
     def print_script(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
-        """Print the batch script ``launch`` would submit (one for a whole sweep: a job array) and
-        each job's overrides; submit nothing."""
+        """Print the batch script ``launch`` would submit (one for a whole sweep: a job array; for a
+        search, the one each trial's job gets) and each job's overrides; submit nothing."""
         folder = str(Path(self.params["submitit_folder"]).expanduser().absolute())  # as the executor makes it
-        count = len(job_overrides) if len(job_overrides) > 1 else None
+        search = searching(self.config)  # a search's trials are jobs of their own (dew.launching.refill)
+        count = len(job_overrides) if len(job_overrides) > 1 and not search else None
         print(batch_script(self.params, folder, compat.submitit_slurm_command(folder), count))
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             print(f"# job {idx}: {' '.join(overrides)}")
+        if search:
+            print(
+                f"# a search: each trial is a job of its own with this script, {len(job_overrides)} at a time "
+                "(hydra.sweeper.n_jobs), the next submitted as soon as one ends"
+            )
         print(
             f"# dry run: nothing submitted (hydra.launcher.dry_run=true); the runs would be in "
             f"{self.config.hydra.sweep.dir}"

@@ -47,6 +47,11 @@ def refuse_live_jobs(sweep_dir: str, jobs: Sequence[SweepJob]) -> None:
             "the same command run again would start them twice. Wait for it to end (it "
             "resumes what it did not finish when run again) or stop it"
         )
+    refuse_running(jobs)
+
+
+def refuse_running(jobs: Sequence[SweepJob]) -> None:
+    """Raise ``RunLockedError`` if one of the jobs' run directories is in use."""
     for job in jobs:
         if (who := holder(job.run_dir)) is not None:
             raise RunLockedError(

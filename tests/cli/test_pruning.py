@@ -166,6 +166,33 @@ def test_the_sweeps_journals_say_each_trials_state_values_and_rungs(tmp_path):
     assert math.isnan(reports[2].values[5])
 
 
+def test_a_pruned_trials_report_is_replayed_into_the_study_with_its_rungs(tmp_path):
+    """The sweeper, the study's writer, puts a trial's journal into the study when it ends: its
+    intermediate values and the pruner's attributes (successive halving's rung), where Optuna's own
+    reporting would have put them, so the study file holds what a pruner reads."""
+    from dew.cli.pruning import replay
+
+    start = {"event": "start", "step": 0, "total_steps": 20, "version": 1}
+    _journal(
+        tmp_path / "0-lr=2",
+        [
+            start,
+            {"step": 5, "eval/loss": 2.0},
+            {"event": "prune_check", "step": 5, "value": 2.0, "pruned": True, "attrs": {"completed_rung_0": 2.0}},
+            {"event": "early_stop", "step": 5, "reason": PRUNED, "message": "SuccessiveHalvingPruner at step 5"},
+            {"event": "end", "step": 5},
+        ],
+    )
+    study = optuna.create_study(storage=journal(str(tmp_path / "study.journal")))
+    trial = study.ask()
+    report = replay(study, trial.number, str(tmp_path / "0-lr=2" / "journal.jsonl"), "eval/loss")
+    assert report.state == TrialState.PRUNED
+    study.tell(trial.number, state=TrialState.PRUNED)
+    [told] = study.trials
+    assert told.intermediate_values == {5: 2.0} and told.value == 2.0
+    assert told.system_attrs == {"completed_rung_0": 2.0}
+
+
 def test_a_pruner_optuna_refuses_or_that_could_never_prune_is_refused(capsys):
     import functools
 
@@ -179,7 +206,8 @@ def test_a_pruner_optuna_refuses_or_that_could_never_prune_is_refused(capsys):
         StudySweeper._check_pruner(bad)
     assert refused.value.code == 2
     assert capsys.readouterr().err.strip() == (
-        "dew-train: error: hydra.sweeper.pruner: Percentile must be between 0 and 100 inclusive, but got percentile=150.0."
+        "dew-train: error: hydra.sweeper.pruner: Percentile must be between 0 and 100 inclusive, "
+        "but got percentile=150.0."
     )
     blind = SimpleNamespace(
         pruner=optuna.pruners.MedianPruner, config=OmegaConf.create({"trainer": {"eval_every": None}})

@@ -336,8 +336,9 @@ def printed_script(stdout: str) -> str:
 
 
 def submitted_script(workdir: Path, cluster, *args: str) -> str:
-    """Launch ``dew-train -m args`` on the stand-in with its jobs held (never run), and return the one
-    script sbatch received; the launcher, waiting on held jobs, is killed."""
+    """Launch ``dew-train -m args`` on the stand-in with its jobs held (never run), and return the
+    script sbatch received (every job of a search gets the same); the launcher, waiting on held jobs,
+    is killed."""
     env = cluster.env(fast_env(SLURM_STANDIN_HOLD="1"))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "dew.cli.train", "-m", *args],
@@ -353,9 +354,9 @@ def submitted_script(workdir: Path, cluster, *args: str) -> str:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
-    scripts = list((cluster.state / "scripts").glob("*.sh"))
-    assert len(scripts) == 1, launcher.stdout.read().decode()[-3000:]
-    return scripts[0].read_text()
+    scripts = {p.read_text() for p in (cluster.state / "scripts").glob("*.sh")}
+    assert len(scripts) == 1, launcher.stdout.read().decode()[-3000:]  # one array, or a search's jobs alike
+    return scripts.pop()
 
 
 @pytest.mark.slow
@@ -387,7 +388,8 @@ def test_the_dry_run_prints_the_script_sbatch_receives(workdir: Path, slurm_clus
     assert ("#SBATCH --wckey=proj" in printed) == (
         "hydra.launcher.wckey=proj" in args
     ) and "--wckey=submitit" not in printed
-    assert ("#SBATCH --array=0-3%4" in printed) == (jobs == 4) and ("#SBATCH --array=0-1%2" in printed) == (jobs == 2)
+    assert ("#SBATCH --array=0-3%4" in printed) == (jobs == 4) and ("--array" in printed) == (jobs == 4)
+    assert ("# a search: each trial is a job of its own" in dry.stdout) == (kind == "a study's first batch")
     assert submitted_script(workdir, slurm_cluster, *HELD, *args) == printed
 
 
