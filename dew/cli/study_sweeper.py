@@ -106,6 +106,7 @@ class StudySweeper(Sweeper):
         max_failure_rate: float = 1.0,
         params: DictConfig | None = None,
         pruner: Callable[[], optuna.pruners.BasePruner] | None = None,
+        refill: bool = True,
     ) -> None:
         self.sampler = sampler
         """Optuna's sampler as Hydra built it (a ``functools.partial`` of the grid sampler until the space is known)."""
@@ -121,6 +122,8 @@ class StudySweeper(Sweeper):
         self.pruner = pruner
         """``hydra.sweeper.pruner`` as Hydra built it (a ``functools.partial`` of the pruner's class),
         None for no pruning; each trial builds its own (dew.cli.pruning)."""
+        self.refill = refill
+        """Start each trial as a slot frees (dew's local and SLURM launchers), not in batches."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # dew logs the study's news itself
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
@@ -176,7 +179,7 @@ class StudySweeper(Sweeper):
         )
         if study.trials:  # a seeded sampler would draw the first trials' parameters again
             self.sampler.reseed_rng()
-        if hasattr(self.launcher, "refilling"):  # dew's local and SLURM launchers: slots refilled as they free
+        if self.refill and hasattr(self.launcher, "refilling"):  # dew's local and SLURM launchers
             self._refill(study, space, fixed)
             return self._report(study)
         for trials in _consecutive([t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]):

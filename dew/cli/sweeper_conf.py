@@ -56,6 +56,10 @@ class OptunaSweeperConf:
     ``int(interval(a, b))``, ``tag(log, interval(a, b))``, ``range(a, b, step)``, ``choice(...)``)."""
     pruner: Any = None
     """``hydra/sweeper/pruner``'s option (none: every trial runs to its end)."""
+    refill: bool = True
+    """Under ``hydra/launcher=local`` and ``slurm``: start the next trial the moment one ends, keeping
+    ``n_jobs`` running. False runs batches of ``n_jobs``, each waiting for its slowest trial, as Hydra's
+    sweepers do (docs/performance.md measures the two side by side: bench/refill.py)."""
 
 
 def store_sweeper_config(target: str = SWEEPER_TARGET) -> None:
