@@ -50,22 +50,18 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from dew import compat
 from dew.cli import search_space
 from dew.cli.overrides import unset_record
-from dew.cli.pruning import replay
+from dew.cli.study_outcome import FINISHED, fail, one_line, overrides_of, record
 from dew.cli.train import EXIT_BUSY, conf_dir
-from dew.cli.trial import TrialOutcome
 from dew.contract.lock import RunLock, RunLockedError
-from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_LOCK_DIR
+from dew.contract.rundir import STUDY_FILE, STUDY_LOCK_DIR
 from dew.launching.checks import checking
 from dew.launching.naming import SWEEP_ENV
 from dew.recipe import Recipe
 from dew.runs.study_storage import sweeper_storage
 
 log = logging.getLogger("dew")
-
-FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 
 
 @contextlib.contextmanager
@@ -107,6 +103,8 @@ class StudySweeper(Sweeper):
         params: DictConfig | None = None,
         pruner: Callable[[], optuna.pruners.BasePruner] | None = None,
         refill: bool = True,
+        workers: int | None = None,
+        worker_grace_s: float = 300.0,
     ) -> None:
         self.sampler = sampler
         """Optuna's sampler as Hydra built it (a ``functools.partial`` of the grid sampler until the space is known)."""
@@ -122,6 +120,12 @@ class StudySweeper(Sweeper):
         self.pruner = pruner
         """``hydra.sweeper.pruner`` as Hydra built it (a ``functools.partial`` of the pruner's class),
         None for no pruning; each trial builds its own (dew.cli.pruning)."""
+        if workers is not None and workers < 1:
+            stop(f"hydra.sweeper.workers={workers} must be >= 1 (or unset: this command runs the study)", BAD_INPUT)
+        if worker_grace_s <= 0:
+            stop(f"hydra.sweeper.worker_grace_s={worker_grace_s} must be > 0 seconds", BAD_INPUT)
+        self.workers = workers
+        self.worker_grace_s = worker_grace_s
         self.refill = refill
         """Start each trial as a slot frees (dew's local and SLURM launchers), not in batches."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # dew logs the study's news itself
@@ -149,6 +153,8 @@ class StudySweeper(Sweeper):
         self._record_searched_keys(space)
         if rehearsal(self.config):
             return self._rehearse(space, fixed, directions[0])
+        if self.workers is not None:
+            return self._submit_workers(space, fixed, directions[0])
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         with holding_the_study(self.sweep_dir):
             self._sweep(space, fixed, directions[0])
@@ -162,14 +168,18 @@ class StudySweeper(Sweeper):
                 stop(f"hydra.sweeper.direction={name!r} must be minimize or maximize", BAD_INPUT)
         return names
 
-    def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
-        study = optuna.create_study(
+    def _study(self, direction: str) -> optuna.Study:
+        """The study in the sweep directory (``hydra.sweeper.storage``), created or continued."""
+        return optuna.create_study(
             study_name=self.study_name or Path(self.sweep_dir).name,
             storage=sweeper_storage(self.sweep_dir, self.storage),
             sampler=self.sampler,
             direction=optuna.study.StudyDirection[direction.upper()],
             load_if_exists=True,
         )
+
+    def _sweep(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
+        study = self._study(direction)
         log.info(
             "study %s in %s: %d trials so far, %d asked for",
             study.study_name,
@@ -184,12 +194,59 @@ class StudySweeper(Sweeper):
             return self._report(study)
         for trials in _consecutive([t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]):
             log.info("resuming trial(s) %s, left running by an interrupted command", [t.number for t in trials])
-            self._run(study, trials, [_overrides(t.params, fixed) for t in trials])
+            self._run(study, trials, [overrides_of(t.params, fixed) for t in trials])
         while (todo := self.n_trials - sum(t.state in FINISHED for t in study.trials)) > 0:
             trials = [study.ask(space) for _ in range(min(todo, max(self.n_jobs, 1)))]
             for group in _consecutive(trials):
                 self._run(study, group, self._configure_trials(group, space, fixed))
         self._report(study)
+
+    def _submit_workers(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
+        """``hydra.sweeper.workers=N``: the study created (or continued), N worker jobs submitted
+        (``dew.cli.study_workers``), and the command returns, saying how to follow the study."""
+        from hydra.core.singleton import Singleton
+
+        from dew.cli.study_workers import StudyWorker
+
+        if not hasattr(self.launcher, "submit_workers"):
+            stop(
+                f"hydra.sweeper.workers={self.workers} needs hydra/launcher=slurm: workers are jobs that outlive "
+                "this command; without it, this command runs the study (hydra.sweeper.n_jobs at a time)",
+                BAD_INPUT,
+            )
+        if (processes := self.launcher.requested_processes()) not in (None, 1):
+            stop(
+                f"hydra.sweeper.workers={self.workers}: a worker trains its trials in one process, and "
+                f"hydra.launcher asks for {processes} (nodes x tasks_per_node): set both to 1",
+                BAD_INPUT,
+            )
+        if problem := self.launcher.launcher_problem():
+            stop(problem, BAD_INPUT)
+        Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
+        if self.storage is not None:
+            stop("hydra.sweeper.workers keeps its study in the sweep directory: leave hydra.sweeper.storage unset")
+        with holding_the_study(self.sweep_dir):  # not while a sweeping command holds the study
+            study = self._study(direction)
+        finished = sum(t.state in FINISHED for t in study.trials)
+        worker = StudyWorker(
+            self.launcher,
+            storage_path=os.path.abspath(os.path.join(self.sweep_dir, STUDY_FILE)),
+            study_name=study.study_name,
+            sampler=self.sampler,
+            space=space,
+            fixed=fixed,
+            n_trials=self.n_trials,
+            grace_s=self.worker_grace_s,
+            singleton_state=Singleton.get_state(),
+        )
+        ids = self.launcher.submit_workers(worker, self.workers)
+        print(
+            f"dew-train: {len(ids)} workers submitted for study {study.study_name} ({finished} of {self.n_trials} "
+            f"trials finished), SLURM jobs {_id_range(ids)}; they run its trials until it has {self.n_trials}.\n"
+            f"  follow it:   dew-runs {self.sweep_dir}   and   squeue --me\n"
+            "  more workers: the same command again (hydra.sweeper.n_trials=N extends the study)",
+            flush=True,
+        )
 
     def _refill(self, study: optuna.Study, space: dict[str, Any], fixed: dict[str, Any]) -> None:
         """Run the study's trials ``n_jobs`` at a time, each slot given the next trial the moment its
@@ -219,7 +276,7 @@ class StudySweeper(Sweeper):
         try:
             space, fixed = search_space.parse([*given, *arguments])
         except ValueError as err:
-            stop(f"hydra.sweeper.params: {_one_line(err)}", BAD_INPUT)
+            stop(f"hydra.sweeper.params: {one_line(err)}", BAD_INPUT)
         if isinstance(self.sampler, functools.partial) and self.sampler.func is optuna.samplers.GridSampler:
             try:
                 grid = search_space.grid(space)
@@ -244,7 +301,7 @@ class StudySweeper(Sweeper):
         for key in space:
             if problem := unset_record(key, self.config, Recipe, conf_dir()):
                 stop(f"hydra.sweeper.params: {problem}", BAD_INPUT)
-        if problem := self._composition_problem(_overrides(search_space.lows(space), fixed)):
+        if problem := self._composition_problem(overrides_of(search_space.lows(space), fixed)):
             floats = [k for k, d in space.items() if f"{k}=" in problem and search_space.is_float(d)]
             stop(
                 f"hydra.sweeper.params: {problem}"
@@ -277,7 +334,7 @@ class StudySweeper(Sweeper):
         try:
             self.pruner()
         except (ValueError, TypeError) as err:
-            stop(f"hydra.sweeper.pruner: {_one_line(err)}", BAD_INPUT)
+            stop(f"hydra.sweeper.pruner: {one_line(err)}", BAD_INPUT)
         if OmegaConf.select(self.config, "trainer.eval_every") is None:
             stop(
                 "hydra.sweeper.pruner is set but trainer.eval_every=null: a trial reports its evaluations to the "
@@ -290,7 +347,7 @@ class StudySweeper(Sweeper):
     ) -> list[tuple[str, ...]]:
         """Each trial's overrides: the parameters the sampler drew for it from ``space`` when it was
         asked (``study.ask(space)``), then the fixed values."""
-        return [_overrides(trial.params, fixed) for trial in trials]
+        return [overrides_of(trial.params, fixed) for trial in trials]
 
     def _record_searched_keys(self, space: dict[str, Any]) -> None:
         """Name job directories by the searched keys: the sweep record (``dew.launching.naming.SWEEP_ENV``)
@@ -309,7 +366,7 @@ class StudySweeper(Sweeper):
             if (problem := self._composition_problem(by_number[trial.number])) is None:
                 ready.append(trial)
             else:
-                failures.append(_fail(study, trial.number, problem))
+                failures.append(fail(study, trial.number, problem))
         for group in _consecutive(ready):
             failures += self._launch(study, group, [by_number[t.number] for t in group])
         if failures and len(failures) / len(trials) > self.max_failure_rate:
@@ -324,7 +381,7 @@ class StudySweeper(Sweeper):
         try:
             self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         except Exception as err:
-            return _one_line(err)
+            return one_line(err)
         return None
 
     def _launch(self, study: optuna.Study, trials: Sequence[Any], overrides: Sequence[Sequence[str]]) -> list[str]:
@@ -334,33 +391,9 @@ class StudySweeper(Sweeper):
         try:
             returns = self.launcher.launch(overrides, initial_job_idx=trials[0].number)
         except Exception as err:
-            return [_fail(study, t.number, f"its launch failed: {_one_line(err)}") for t in trials]
-        failures = [
-            failure for trial, ret in zip(trials, returns) if (failure := self._record(study, trial.number, ret))
-        ]
+            return [fail(study, t.number, f"its launch failed: {one_line(err)}") for t in trials]
+        failures = [failure for trial, ret in zip(trials, returns) if (failure := record(study, trial.number, ret))]
         return failures
-
-    def _record(self, study: optuna.Study, number: int, ret: Any) -> str | None:
-        """Tell the study how trial ``number`` ended (``ret``: Hydra's ``JobReturn``, whose
-        ``return_value`` raises the trial's own error, or the exception that says why there is none):
-        its value, PRUNED with its intermediate values, or FAIL; the failure's message, else None."""
-        try:
-            if isinstance(ret, BaseException):
-                raise ret
-            outcome = ret.return_value  # raises the trial's own error when it failed
-            value = float(outcome)
-            if not math.isfinite(value):
-                raise ValueError(f"its value is {value}")
-        except Exception as err:
-            return _fail(study, number, _one_line(err))
-        if isinstance(outcome, TrialOutcome):  # what it reported to its pruner, as Optuna keeps it
-            replay(study, number, outcome.journal, outcome.metric)
-        if isinstance(outcome, TrialOutcome) and outcome.pruned:
-            log.info("trial %d was pruned (its value so far: %s)", number, value)
-            _tell(study, number, state=optuna.trial.TrialState.PRUNED)
-        else:
-            _tell(study, number, value)
-        return None
 
     def _report(self, study: optuna.Study) -> None:
         """Log the best trial and write it to ``optimization_results.yaml`` in the sweep directory,
@@ -402,9 +435,9 @@ class RefilledTrials:
                 trial = self.study.ask(self.space)
             else:
                 return None
-            overrides = _overrides(trial.params, self.fixed)
+            overrides = overrides_of(trial.params, self.fixed)
             if (problem := self.sweeper._composition_problem(overrides)) is not None:
-                self._ended(_fail(self.study, trial.number, problem))
+                self._ended(fail(self.study, trial.number, problem))
                 continue
             self.running.add(trial.number)
             return trial.number, overrides
@@ -412,7 +445,7 @@ class RefilledTrials:
 
     def job_ended(self, number: int, outcome: Any) -> None:
         self.running.discard(number)
-        self._ended(self.sweeper._record(self.study, number, outcome))
+        self._ended(record(self.study, number, outcome))
 
     def _lacking(self) -> int:
         """Finished trials the study lacks, less the ones running."""
@@ -430,6 +463,14 @@ class RefilledTrials:
             )
 
 
+def _id_range(ids: Sequence[str]) -> str:
+    """SLURM job ids as one reads them: ``4_[0-7]`` for an array, else the ids."""
+    arrays = {i.split("_", 1)[0] for i in ids}
+    if len(arrays) == 1 and all("_" in i for i in ids):
+        return f"{next(iter(arrays))}_[0-{len(ids) - 1}]"
+    return " ".join(ids)
+
+
 def rehearsal(config: DictConfig) -> bool:
     """Whether this command only checks (``dew-train --check``) or prints what it would submit (a
     launcher's ``dry_run``): a study then draws its first batch of trials and stops."""
@@ -445,43 +486,6 @@ def stop(message: str, status: int = 1) -> NoReturn:
 
 BAD_INPUT = 2
 """``dew.cli.train.EXIT_BAD_INPUT``: a setting is wrong, nothing was started or written."""
-
-
-def _fail(study: optuna.Study, number: int, message: str) -> str:
-    """Record trial ``number`` FAIL, with ``message`` as its ``STUDY_FAIL_REASON``; return the message."""
-    log.warning("trial %d failed: %s", number, message)
-    compat.optuna_trial(study, number).set_user_attr(STUDY_FAIL_REASON, message)
-    _tell(study, number, state=optuna.trial.TrialState.FAIL)
-    return message
-
-
-def _one_line(err: BaseException) -> str:
-    """An error and the errors that caused it, the first line of each, on one line (Hydra's
-    ``Error merging override ...`` says what, its cause says why)."""
-    parts: list[str] = []
-    cause: BaseException | None = err
-    while cause is not None and len(parts) < 3:
-        if line := str(cause).strip().split("\n", 1)[0].strip():
-            parts.append(line)
-        cause = cause.__cause__
-    return ": ".join(parts) or type(err).__name__
-
-
-def _tell(study: optuna.Study, number: int, *args: Any, **kwargs: Any) -> None:
-    """``study.tell``, which records the trial and then runs the sampler's ``after_trial``; the grid
-    sampler's calls ``study.stop()`` once the grid is covered, which raises outside
-    ``study.optimize`` (the trial is recorded by then, and the trial count ends the sweep anyway)."""
-    try:
-        study.tell(number, *args, **kwargs)
-    except RuntimeError as err:
-        if "Study.stop" not in str(err):
-            raise
-
-
-def _overrides(params: dict[str, Any], fixed: dict[str, Any]) -> tuple[str, ...]:
-    """A trial's overrides, written as the plugin writes them, so a resumed trial's job directory
-    has the name it had."""
-    return tuple(f"{k}={v}" for k, v in {**params, **fixed}.items())
 
 
 def _consecutive(trials: Sequence[Any]) -> Iterator[list[Any]]:

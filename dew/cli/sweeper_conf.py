@@ -56,6 +56,13 @@ class OptunaSweeperConf:
     ``int(interval(a, b))``, ``tag(log, interval(a, b))``, ``range(a, b, step)``, ``choice(...)``)."""
     pruner: Any = None
     """``hydra/sweeper/pruner``'s option (none: every trial runs to its end)."""
+    workers: int | None = None
+    """With ``hydra/launcher=slurm``: submit this many worker jobs, each training the study's trials
+    one after another until it has ``n_trials``, and return at once: no process watches the study
+    (docs/search.md, "Workers"). Unset: this command runs the study, ``n_jobs`` trials at a time."""
+    worker_grace_s: float = 300.0
+    """Seconds a worker's trial may go without a heartbeat (its worker touches one every quarter of
+    this) before another worker records it FAIL: its worker was killed or its node lost."""
     refill: bool = True
     """Under ``hydra/launcher=local`` and ``slurm``: start the next trial the moment one ends, keeping
     ``n_jobs`` running. False runs batches of ``n_jobs``, each waiting for its slowest trial, as Hydra's

@@ -21,6 +21,21 @@ from dew import compat
 from dew.launching.launchers import SubmititLaunch, job_process_setup, searching
 from dew.launching.naming import SweepInPickle
 
+MAX_ARRAY_SIZE = 1001
+"""Slurm's default ``MaxArraySize`` (slurm.conf), where ``scontrol show config`` does not say."""
+
+
+def max_array_size() -> int:
+    """The site's ``MaxArraySize`` (the most jobs one array may hold), from ``scontrol show config``."""
+    import subprocess
+
+    try:
+        shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return MAX_ARRAY_SIZE
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", shown, re.M)
+    return int(found.group(1)) if found else MAX_ARRAY_SIZE
+
 
 def gpus_in_gres(gres: str | None) -> int | None:
     """The GPU count of a ``--gres`` value: ``gpu:8`` and ``gpu:a100:8`` are 8."""
@@ -92,6 +107,19 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
         self.params = slurm_parameters(self.given, str(self.config.hydra.sweep.dir))
         with super().refilling(), compat.submitit_slurm_script(functools.partial(batch_script, self.params)):
             yield None
+
+    def submit_workers(self, worker: Any, count: int) -> list[str]:
+        """Submit ``count`` jobs of ``worker`` (``dew.cli.study_workers.StudyWorker``, called with its
+        index) as job arrays of at most the site's ``MaxArraySize`` jobs, with this launcher's
+        parameters and batch script; their SLURM job ids. Nothing waits for them."""
+        from dew.cli.study_workers import array_chunks
+
+        with self.refilling():
+            executor = self.executor()
+            ids = []
+            for chunk in array_chunks(count, max_array_size()):
+                ids += [job.job_id for job in executor.map_array(worker, list(chunk))]
+        return ids
 
     def launcher_problem(self) -> str | None:
         if self.dry_run:  # prints the script: no cluster needed

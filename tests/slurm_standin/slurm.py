@@ -19,6 +19,8 @@ coordinator of an ``srun`` step, is reachable without a hosts file.
   ``SLURM_STEP_*``, ``CUDA_VISIBLE_DEVICES`` from the GPU options), pins each task to its CPUs as
   Slurm 22.05-23.02 does (``--cpus-per-task`` or ``SRUN_CPUS_PER_TASK``, never sbatch's value) and
   forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to its tasks.
+- ``scontrol show config`` prints ``MaxArraySize`` (``SLURM_STANDIN_MAX_ARRAY_SIZE``, 1001 by default, as
+  Slurm's), and ``sbatch`` refuses an array with an index at or above it, as Slurm does.
 - ``scontrol requeue <id>`` ends the running job (SIGTERM to all its processes, SIGKILL after
   ``SLURM_STANDIN_KILL_WAIT`` seconds, 30 by default, Slurm's KillWait) and runs the script again
   under the same id with ``SLURM_RESTART_COUNT`` one higher. With ``SLURM_STANDIN_JOB_REQUEUE=0`` (a
@@ -129,6 +131,11 @@ def free_job_id(count: int) -> int:
     raise SystemExit("sbatch: error: no free job id")
 
 
+def max_array_size() -> int:
+    """The site's ``MaxArraySize`` (``SLURM_STANDIN_MAX_ARRAY_SIZE``; Slurm's default, 1001)."""
+    return int(os.environ.get("SLURM_STANDIN_MAX_ARRAY_SIZE", "1001"))
+
+
 def sbatch(args: list[str]) -> None:
     parsable = "--parsable" in args
     path = Path(next(a for a in args if not a.startswith("--"))).resolve()
@@ -136,6 +143,8 @@ def sbatch(args: list[str]) -> None:
     options = sbatch_options(received.decode())
     array = re.match(r"(\d+)-(\d+)", options.get("array", ""))
     indices = list(range(int(array.group(1)), int(array.group(2)) + 1)) if array else [None]
+    if array and int(array.group(2)) >= max_array_size():  # Slurm's check: every index below MaxArraySize
+        raise SystemExit("sbatch: error: Batch job submission failed: Invalid job array specification")
     first = free_job_id(len(indices))
     (state_dir() / "jobs").mkdir(exist_ok=True)
     (state_dir() / "scripts").mkdir(exist_ok=True)
@@ -420,6 +429,11 @@ def scontrol(args: list[str]) -> int:
                 job["requeue"] = True
                 save(job)
             end_job(job)
+        return 0
+    if args[:2] == ["show", "config"]:
+        print(f"Configuration data as of {time.strftime('%Y-%m-%dT%H:%M:%S')}")
+        print(f"MaxArraySize            = {max_array_size()}")
+        print("MaxJobCount             = 10000")
         return 0
     if args[:2] == ["show", "job"]:
         for key in keys_of(args[2]):
