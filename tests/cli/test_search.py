@@ -324,6 +324,8 @@ DOCUMENTED = {
     "dew-train --check -m experiment=digits hparams_search=digits": "tests/cli/test_docs.py runs it as written (a check trains nothing)",  # noqa: E501
     "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=8 hydra.sweeper.pruner.n_startup_trials=2": "tests/cli/test_pruning.py::test_a_median_pruner_prunes_the_bad_rates_before_their_end",  # noqa: E501
     "dew-train -m experiment=digits hparams_search=digits hydra/sweeper/pruner=successive_halving hydra.sweeper.pruner.min_resource=300": "tests/cli/test_docs.py checks it (--check builds the pruner; every pruner is tested in tests/cli/test_pruning.py)",  # noqa: E501
+    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=slurm hydra.sweeper.workers=4": "tests/cli/test_workers.py::test_workers_run_the_study_without_the_command_to_exactly_n_trials",  # noqa: E501
+    "dew-train -m experiment=digits hparams_search=digits hydra/sweeper/sampler=qmc hydra.sweeper.n_trials=16": "tests/cli/test_samplers.py runs a short study with each sampler; tests/cli/test_docs.py checks it as written",  # noqa: E501
 }
 """Each search command in docs/search.md and README.md, and the test that runs it at tiny size (the
 same overrides plus a tiny model, a few steps and a few trials; the presets with what they set kept,
