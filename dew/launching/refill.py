@@ -68,38 +68,41 @@ def run_refilled(launcher: Any, source: TrialSource, slots: int) -> None:
     sweep_dir = str(launcher.config.hydra.sweep.dir)
     try:
         with holding_the_sweep(sweep_dir), launcher.refilling() as signals:
-            started, stopped = _run(launcher, source, max(slots, 1), signals)
+            stopping = _run(launcher, source, max(slots, 1), signals)
     except RunLockedError as err:
         from dew.cli.train import EXIT_BUSY
 
         print(f"dew-train: error: {err}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BUSY)
     interrupted = signals is not None and signals.received is not None
-    if interrupted or stopped:
-        wait_until_released(started)
-        end_of_stopped(started, interrupted=interrupted, status=signals.status if interrupted else None)
+    if interrupted or stopping is not None:
+        stopping = stopping or []
+        wait_until_released(stopping)
+        end_of_stopped(stopping, interrupted=interrupted, status=signals.status if interrupted else None)
 
 
-def _run(launcher: Any, source: TrialSource, slots: int, signals: Any) -> tuple[list[SweepJob], bool]:
-    """The refilling loop: (every job started, whether one stopped on a signal)."""
+def _run(launcher: Any, source: TrialSource, slots: int, signals: Any) -> list[SweepJob] | None:
+    """The refilling loop, until no job runs and none is to start. Returns the jobs that were running
+    when it began to stop (a signal to this process, or a job that stopped on one), which the command
+    then reports; None when nothing stopped it."""
     executor = launcher.executor()
     running: dict[int, tuple[SweepJob, Any]] = {}
-    started: list[SweepJob] = []
-    stopped = False
+    stopping: list[SweepJob] | None = None
     while True:
-        interrupted = signals is not None and signals.received is not None
-        while not (interrupted or stopped) and len(running) < slots and (job := _next(launcher, source)) is not None:
+        if signals is not None and signals.received is not None and stopping is None:
+            stopping = [job for job, _ in running.values()]
+        while stopping is None and len(running) < slots and (job := _next(launcher, source)) is not None:
             running[job.num] = (job, launcher.submit(executor, job))
-            started.append(job)
         if not running:
-            return started, stopped
+            return stopping
         time.sleep(POLL_S)
         for number, (job, handle) in list(running.items()):
             if handle.done():
                 del running[number]
                 outcome = _outcome(handle, job)
-                stopped |= isinstance(outcome, Stopped)
-                if not isinstance(outcome, Stopped):
+                if isinstance(outcome, Stopped):
+                    stopping = stopping if stopping is not None else [job, *(j for j, _ in running.values())]
+                else:
                     source.job_ended(number, outcome)
 
 

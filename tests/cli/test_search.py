@@ -279,11 +279,12 @@ def test_dew_runs_shows_the_study_best_first_and_plots_it(interrupted_study, tmp
 
 
 @pytest.mark.slow
-def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(workdir: Path, xla_cache):
+def test_a_study_under_the_local_launcher_refills_a_diverged_trials_slot_and_goes_on(workdir: Path, xla_cache):
+    """Two slots: the second trial diverges at its first step and is recorded failed; its slot takes
+    the third trial at once, while the first still trains its 300 steps."""
     from dew.cli.runs import run
 
-    # The preset's TPE sampler (seed 0) draws 0.001, 1e6, 0.001, 0.001 from this choice: the second
-    # trial of the first batch of two diverges, and the second batch runs all the same.
+    # The preset's TPE sampler (seed 0) draws 0.001, 1e6, 0.001, 0.001 from this choice.
     local = [
         "hydra/launcher=local",
         "hydra.launcher.tasks_per_node=1",
@@ -291,7 +292,8 @@ def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(w
         "optim.learning_rate=choice(1e6,0.001)",
         "optim.weight_decay=0.05",
     ]
-    result = dew_train(*SEARCH, *local, *SHORT, xla_cache, cwd=workdir, timeout=600)
+    long = ["trainer.steps=300", "trainer.eval_every=300", "trainer.checkpoint_every=null", "trainer.log_every=100"]
+    result = dew_train(*SEARCH, *local, *SHORT, *long, xla_cache, cwd=workdir, timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((workdir / "ck").glob("digits-sweep-*"))
     study = study_of(sweep)
@@ -307,6 +309,8 @@ def test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on(w
         if t.state.name == "COMPLETE":
             assert t.value == pytest.approx(best_eval_loss(workdir, sweep, names[t.number]), rel=1e-6)
     assert study.best_value == min(t.value for t in study.trials if t.value is not None)
+    first, _, third, _ = study.trials
+    assert third.datetime_start < first.datetime_complete  # the freed slot did not wait for the first trial
     text = run([str(sweep), "--tracking", str(workdir / "tracking")])
     [failed] = [line for line in text.splitlines() if line.split()[1:2] == ["fail"]]
     assert failed.startswith("1 ") and "(run failed: nonfinite: the loss or the gradients became non-finite" in failed
@@ -318,7 +322,7 @@ PRESETS = "tests/cli/test_presets.py::test_a_search_preset_completes_its_trials_
 DOCUMENTED = {
     "dew-train -m experiment=digits hparams_search=digits": PRESETS,
     "dew-train -m experiment=digits hparams_search=digits hydra.sweeper.n_trials=40": "interrupted_study",
-    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1": "test_a_study_under_the_local_launcher_records_a_diverged_trial_and_goes_on",  # noqa: E501
+    "dew-train -m experiment=digits hparams_search=digits hydra/launcher=local hydra.launcher.tasks_per_node=1": "test_a_study_under_the_local_launcher_refills_a_diverged_trials_slot_and_goes_on",  # noqa: E501
     "dew-train -m hydra/sweeper=optuna experiment=digits optim.learning_rate='tag(log, interval(1e-4, 1e-2))'": "test_the_documented_search_without_a_preset_runs",  # noqa: E501
     "dew-train -m experiment=tiny_lm hparams_search=tiny_lm data.path=data/tiny/train.bin": PRESETS,
     "dew-train --check -m experiment=digits hparams_search=digits": "tests/cli/test_docs.py runs it as written (a check trains nothing)",  # noqa: E501
