@@ -10,6 +10,7 @@ extra is not installed.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from hydra.core.config_search_path import ConfigSearchPath
@@ -17,6 +18,10 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra.plugins.sweeper import Sweeper
 
 from dew.cli.sweeper_conf import store_sweeper_config
+
+# Optuna warns that QMCSampler is experimental each time one is built (Hydra builds it, from
+# hydra/sweeper/sampler=qmc, before the sweeper exists): the user chose it; docs/search.md says what it is.
+warnings.filterwarnings("ignore", message=r"QMCSampler is experimental")
 
 
 class OptunaSweeper(Sweeper):
