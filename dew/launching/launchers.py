@@ -15,7 +15,7 @@ import shlex
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
@@ -156,13 +156,7 @@ class SubmititLaunch(CheckedLaunch):
         try:
             return self.start_and_wait(job_overrides, initial_job_idx)
         except KeyboardInterrupt:
-            print(
-                f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
-                "logs); scancel stops them, and the same command resumes what they did not finish",
-                file=sys.stderr,
-                flush=True,
-            )
-            sys.exit(130)
+            self.interrupted()
         except UncompletedJobError:
             if not ended_on_a_signal(jobs):
                 end_of_refused(jobs, self.params["submitit_folder"], self.started)
@@ -186,13 +180,17 @@ class SubmititLaunch(CheckedLaunch):
         try:
             yield None
         except KeyboardInterrupt:
-            print(
-                f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
-                "logs); scancel stops them, and the same command resumes what they did not finish",
-                file=sys.stderr,
-                flush=True,
-            )
-            sys.exit(130)
+            self.interrupted()
+
+    def interrupted(self) -> NoReturn:
+        """Ctrl-C in a launcher whose jobs outlive it (SLURM's): say where they are, exit 130."""
+        print(
+            f"dew-train: interrupted: the jobs run on ({self.config.hydra.sweep.dir}/.submitit has their "
+            "logs); scancel stops them, and the same command resumes what they did not finish",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(130)
 
     def executor(self) -> Any:
         """submitit's executor with this launcher's parameters, as hydra-submitit-launcher's ``launch``
