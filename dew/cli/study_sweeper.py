@@ -428,20 +428,16 @@ class RefilledTrials:
         self.stopping: str | None = None
 
     def next_job(self) -> tuple[int, tuple[str, ...]] | None:
-        while self.stopping is None:
-            if self.resumed:
-                trial: Any = self.resumed.pop(0)
-            elif self._lacking() > 0:
-                trial = self.study.ask(self.space)
-            else:
-                return None
-            overrides = overrides_of(trial.params, self.fixed)
-            if (problem := self.sweeper._composition_problem(overrides)) is not None:
-                self._ended(fail(self.study, trial.number, problem))
-                continue
-            self.running.add(trial.number)
-            return trial.number, overrides
-        return None
+        if self.stopping is not None:
+            return None
+        if self.resumed:
+            trial: Any = self.resumed.pop(0)
+        elif self._lacking() > 0:
+            trial = self.study.ask(self.space)
+        else:
+            return None
+        self.running.add(trial.number)  # composed and checked by the launcher (dew.launching.refill)
+        return trial.number, overrides_of(trial.params, self.fixed)
 
     def job_ended(self, number: int, outcome: Any) -> None:
         self.running.discard(number)

@@ -107,8 +107,9 @@ def _run(launcher: Any, source: TrialSource, slots: int, signals: Any) -> list[S
 
 
 def _next(launcher: Any, source: TrialSource) -> SweepJob | None:
-    """The source's next job, composed and checked; one that fails its checks is handed back failed
-    (``CheckFailed``) and the next is asked for. Raises ``RunLockedError`` for a job another process
+    """The source's next job, composed and checked; one Hydra cannot compose (an override it cannot
+    merge) or that fails dew's checks is handed back failed (``CheckFailed``: the message alone) and
+    the next is asked for. Raises ``RunLockedError`` for a job another process
     runs (a trial an earlier command left running, its job still alive)."""
     while (asked := source.next_job()) is not None:
         number, overrides = asked
@@ -116,7 +117,7 @@ def _next(launcher: Any, source: TrialSource) -> SweepJob | None:
         refuse_running([job])
         if lines := failures([job], launcher.requested_devices(), launcher.requested_processes()):
             print(f"dew-train: warning: {lines[0]}: the trial fails and the search goes on", file=sys.stderr)
-            source.job_ended(number, CheckFailed(lines[0]))
+            source.job_ended(number, CheckFailed(lines[0].removeprefix(f"{job.describe()}: ")))
             continue
         return job
     return None
