@@ -1,0 +1,38 @@
+"""bench/refill.py at its smoke size (3 trials, 2 slots, 40 to 160 steps) on each launcher, so the
+command docs/performance.md quotes cannot rot: both modes run, they draw the same trials, and the
+last line is the record with every figure the page quotes."""
+
+import importlib
+import json
+
+import pytest
+
+bench = importlib.import_module("bench.refill")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launcher, tmp_path, capsys):
+    assert bench.main(["--smoke", "--launcher", launcher, "--keep", str(tmp_path)]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["bench"] == "refill" and (record["trials"], record["slots"], record["rounds"]) == (3, 2, 1)
+    assert launcher in record and ({"local", "slurm"} - {launcher}).isdisjoint(record)
+    figures = record[launcher]
+    assert figures["same_draws"] and figures["draws_matching"] == [3]  # the seeded random sampler: one sequence
+    assert figures["wall_ratio"] > 0 and figures["wall_ratios"] == [round(figures["wall_ratio"], 3)]
+    for mode in ("batch", "refill"):
+        assert 0 <= figures[f"{mode}_idle_share"] < 1 and 0 < figures[f"{mode}_run_share"] <= 1
+        assert figures[f"{mode}_idle_share_of_wall"] >= figures[f"{mode}_idle_share"]  # the wall holds the span
+        (run,) = [r[mode] for r in figures["rounds"]]
+        assert sum(run["trials"].values()) == 3 and run["trials"]["complete"] >= 1 and run["trials"]["fail"] == 0
+        assert len(run["gaps_s"]) == 1 and len(run["steps"]) == 3  # one job after the first two slots' jobs
+        assert all(0 < s <= 160 for s in run["steps"])
+    assert figures["refill_end_to_submit_s"]["median"] > 0 and figures["submit_to_start_s"] > 0
+    assert 0 < figures["dedicated_wall_ratio"] <= 1.5
+    targets = record["targets"]
+    assert (targets["refill_idle_share_at_most"], targets["wall_ratio_at_most"]) == (0.2, 0.7)
+    assert targets[launcher] == {
+        "refill_idle_share_met": figures["refill_idle_share"] <= 0.2,
+        "wall_ratio_met": figures["wall_ratio"] <= 0.7,
+    }
+    assert record["lone_run"]["step_s"] > 0
