@@ -1,4 +1,4 @@
-"""bench/refill.py at its smoke size (3 trials, 2 slots, 40 to 160 steps) on each launcher, so the
+"""bench/refill.py at its smoke size (3 trials, 2 slots, 40 to 160 steps) on the SLURM stand-in, so the
 command docs/performance.md quotes cannot rot: both modes run, they draw the same trials, and the
 last line is the record with every figure the page quotes."""
 
@@ -11,7 +11,7 @@ bench = importlib.import_module("bench.refill")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", ["local", "slurm"])
+@pytest.mark.parametrize("launcher", ["slurm"])  # the local launcher's refill: tests/cli/test_search.py
 def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launcher, tmp_path, capsys):
     assert bench.main(["--smoke", "--launcher", launcher, "--keep", str(tmp_path)]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -20,32 +20,11 @@ from typing import Any
 import pytest
 
 from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_FILE
-from tests.cli.test_search import SHORT
-from tests.training.conftest import dew_train
 
 START_TIMEOUT_S = 60
 """Seconds the dashboard may take to answer (it answers in ~2 s on 2 cores)."""
 MADE = "digits-sweep-0123456789"
 """The sweep directory ``every_state`` lays out, named as its study."""
-
-
-@pytest.fixture(scope="module")
-def searched(tmp_path_factory) -> tuple[Path, Path]:
-    """A search of two trials as a user runs it: (sweep directory, tracking directory)."""
-    work = tmp_path_factory.mktemp("search")
-    result = dew_train(
-        "-m",
-        "hydra/sweeper=optuna",
-        "hparams_search=digits",
-        "hydra.sweeper.n_trials=2",
-        "hydra.sweeper.n_jobs=1",
-        *SHORT,
-        cwd=work,
-    )
-    assert result is not None and result.returncode == 0, result.stdout[-3000:]
-    [sweep] = list((work / "ck").glob("digits-sweep-*"))
-    assert (sweep / STUDY_FILE).is_file()
-    return sweep, work / "tracking"
 
 
 @pytest.fixture(scope="module")
@@ -155,19 +134,18 @@ def _value(trial: dict[str, Any]) -> float | None:
     return float(trial["values"][0]) if trial.get("values") else None  # "inf" and "-inf" are served as text
 
 
-@pytest.fixture(params=["searched", "every_state"])
-def study_dir(request) -> tuple[Path, Path]:
-    """Each study in turn: (sweep directory, tracking directory)."""
-    return request.getfixturevalue(request.param)
+@pytest.mark.slow  # optuna-dashboard's start (~2 s)
+def test_optuna_dashboard_serves_a_study_in_every_state_as_dew_runs_lists_it(every_state, tmp_path):
+    check_served(*every_state, tmp_path)
 
 
-@pytest.mark.slow  # a search of two trials (every_state: none), and optuna-dashboard's start (~2 s)
-def test_optuna_dashboard_serves_the_trials_dew_runs_lists(study_dir, tmp_path):
+def check_served(sweep: Path, tracking: Path, tmp_path: Path) -> None:
+    """optuna-dashboard, started on the study in ``sweep``, serves its trials as ``read_study`` reads
+    them and as ``dew-runs`` lists them (tests/cli/test_search.py runs it on a study a search made)."""
     from dew.cli.runs import run
     from dew.runs.study import read_study
     from dew.runs.table import number
 
-    sweep, tracking = study_dir
     typed = read_study(str(sweep), str(tracking))
     text = run([str(sweep), "--tracking", str(tracking)])
     summary, detail = _served(sweep, tmp_path / "dashboard.log")

@@ -254,6 +254,16 @@ def test_the_study_best_value_is_the_best_eval_loss_in_the_journals(interrupted_
 
 
 @pytest.mark.slow
+def test_optuna_dashboard_serves_the_study_as_dew_runs_lists_it(interrupted_study, tmp_path):
+    """optuna-dashboard on the study this search made, read back over its HTTP API (the checks:
+    tests/cli/test_dashboard.py)."""
+    from tests.cli.test_dashboard import check_served
+
+    work, sweep, _, _ = interrupted_study
+    check_served(sweep, work / "tracking", tmp_path)
+
+
+@pytest.mark.slow
 def test_dew_runs_shows_the_study_best_first_and_plots_it(interrupted_study, tmp_path):
     from PIL import Image
 
@@ -380,8 +390,7 @@ def test_the_documented_search_without_a_preset_runs(workdir: Path):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # create_trial, add_trial
-@pytest.mark.parametrize("launcher", ["basic", "local"])  # batches in the sweeping process; slots refilled
-def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(workdir: Path, launcher):
+def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(workdir: Path):
     """A trial whose override Hydra cannot merge (a float into an int field) or whose config dew
     refuses is recorded FAIL with the message, never left running, and the study goes on: one grid
     trial of three trains. A trial an older command left running with such a value (dew before
@@ -398,7 +407,6 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
         "hydra.sweeper.n_jobs=3",
         f"{key}=choice(1,2.5,-1)",
         *[a for a in SHORT if not a.startswith(f"{key}=")],
-        *(["hydra/launcher=local", "hydra.launcher.tasks_per_node=1"] if launcher == "local" else []),
     ]
     out = dew_train(*command, "hydra.sweeper.n_trials=3", cwd=workdir)
     assert out.returncode == 0, out.stdout[-3000:]
@@ -427,9 +435,7 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
     assert sorted(failed) == sorted(str(t.number) for t in [trials[2.5], trials[-1], resumed])
     assert failed["3"].endswith(f"(failed before it trained: {merge})")
     assert failed[str(trials[2.5].number)].endswith(f"(failed before it trained: {merge})")
-    refused = trials[-1].user_attrs[
-        STUDY_FAIL_REASON
-    ]  # no run: a batch launches its job (.hydra/ alone), a slot does not
+    refused = trials[-1].user_attrs[STUDY_FAIL_REASON]  # its job made a directory (.hydra/), not a run
     assert failed[str(trials[-1].number)].endswith(f"(failed before it trained: {refused})")
 
 
