@@ -261,10 +261,29 @@ class HyperbandPrunerConf:
     bootstrap_count: int = 0
 
 
+@dataclasses.dataclass
+class ThresholdPrunerConf:
+    """``optuna.pruners.ThresholdPruner``: stop a trial whose value leaves ``[lower, upper]`` or is
+    NaN (a diverging run), judging each trial by its own values alone (no startup trials)."""
+
+    _target_: str = "optuna.pruners.ThresholdPruner"
+    _partial_: bool = True
+    lower: float | None = None
+    """Prune a trial whose value falls below this (a maximized metric); null: no lower bound."""
+    upper: float | None = None
+    """Prune a trial whose value rises above this (a minimized loss); null: no upper bound. Optuna
+    refuses a threshold pruner with neither bound."""
+    n_warmup_steps: int = 0
+    """Training steps of a trial before it may be pruned."""
+    interval_steps: int = 1
+    """Steps between the checks (after the warmup); a check runs at an evaluation only."""
+
+
 PRUNERS: dict[str, type] = {
     "median": MedianPrunerConf,
     "percentile": PercentilePrunerConf,
     "successive_halving": SuccessiveHalvingPrunerConf,
     "hyperband": HyperbandPrunerConf,
+    "threshold": ThresholdPrunerConf,
 }
 """``hydra/sweeper/pruner``'s options (docs/search.md)."""

@@ -4,6 +4,7 @@ last line is the record with every figure the page quotes."""
 
 import importlib
 import json
+import os
 
 import pytest
 
@@ -27,6 +28,11 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
         assert sum(run["trials"].values()) == 3 and run["trials"]["complete"] >= 1 and run["trials"]["fail"] == 0
         assert len(run["gaps_s"]) == 1 and len(run["steps"]) == 3  # one job after the first two slots' jobs
         assert all(0 < s <= 160 for s in run["steps"])
+        assert run["trials"]["pruned"] == run["steps"].count(10)  # the bad rate's, at its first evaluation
+        if record["slot_cpus"]:  # each job in a slot of its own, capped (where the machine has cgroups)
+            assert run["jobs_in_slots"] == 3 and run["throttled_s"] >= 0
+        else:
+            assert run["jobs_in_slots"] is None
     assert figures["refill_end_to_submit_s"]["median"] > 0 and figures["submit_to_start_s"] > 0
     assert 0 < figures["dedicated_wall_ratio"] <= 1.5
     targets = record["targets"]
@@ -36,3 +42,4 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
         "wall_ratio_met": figures["wall_ratio"] <= 0.7,
     }
     assert record["lone_run"]["step_s"] > 0
+    assert record["slot_cpus"] == (round(0.9 * os.cpu_count() / 2, 3) if bench.cgroup_root() else 0.0)

@@ -42,6 +42,7 @@ PRUNER_CASES = {
     "percentile": lambda: optuna.pruners.PercentilePruner(40.0, n_startup_trials=1, n_warmup_steps=6),
     "successive_halving": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=5, reduction_factor=2),
     "hyperband": lambda: optuna.pruners.HyperbandPruner(min_resource=5, max_resource=20, reduction_factor=2),
+    "threshold": lambda: optuna.pruners.ThresholdPruner(upper=1.5, n_warmup_steps=6),
 }
 
 
@@ -99,11 +100,17 @@ def test_every_pruner_option_builds_optunas_class():
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    built = {name: instantiate(OmegaConf.structured(conf))() for name, conf in PRUNERS.items()}
+    confs = {name: OmegaConf.structured(conf) for name, conf in PRUNERS.items()}
+    with pytest.raises(TypeError, match="Either lower or upper"):  # dew-train reports it in one line, exit 2
+        instantiate(confs["threshold"])()
+    confs["threshold"].upper = 1.5
+    built = {name: instantiate(conf)() for name, conf in confs.items()}
     assert isinstance(built["median"], optuna.pruners.MedianPruner)
     assert isinstance(built["percentile"], optuna.pruners.PercentilePruner)
     assert isinstance(built["successive_halving"], optuna.pruners.SuccessiveHalvingPruner)
     assert isinstance(built["hyperband"], optuna.pruners.HyperbandPruner)
+    assert isinstance(built["threshold"], optuna.pruners.ThresholdPruner)
+    assert (built["threshold"]._lower, built["threshold"]._upper) == (-math.inf, 1.5)  # Optuna's own
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # create_trial, add_trial
