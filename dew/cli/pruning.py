@@ -110,6 +110,7 @@ def judge(
     """Optuna's verdict on trial ``own`` (running, its last value just reported), against a study in
     memory holding ``others`` under their numbers (a number no journal reported is a failed trial,
     which no pruner counts): whether to prune, and the pruner's attributes for the trial after it."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory" at each evaluation
     study = optuna.create_study(study_name=study_name, direction=optuna.study.StudyDirection[direction.upper()])
     with warnings.catch_warnings():  # create_trial and add_trial: experimental in Optuna 2.10, stable since
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -55,7 +55,7 @@ from dew.cli.overrides import unset_record
 from dew.cli.study_outcome import FINISHED, fail, one_line, overrides_of, record
 from dew.cli.train import EXIT_BUSY, conf_dir
 from dew.contract.lock import RunLock, RunLockedError
-from dew.contract.rundir import STUDY_FILE, STUDY_LOCK_DIR
+from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_FILE, STUDY_LOCK_DIR
 from dew.launching.checks import checking
 from dew.launching.naming import SWEEP_ENV
 from dew.recipe import Recipe
@@ -397,16 +397,31 @@ class StudySweeper(Sweeper):
 
     def _report(self, study: optuna.Study) -> None:
         """Log the best trial and write it to ``optimization_results.yaml`` in the sweep directory,
-        as the plugin does; a study with no completed trial is an error."""
+        as the plugin does; a study with no completed trial is an error, and so is one whose trials
+        mostly failed (more than half of its finished ones), once its best is written: a search
+        whose runs are refused before they train (a warmup longer than the searched length, say)
+        does not end as if it searched."""
         done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+        first = (
+            f" (the first, trial {failed[0].number}: {failed[0].user_attrs.get(STUDY_FAIL_REASON, '?')})"
+            if failed
+            else ""
+        )
         if not done:
-            stop(f"no trial of study {study.study_name} completed; dew-runs {self.sweep_dir} says why")
+            stop(f"no trial of study {study.study_name} completed{first}; dew-runs {self.sweep_dir} says why")
         best = study.best_trial
         log.info("best trial %d: %s = %s", best.number, best.params, best.value)
         OmegaConf.save(
             OmegaConf.create({"name": "optuna", "best_params": best.params, "best_value": best.value}),
             Path(self.sweep_dir) / "optimization_results.yaml",
         )
+        finished = sum(t.state in FINISHED for t in study.trials)
+        if 2 * len(failed) > finished:
+            stop(
+                f"{len(failed)} of the study's {finished} finished trials failed{first}; the best of those that "
+                f"completed is trial {best.number} ({best.value}); dew-runs {self.sweep_dir} says why each failed"
+            )
 
 
 class RefilledTrials:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -67,11 +68,19 @@ def sweep_record(config: DictConfig) -> str | None:
     return os.environ.get(SWEEP_ENV)
 
 
-def job_dirname(num: int | str, overrides: Iterable[object]) -> str:
+def job_dirname(num: int | str, overrides: Iterable[object], sweep_dir: str | None = None) -> str:
     """A sweep job's directory: its number (unique in the sweep), then the swept keys with this
-    job's values (``0-optim.learning_rate=0.001``), made safe as one path component. Fixed
-    overrides are left out, so every job's name shows what tells it apart; the full list is in the
-    job's ``.hydra/overrides.yaml``. Without a sweep record, every override but ``FIXED_KEYS``."""
+    job's values, short enough to read in a listing: each key by its last part, or as many parts as
+    tell it from another swept key (``optim.learning_rate`` is ``learning_rate``), and a number with
+    more digits than a person reads at 4 significant ones (a sampler's ``0.0012345678901`` is
+    ``0.001235``), made safe as one path component: ``3-learning_rate=0.001235,warmup_steps=600``.
+    The number keeps two jobs apart; each job's exact overrides are in its ``.hydra/overrides.yaml``
+    and ``run.json``, which ``dew-runs`` reads. Fixed overrides are left out, so every job's name
+    shows what tells it apart. Without a sweep record, every override but ``FIXED_KEYS``.
+
+    A sweep an older dew started (its jobs named by the whole keys and values, ``0-optim.learning_rate
+    =0.0012345678901``) and the same command continues keeps its jobs' directories: the older name,
+    where ``sweep_dir`` holds it and not the new one."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     known = os.environ.get(SWEEP_ENV)
@@ -82,11 +91,50 @@ def job_dirname(num: int | str, overrides: Iterable[object]) -> str:
         for o in parsed
         if (o.key_or_group in swept if swept is not None else o.key_or_group not in FIXED_KEYS)
     )
-    text = ",".join(f"{k}={v}" for k, v in pairs)
+    short = short_keys([k for k, _ in pairs])
+    name = _named(num, ",".join(f"{short[k]}={compact(v)}" for k, v in pairs))
+    if sweep_dir is not None and not os.path.exists(os.path.join(sweep_dir, name)):
+        older = _named(num, ",".join(f"{k}={v}" for k, v in pairs))
+        if os.path.exists(os.path.join(sweep_dir, older)):
+            return older
+    return name
+
+
+def _named(num: int | str, text: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
     if len(safe) > JOB_NAME_MAX:  # keep the start readable; the hash keeps two long names apart
         safe = f"{safe[: JOB_NAME_MAX - 9]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
     return f"{num}-{safe}" if safe else str(num)
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each key's shortest dotted suffix (a group's ``optim/schedule`` by its last part too) that no
+    other key in ``keys`` ends with."""
+    out = {}
+    for key in keys:
+        parts = re.split(r"[./]", key)
+        for n in range(1, len(parts) + 1):
+            suffix = parts[-n:]
+            if not any(re.split(r"[./]", other)[-n:] == suffix for other in keys if other != key):
+                break
+        out[key] = key[len(key) - len(".".join(suffix)) :]
+    return out
+
+
+def compact(value: str) -> str:
+    """A value as a job's name shows it: a float with more than 4 significant digits at 4
+    (``0.0012345678`` as ``0.001235``, ``3.14159e-05`` as ``3.142e-05``), anything else (an integer
+    too: a step count is exact) as given."""
+    if re.fullmatch(r"[+-]?\d+", value):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    digits = re.sub(r"[eE].*$", "", value).lstrip("+-").replace(".", "").lstrip("0")
+    if len(digits) <= 4 or not math.isfinite(number):
+        return value
+    return f"{number:.4g}"
 
 
 class SweepInPickle:

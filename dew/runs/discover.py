@@ -9,6 +9,7 @@ sweep is read like a local one.
 from __future__ import annotations
 
 import os
+import re
 
 from etils import epath
 
@@ -46,8 +47,15 @@ def _looks_like_run(path: epath.Path, names: set[str]) -> bool:
     return bool(names & {"train.log", LOCK_FILE, ".hydra"}) or _holds_steps(path, names)
 
 
+def natural(path: os.PathLike | str) -> list[tuple[int, int | str]]:
+    """A path's sort key in the order a person reads it: its runs of digits compared as numbers, so
+    that a sweep's jobs come 0, 1, 2, ..., 10, 11 (not 0, 1, 10, 11, 2)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", os.fspath(path)) if part]
+
+
 def find_runs(root: str | os.PathLike) -> list[epath.Path]:
-    """Every run directory at or under ``root`` (damaged ones included), sorted by path."""
+    """Every run directory at or under ``root`` (damaged ones included), sorted by path, its numbers
+    as numbers (``natural``)."""
     top = epath.Path(root)
     if not top.exists():
         raise RunsError(f"{os.fspath(root)!r} does not exist")
@@ -64,13 +72,13 @@ def find_runs(root: str | os.PathLike) -> list[epath.Path]:
         if RUN_RECORD in names or _looks_like_run(path, names):
             found.append(path)
             return
-        for child in sorted(children, key=lambda c: c.name):
+        for child in sorted(children, key=lambda c: natural(c.name)):
             if child.name.startswith(".") or child.name in SKIPPED or not child.is_dir():
                 continue
             walk(child)
 
     walk(top)
-    return sorted(found, key=os.fspath)
+    return sorted(found, key=natural)
 
 
 def find_journal(run: epath.Path, tracking: str | None = None) -> epath.Path | None:

@@ -395,7 +395,9 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
     refuses is recorded FAIL with the message, never left running, and the study goes on: one grid
     trial of three trains. A trial an older command left running with such a value (dew before
     ``int(interval(...))``) is recorded FAIL when the same command resumes the study; the grid of a
-    search is checked as well, but a bad trial is one failed trial, not the end of the search."""
+    search is checked as well, but a bad trial is one failed trial, not the end of the search. A
+    study whose trials mostly failed ends with exit status 1, once its best trial is reported, in a
+    line that says so and names the first failure."""
     from dew.cli.runs import run
     from dew.contract.rundir import STUDY_FAIL_REASON
 
@@ -409,8 +411,11 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
         *[a for a in SHORT if not a.startswith(f"{key}=")],
     ]
     out = dew_train(*command, "hydra.sweeper.n_trials=3", cwd=workdir)
-    assert out.returncode == 0, out.stdout[-3000:]
+    assert out.returncode == 1, out.stdout[-3000:]
     assert f"{key}=-1 must be >= 0: the trial fails and the search goes on" in out.stdout
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("dew-train: error: 2 of the study's 3 finished trials failed (the first, trial "), last
+    assert "the best of those that completed is trial " in last and "best trial " in out.stdout
     [sweep] = (workdir / "ck").iterdir()
     trials = {t.params[key]: t for t in study_of(sweep).trials}
     assert {v: t.state.name for v, t in trials.items()} == {1: "COMPLETE", 2.5: "FAIL", -1: "FAIL"}
@@ -426,7 +431,7 @@ def test_a_trial_that_fails_before_it_trains_is_a_failed_trial_with_its_reason(w
         optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING, params={key: 2.5}, distributions=space)
     )
     again = dew_train(*command, "hydra.sweeper.n_trials=4", cwd=workdir)
-    assert again.returncode == 0, again.stdout[-3000:]
+    assert again.returncode == 1 and "3 of the study's 4 finished trials failed" in again.stdout, again.stdout[-3000:]
     assert "resuming trial(s) [3]" in again.stdout
     resumed = study_of(sweep).trials[3]
     assert resumed.state.name == "FAIL" and resumed.user_attrs[STUDY_FAIL_REASON] == merge

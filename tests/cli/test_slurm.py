@@ -133,7 +133,7 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
     # environment reached the jobs (--export=NONE).
     (sweep_dir,) = (workdir / "ck").glob("sl-sweep-*")
     runs = sorted(p.parent for p in sweep_dir.rglob("run.json"))
-    assert [r.name for r in runs] == ["0-trainer.seed=0", "1-trainer.seed=0"], runs
+    assert [r.name for r in runs] == ["0-seed=0", "1-seed=0"], runs
 
     # 2 nodes x 2 tasks train the run one process of 4 devices trains.
     ref, uninterrupted, requeued = (

@@ -152,6 +152,12 @@ def test_discovery_skips_steps_and_tracking_and_reports_runs_without_a_record(tm
         find_runs(tmp_path / "nope")
 
 
+def test_a_sweeps_jobs_are_found_in_the_order_of_their_numbers(tmp_path):
+    for number in (10, 2, 0, 19, 1, 11):
+        write_run(tmp_path, f"sweep/{number}-lr=0.1", [START])
+    assert [p.name.split("-")[0] for p in find_runs(tmp_path / "ck")] == ["0", "1", "2", "10", "11", "19"]
+
+
 def test_where_expressions(tmp_path):
     runs = [
         read_run(epath.Path(write_run(tmp_path, f"r{i}", [START, {"step": 3, "train/loss": float(i)}])), f"r{i}")
