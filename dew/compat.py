@@ -157,6 +157,53 @@ def hydra_args_parser() -> Any:
     return get_args_parser()
 
 
+@contextlib.contextmanager
+def hydra_reports(report: Callable[[Exception], None]) -> Iterator[None]:
+    """Within it, an error that reaches Hydra's own reporting (``hydra.main``'s: a config it cannot
+    compose, an exception of the task function) is handed to ``report`` first, which ends the
+    process to take it over or returns to leave it to Hydra (its message, exit status 1; with
+    ``HYDRA_FULL_ERROR=1`` the traceback). hydra-core 1.3.8 reports through
+    ``hydra._internal.utils.run_and_report``, which ``_run_hydra`` looks up at each call, and has no
+    public hook for it."""
+    from hydra._internal import utils
+
+    original = utils.run_and_report
+
+    def run_and_report(func: Any) -> Any:
+        def reported() -> Any:
+            try:
+                return func()
+            except Exception as err:
+                report(err)
+                raise
+
+        return original(reported)
+
+    utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        utils.run_and_report = original
+
+
+def hydra_sweep_dir(err: BaseException) -> str | None:
+    """The sweep directory of the Hydra sweeper an error was raised through (Hydra's basic sweeper
+    writes its ``multirun.yaml`` there before it composes the jobs), None when it came through no
+    sweeper. ``Hydra.multirun`` holds its sweeper in a local variable only and sets no
+    ``HydraConfig`` before it sweeps (hydra-core 1.3.8): it is found as the ``self`` of a frame of
+    the traceback."""
+    import traceback
+
+    from hydra.plugins.sweeper import Sweeper
+
+    for frame, _ in traceback.walk_tb(err.__traceback__):
+        sweeper = frame.f_locals.get("self")
+        if isinstance(sweeper, Sweeper) and (config := getattr(sweeper, "config", None)) is not None:
+            sweep_dir = config.hydra.sweep.dir
+            return str(sweep_dir) if sweep_dir is not None else None
+    return None
+
+
 def hydra_basic_launcher() -> type:
     """Hydra's basic launcher (a sweep's jobs one after another, in this process), for dew's own to
     derive from. hydra-core 1.3.8 keeps it in the private ``hydra._internal.core_plugins``, which
@@ -415,6 +462,10 @@ def tyro_parse_errors(report: Callable[[str], NoReturn]) -> Iterator[None]:
         yield
 
 
+_TYRO_METAVARS = {"INT": "an integer", "FLOAT": "a number", "{None}": "None", "STR": "a string"}
+"""tyro's metavars, as a message names the kinds they stand for."""
+
+
 def _tyro_error_line(event: Any) -> str:
     """One line for a tyro parse-failure event (``tyro._errors``): what was wrong and where."""
     from tyro import _errors
@@ -440,7 +491,11 @@ def _tyro_error_line(event: Any) -> str:
         where = f"{event.argument.display_name()}: " if event.argument is not None else ""
         union = re.match(r"no type matching (\S+) could be instantiated from \[(.*?)\]", event.message)
         if union:  # the reason of each member of the union, one by one, says less than this
-            return f"{where}{union.group(2)} is not {union.group(1)}"
+            kinds = sorted((_TYRO_METAVARS.get(m, m) for m in union.group(1).split("|")), key=lambda k: k == "None")
+            return f"{where}{union.group(2)} is not {' or '.join(kinds)}"
+        number = re.match(r"(invalid literal for int\(\)|could not convert string to float).*?: (.*)", event.message)
+        if number:
+            return f"{where}{number.group(2)} is not {'an integer' if 'int' in number.group(1) else 'a number'}"
         return f"{where}{' '.join(event.message.split())}"
     if isinstance(event, _errors.SubcommandConflict):
         return (

@@ -262,7 +262,7 @@ def test_tyro_parse_errors_hand_a_rejected_command_line_over_as_one_line():
             tyro.cli(TyroArgs, args=args)
     assert lines == [
         "--mode: 'c' is not one of a, b",
-        "--count: invalid literal for int() with base 10: 'x'",
+        "--count: 'x' is not an integer",
         f"unrecognized --cuont 2 ({lines[2].split('(')[1].split(' --help')[0]} --help lists the options)",
     ]
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from dew import compat
 from dew.cli.console import console_script
-from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs
+from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs, report_hydra_error
 from dew.contract.typed import ConfigError
 from dew.recipe import Recipe
 
@@ -41,7 +42,8 @@ def plan_from_hydra(cfg: DictConfig) -> Plan:
 @console_script
 def main() -> None:
     register_configs()
-    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(plan_from_hydra)()
+    with compat.hydra_reports(report_hydra_error):
+        hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(plan_from_hydra)()
 
 
 if __name__ == "__main__":

@@ -37,8 +37,10 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from dew import compat
 from dew.build import build_run
 from dew.cli.console import console_script
+from dew.cli.hydra_errors import composition_error
 from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.cli.overrides import check_overrides, check_unset_records, first_job_to_print, hydra_help_args
 from dew.cli.schema import member_schema, register_resolvers, schema_of
@@ -56,6 +58,7 @@ from dew.launching.checks import CHECK_FLAG, check_only, check_run, checked, che
 from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
 from dew.launching.pool import from_process_zero, joins_a_pool
 from dew.launching.stop_exit import exit_after_stop
+from dew.launching.sweep_lock import leave_no_trace
 from dew.recipe import Recipe
 from dew.training.preemption import Preempted
 from dew.training.reporting.tracker import tracking_dir
@@ -472,6 +475,23 @@ def _gathered(model: nnx.Module) -> nnx.Module:
     return nnx.merge(graphdef, state)
 
 
+def config_roots() -> list[Path]:
+    """Where the config groups' options are: dew's conf/, its plugins', and launch/ (the launchers)."""
+    return [Path(conf_dir()), *map(Path, plugin_conf_dirs()), Path(launch_dir())]
+
+
+def report_hydra_error(err: Exception) -> None:
+    """End with one line and ``EXIT_BAD_INPUT`` for a config Hydra could not compose from the
+    command line (``dew.cli.hydra_errors``), a sweep's directory left as it was before (Hydra's
+    sweeper writes its ``multirun.yaml`` before it composes the jobs); any other error is left to
+    Hydra to report."""
+    if (message := composition_error(err, config_roots())) is None:
+        return
+    if (sweep_dir := compat.hydra_sweep_dir(err)) is not None:
+        leave_no_trace(sweep_dir)
+    fail(message, error=err)
+
+
 def for_printing(argv: list[str]) -> None:
     """``argv`` rewritten in place for the commands that print instead of training. ``--hydra-help``
     takes dew's template (conf/hydra/hydra_help/dew.yaml) and finds the launcher profiles: Hydra
@@ -501,9 +521,16 @@ def main() -> None:
     register_configs()
 
     try:
-        args = get_args_parser().parse_known_args()[0]
+        args, unknown = get_args_parser().parse_known_args()
     except SystemExit:
-        args = None  # Hydra reports its own usage errors
+        args, unknown = None, []  # Hydra reports its own usage errors
+    if flags := [a for a in unknown if a.startswith("-")]:
+        fail(f"unrecognized {' '.join(flags)} (dew-train --help lists the flags)")
+    if unknown:
+        fail(
+            f"{' '.join(unknown)}: an override after a flag; the flags (-m, --cfg, --check, ...) go before "
+            "the overrides"
+        )
     overrides = args.overrides if args else []
 
     if problem := (
@@ -514,7 +541,8 @@ def main() -> None:
     ):
         fail(problem)
     try:
-        hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
+        with compat.hydra_reports(report_hydra_error):
+            hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
     except KeyboardInterrupt:  # Ctrl-C twice on a run alone (dew.training.preemption), a basic sweep's job
         if debugging():
             raise

@@ -28,7 +28,7 @@ from dew.launching.checks import checking, failures, record_checked
 from dew.launching.gc_settings import collect_less
 from dew.launching.interrupts import LaunchInterrupts, current, stop_before_start
 from dew.launching.jobs import SweepJob, compose_jobs, stop_record
-from dew.launching.sweep_lock import holding_the_sweep, refuse_live_jobs, wait_until_released
+from dew.launching.sweep_lock import holding_the_sweep, leave_no_trace, refuse_live_jobs, wait_until_released
 from dew.training.preemption import install_early
 
 log = logging.getLogger("dew")
@@ -82,18 +82,18 @@ class CheckedLaunch:
                         file=sys.stderr,
                         flush=True,
                     )
-                _leave_no_trace(sweep_dir)
+                leave_no_trace(sweep_dir)
                 sys.exit(EXIT_BAD_INPUT)
             if checking():  # dew-train --check: checked, and nothing started
                 record_checked(len(jobs))
-                _leave_no_trace(sweep_dir)
+                leave_no_trace(sweep_dir)
                 return []
             _stop_if_interrupted(sweep_dir, len(jobs))
             self.started = time.time()  # the job folders this launch makes are younger
             with holding_the_sweep(sweep_dir):
                 results = self.run_jobs(jobs, job_overrides, initial_job_idx)
             if self.dry_run:
-                _leave_no_trace(sweep_dir)
+                leave_no_trace(sweep_dir)
             return results
         except RunLockedError as err:
             print(f"dew-train: error: {err}", file=sys.stderr, flush=True)
@@ -110,7 +110,7 @@ def _stop_if_interrupted(sweep_dir: str, jobs: int | None = None) -> None:
     """End the command, leaving no trace, if the launching process got Ctrl-C (or SIGTERM) before
     this launch started its jobs."""
     if (signals := current()) is not None and signals.received is not None:
-        _leave_no_trace(sweep_dir)
+        leave_no_trace(sweep_dir)
         stop_before_start(jobs)
 
 
@@ -127,20 +127,6 @@ def searching(config: DictConfig) -> bool:
     failed (the job fails its own checks, ``dew.cli.trial``) and the study goes on."""
     target = OmegaConf.select(config, "hydra.sweeper._target_", default="") or ""
     return not target.endswith(".BasicSweeper")
-
-
-def _leave_no_trace(sweep_dir: str) -> None:
-    """Remove the sweep directory Hydra's sweeper made for its ``multirun.yaml``, if that is all it
-    holds (or nothing), and the directories it made for it (those left empty, below the working directory)."""
-    if not os.path.isdir(sweep_dir) or set(os.listdir(sweep_dir)) - {"multirun.yaml"}:
-        return
-    if os.path.exists(record := os.path.join(sweep_dir, "multirun.yaml")):
-        os.remove(record)
-    os.rmdir(sweep_dir)
-    parent = os.path.dirname(os.path.abspath(sweep_dir))
-    while parent.startswith(os.getcwd() + os.sep) and not os.listdir(parent):
-        os.rmdir(parent)
-        parent = os.path.dirname(parent)
 
 
 class SubmititLaunch(CheckedLaunch):

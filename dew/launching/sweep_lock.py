@@ -65,3 +65,17 @@ def wait_until_released(jobs: Sequence[SweepJob], every_s: float = 0.5) -> None:
     (cancelled) can still be saving its checkpoint, and only then says where it stopped."""
     while any(holder(job.run_dir) is not None for job in jobs):
         time.sleep(every_s)
+
+
+def leave_no_trace(sweep_dir: str) -> None:
+    """Remove the sweep directory Hydra's sweeper made for its ``multirun.yaml``, if that is all it
+    holds (or nothing), and the directories it made for it (those left empty, below the working directory)."""
+    if not os.path.isdir(sweep_dir) or set(os.listdir(sweep_dir)) - {"multirun.yaml"}:
+        return
+    if os.path.exists(record := os.path.join(sweep_dir, "multirun.yaml")):
+        os.remove(record)
+    os.rmdir(sweep_dir)
+    parent = os.path.dirname(os.path.abspath(sweep_dir))
+    while parent.startswith(os.getcwd() + os.sep) and not os.listdir(parent):
+        os.rmdir(parent)
+        parent = os.path.dirname(parent)

@@ -17,7 +17,7 @@ CASES = [
         "trainer.nope: unknown field of trainer (TrainerConfig); its fields are name, checkpoint_dir, keep",
     ),
     (["trainer.batch_size=many"], "trainer.batch_size"),
-    (["model=resnet"], "model/resnet"),
+    (["model=resnet"], "model=resnet: no such option in group model; the options are dit_b2, dit_l2, dit_s2"),
     (
         ["optim.optimizer=sgd"],
         "optim.optimizer: expected one of 'adam', 'adamw', 'lamb', 'muon', 'muonclip', found str 'sgd'",

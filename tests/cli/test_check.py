@@ -34,7 +34,12 @@ def test_a_bad_run_fails_the_check_as_it_fails_its_launch(workdir: Path):
     check, launch = dew("--check", *args, cwd=workdir), dew(*args, cwd=workdir)
     assert check.returncode == launch.returncode == 2, (check.stderr, launch.stderr)
     assert (
-        errors(check.stderr) == errors(launch.stderr) == ["optim.schedule.warmup_steps=100 exceeds the run's 20 steps"]
+        errors(check.stderr)
+        == errors(launch.stderr)
+        == [
+            "optim.schedule.warmup_steps=100 exceeds the run's 20 steps; shorten it "
+            "(optim.schedule.warmup_steps=2, a tenth of the run) or train at least 100 steps"
+        ]
     )
     assert "Traceback" not in check.stderr and tree(workdir) == []
 

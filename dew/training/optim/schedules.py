@@ -214,7 +214,9 @@ def build_schedule(
             raise ValueError(f"total_steps={total_steps} must be >= 1 for a schedule")
         if spec.warmup_steps > total_steps:  # type: ignore[attr-defined]
             raise ValueError(
-                f"optim.schedule.warmup_steps={spec.warmup_steps} exceeds the run's {total_steps} steps"  # type: ignore[attr-defined]
+                f"optim.schedule.warmup_steps={spec.warmup_steps} exceeds the run's {total_steps} steps; "  # type: ignore[attr-defined]
+                f"shorten it (optim.schedule.warmup_steps={max(1, total_steps // 10)}, a tenth of the run) "
+                f"or train at least {spec.warmup_steps} steps"  # type: ignore[attr-defined]
             )
     if inputs and "peak" in inputs:
         peak_in: float | jax.Array = inputs["peak"]
