@@ -43,6 +43,9 @@ the run), which is the job's own time, not the slot's idle time. Per command:
 - ``idle_share``: ``1 - sum(job durations) / (slots x span)``, the span from the first job's start to
   the last job's end (``idle_share_of_wall``: over the command's wall time instead, its own start-up
   and study set-up included);
+- ``waiting_idle_share``: the slot time that stood empty while a trial waited to start (the sum of
+  ``gaps_s``) over ``slots x span``: ``idle_share`` less the time no trial was left to start (the
+  last trials' tail, where a cluster's slot is a job that has ended and its node someone else's);
 - ``gaps_s``: the time a slot stood empty before each job after the first ``slots``, the k-th job's
   start less the (k - slots)-th job end (in order of time): in batch mode the wait for the batch's
   slowest trial, under refill what refilling takes (``end_to_submit_s``: the launching process's part,
@@ -370,6 +373,7 @@ def figures(jobs: list[dict[str, Any]], slots: int, wall: float) -> dict[str, An
         "idle_share": 1 - busy / (slots * span),
         "idle_share_of_wall": 1 - busy / (slots * wall),
         "span_s": span,
+        "waiting_idle_share": sum(j["start"] - e for j, e in zip(later, ends)) / (slots * span),
         "gaps_s": [round(j["start"] - e, 2) for j, e in zip(later, ends)],
         "end_to_submit_s": [round(j["submitted"] - e, 2) for j, e in zip(later, ends)],
         "submit_to_start_s": statistics.median(j["start"] - j["submitted"] for j in jobs),
@@ -546,7 +550,7 @@ def summary(rounds: list[dict[str, dict[str, Any]]], slots: int, lone: dict[str,
         runs = [r[mode] for r in rounds]
         out[f"{mode}_wall_s"] = round(statistics.median(x["wall_s"] for x in runs), 1)
         out[f"{mode}_cpu_s"] = round(statistics.median(x["cpu_s"] for x in runs), 1)
-        for key in ("idle_share", "idle_share_of_wall", "run_share"):
+        for key in ("idle_share", "idle_share_of_wall", "waiting_idle_share", "run_share"):
             out[f"{mode}_{key}"] = round(statistics.median(x[key] for x in runs), 3)
             out[f"{mode}_{key}s"] = [round(x[key], 3) for x in runs]
         gaps = [g for x in runs for g in x["gaps_s"]]

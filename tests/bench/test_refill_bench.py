@@ -24,6 +24,7 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
     for mode in ("batch", "refill"):
         assert 0 <= figures[f"{mode}_idle_share"] < 1 and 0 < figures[f"{mode}_run_share"] <= 1
         assert figures[f"{mode}_idle_share_of_wall"] >= figures[f"{mode}_idle_share"]  # the wall holds the span
+        assert 0 <= figures[f"{mode}_waiting_idle_share"] <= figures[f"{mode}_idle_share"]
         (run,) = [r[mode] for r in figures["rounds"]]
         assert sum(run["trials"].values()) == 3 and run["trials"]["complete"] >= 1 and run["trials"]["fail"] == 0
         assert len(run["gaps_s"]) == 1 and len(run["steps"]) == 3  # one job after the first two slots' jobs
