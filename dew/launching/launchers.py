@@ -26,6 +26,7 @@ from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
 from dew.contract.lock import RunLockedError, holder
 from dew.launching.checks import checking, failures, record_checked
 from dew.launching.gc_settings import collect_less
+from dew.launching.grid_report import best_run_line
 from dew.launching.interrupts import LaunchInterrupts, current, stop_before_start
 from dew.launching.jobs import SweepJob, compose_jobs, stop_record
 from dew.launching.sweep_lock import holding_the_sweep, leave_no_trace, refuse_live_jobs, wait_until_released
@@ -94,6 +95,8 @@ class CheckedLaunch:
                 results = self.run_jobs(jobs, job_overrides, initial_job_idx)
             if self.dry_run:
                 leave_no_trace(sweep_dir)
+            elif not searching(self.config) and (line := best_run_line(results, sweep_dir)):
+                print(f"dew-train: {line}", file=sys.stderr, flush=True)
             return results
         except RunLockedError as err:
             print(f"dew-train: error: {err}", file=sys.stderr, flush=True)

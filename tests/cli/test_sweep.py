@@ -27,7 +27,7 @@ def test_artifact_names_are_valid_recognisable_and_distinct():
     assert len(set(published)) == len(published)
 
 
-def test_job_names_show_the_swept_values(monkeypatch):
+def test_job_names_show_the_swept_values(monkeypatch, tmp_path):
     fixed = [
         "experiment=digits",
         "model.config.depth=1",
@@ -40,12 +40,22 @@ def test_job_names_show_the_swept_values(monkeypatch):
     monkeypatch.setenv(SWEEP_ENV, json.dumps({"dir": "s", "swept": ["optim.learning_rate", "trainer.seed"]}))
     a = job_dirname(0, [*fixed, "optim.learning_rate=0.001", "trainer.seed=1"])
     b = job_dirname(1, [*fixed, "optim.learning_rate=0.003", "trainer.seed=1"])
-    assert (a, b) == ("0-optim.learning_rate=0.001,trainer.seed=1", "1-optim.learning_rate=0.003,trainer.seed=1")
+    assert (a, b) == ("0-learning_rate=0.001,seed=1", "1-learning_rate=0.003,seed=1")
+    # A sampler's float at 4 significant digits, a key by as many parts as tell it from another.
+    monkeypatch.setenv(SWEEP_ENV, json.dumps({"dir": "s", "swept": ["optim.learning_rate", "x.depth", "y.depth"]}))
+    drawn = ["optim.learning_rate=0.0012345678901234", "x.depth=3", "y.depth=123456"]
+    assert job_dirname(7, drawn) == "7-learning_rate=0.001235,x.depth=3,y.depth=123456"
+    # A sweep an older dew named by whole keys and values goes on in its jobs' directories.
+    old = tmp_path / "7-optim.learning_rate=0.0012345678901234,x.depth=3,y.depth=123456"
+    old.mkdir()
+    assert job_dirname(7, drawn, str(tmp_path)) == old.name
+    assert job_dirname(8, drawn, str(tmp_path)) == "8-learning_rate=0.001235,x.depth=3,y.depth=123456"
     # Without the sweep's record: every override but the fixed keys, long ones cut with a hash.
     monkeypatch.delenv(SWEEP_ENV)
-    long_a = job_dirname(0, [*fixed, "optim.learning_rate=0.001"])
-    assert long_a.startswith("0-flow_matching.sample_steps=1,") and "experiment" not in long_a
-    assert len(long_a) <= 2 + 120 and long_a != job_dirname(0, [*fixed, "optim.learning_rate=0.003"])
+    long_a = job_dirname(0, [*fixed, "optim.learning_rate=0.001", f"trainer.wandb.project={'p' * 100}"])
+    assert long_a.startswith("0-sample_steps=1,samples_per_class=1,depth=1,") and "experiment" not in long_a
+    long_b = job_dirname(0, [*fixed, "optim.learning_rate=0.003", f"trainer.wandb.project={'p' * 100}"])
+    assert len(long_a) <= 2 + 120 and long_a != long_b
 
 
 def test_a_sweep_named_inside_a_run_is_refused(tmp_path, monkeypatch):
@@ -96,7 +106,15 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
     assert sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in (work / "ck" / "digits").rglob("*")) == before
     [folder] = list((work / "ck").glob("digits-sweep-*"))
     jobs = sorted(p.name for p in folder.iterdir() if p.is_dir())
-    assert jobs == ["0-optim.learning_rate=0.001", "1-optim.learning_rate=0.003"]
+    assert jobs == ["0-learning_rate=0.001", "1-learning_rate=0.003"]
+    from dew.runs.status import read_run  # the grid ends naming its best run, as dew-runs ranks them
+
+    best = min((read_run(folder / job, job).summary for job in jobs), key=lambda r: r.best)
+    ended = sweep.stdout.strip().splitlines()[-1]
+    assert ended == (
+        f"dew-train: best of 2 runs by eval/loss: {best.path} (eval/loss {best.best:.4g} at step {best.best_step}); "
+        f"dew-runs {folder.relative_to(work)} lists them all"
+    ), ended
     for job in jobs:
         assert (folder / job / "run.json").is_file()
         overrides = (folder / job / ".hydra" / "overrides.yaml").read_text()
