@@ -365,7 +365,7 @@ def train_set_up(
             write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
     except Preempted as stopped:
         print(f"{prog}: run {name!r}: {stopped}", file=sys.stderr, flush=True)
-        exit_after_stop(stopped.signum)
+        exit_after_stop(stopped.signum, reason=stopped.reason)
     except Exception as err:
         status = stop_status(err)
         if status is None:

@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
+from dew.contract import duration
 from dew.contract.axes import LOGICAL_AXES
 from dew.contract.data import DataSpec, datasets
 from dew.contract.models import architecture, resolve_fields
@@ -620,8 +621,22 @@ class TrainerConfig:
     thread, while the steps before run (dew.training.prefetch); each holds device memory for one
     batch. 0 reads and places each batch at the top of its step. Which records a step trains on,
     and the data position a checkpoint saves, are the same at every depth."""
+    max_time: str | None = None
+    """Wall-clock limit of one start of the run, counted from its set-up (restore and compilation
+    included): seconds (``5400``), a number with units (``90m``, ``1.5h``, ``2d``, ``1h30m``) or
+    ``DD:HH:MM:SS`` / ``HH:MM:SS`` (``00:12:00:00``). When it is reached, the run stops at the next
+    step boundary with a checkpoint, as a preempted run does, and the same command resumes it (with
+    a fresh limit); a resume may change it. Unset: no limit. Leave room for that last save below a
+    job's own time limit."""
+
+    def max_time_seconds(self) -> float | None:
+        """``max_time`` in seconds, None for no limit."""
+        return None if self.max_time is None else duration.seconds(self.max_time, "trainer.max_time")
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_time, (int, float)) and not isinstance(self.max_time, bool):
+            object.__setattr__(self, "max_time", str(self.max_time))  # a number of seconds, from Python
+        self.max_time_seconds()  # a bad value is refused here, naming the field
         if self.init_from is not None and "://" not in self.init_from:
             object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
         for pattern in self.init_skip:
@@ -941,7 +956,8 @@ class RunConfig:
 
         The path goes through epath, the same filesystem layer orbax writes the checkpoints with, so
         a gs:// run directory takes the record too. The record is written to a temporary file and
-        renamed, so a reader never sees half a record.
+        renamed over any record there (a run trained further takes its new length: docs/training.md),
+        so a reader never sees half a record.
         """
         from etils import epath
 
@@ -951,7 +967,7 @@ class RunConfig:
         tmp = folder / f".{RUN_RECORD}.tmp"
         # allow_nan=False: the record is strict JSON (the typed conversion already refuses NaN).
         tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False, allow_nan=False) + "\n")
-        tmp.rename(path)
+        tmp.replace(path)
         return os.fspath(path)
 
     @classmethod

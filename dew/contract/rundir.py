@@ -84,7 +84,10 @@ PRUNE_CHECK = "prune_check"
 metric the trial returns), ``pruned`` (the verdict) and the pruner's ``attrs`` for the trial
 (successive halving's rungs), which the other trials' pruners and the sweeper read back."""
 
-LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback", EARLY_STOP)
+EXTEND = "extend"
+"""The journal's event of a resume that changed the run's length (``dew.training.extension``)."""
+
+LIFECYCLE = ("start", "resume", "stop", "end", "checkpoint_fallback", EARLY_STOP, EXTEND)
 """The journal's lifecycle events: the run's history, kept even when a later resume supersedes
 their step (the other records are metrics, evaluations and checkpoints)."""
 

@@ -11,9 +11,16 @@ from typing import NoReturn
 from dew import compat
 from dew.launching.pool import barrier
 
+EXIT_MAX_TIME = 124
+"""The status of a run that ``trainer.max_time`` stopped with a checkpoint: GNU ``timeout``'s for a
+command that ran out of time. Not 0 (the run is not complete: a script's ``&&`` or a job
+dependency on success must not take it for finished), and no requeue: the limit was the user's."""
 
-def exit_after_stop(signum: int | None) -> NoReturn:
-    """Exit as the launcher expects once a run stopped on ``signum`` and saved its checkpoint.
+
+def exit_after_stop(signum: int | None, *, reason: str | None = None) -> NoReturn:
+    """Exit as the launcher expects once a run stopped on ``signum`` and saved its checkpoint; a
+    stop whose ``reason`` is ``max_time`` (``dew.training.preemption.MAX_TIME``) exits with
+    ``EXIT_MAX_TIME``, whatever the signal its pool passed it on as.
 
     In a submitit job stopped by submitit's own signal (SIGUSR2, to this process or to any other
     of its pool: the processes agree on the signal, ``dew.training.preemption``), submitit's handler, which the
@@ -29,6 +36,8 @@ def exit_after_stop(signum: int | None) -> NoReturn:
     """
     import signal
 
+    if reason == "max_time":
+        _exit(EXIT_MAX_TIME)
     signum = signum or signal.SIGTERM
     handler = signal.getsignal(signum)
     if os.environ.get("SUBMITIT_EXECUTOR") and (

@@ -33,6 +33,7 @@ same step, which a decision computed from values all of them hold (an evaluation
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -51,13 +52,24 @@ log = logging.getLogger("dew")
 REASONS: dict[int, str] = {signal.SIGUSR2: "preempted", signal.SIGTERM: "preempted", signal.SIGINT: "interrupted"}
 """The journal's ``stop`` reason for each signal that stops a run."""
 
+MAX_TIME = "max_time"
+"""The journal's ``stop`` reason of a run that ``trainer.max_time`` stopped (``StopSignals.limit``)."""
+
+MAX_TIME_KEY = "dew/stop_max_time"
+"""Where, in a process pool's key-value store, a process whose clock passed ``trainer.max_time``
+says so before it passes the stop on as a SIGTERM: every process reads it at the agreed step, so
+all of them stop for that reason and exit alike."""
+
 
 class Preempted(Exception):
     """The run stopped at ``step`` on a signal, after saving a checkpoint there."""
 
     def __init__(self, reason: str, step: int, signum: int | None, path: str) -> None:
         self.reason, self.step, self.signum, self.path = reason, step, signum, path
-        what = signal.Signals(signum).name if signum else "a preemption notice from another process"
+        if reason == MAX_TIME:
+            what = "trainer.max_time reached"
+        else:
+            what = signal.Signals(signum).name if signum else "a preemption notice from another process"
         super().__init__(
             f"{what}: stopped at step {step} with a checkpoint in {path}; the same command resumes the run"
         )
@@ -124,6 +136,28 @@ class StopSignals:
         self._ended = False
         self.requested: StopRequest | None = None
         """The first stop request (``request``), None while nothing asked."""
+        self.deadline: float | None = None
+        """``time.monotonic()`` past which the run stops at its next step boundary (``limit``)."""
+        self.timed_out = False
+        """The stop is ``trainer.max_time``'s (on this process's clock or, in a pool, on another's)."""
+
+    def limit(self, seconds: float | None) -> None:
+        """Stop the run at the first step boundary ``seconds`` from now (``trainer.max_time``) with a
+        checkpoint, as a signal does; None: no limit."""
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def _expired(self) -> None:
+        """Once past the deadline, with no signal before it: the stop is ``max_time``'s; in a pool it
+        is passed on to every process as a signal is (``_pass_on``), and recorded as max_time's."""
+        if self.deadline is None or self.received is not None or time.monotonic() < self.deadline:
+            return
+        log.warning("trainer.max_time reached: the run saves a checkpoint at the next step boundary and stops")
+        self.deadline, self.timed_out = None, True
+        self.received, self._at = signal.SIGTERM, time.monotonic()
+        if self._pool():
+            with contextlib.suppress(Exception):
+                compat.jax_distributed_client().key_value_set(MAX_TIME_KEY, "1")
+        self._pass_on()
 
     def request(self, request: StopRequest) -> None:
         """Ask the run to end after the step in flight, as a finished run ends (the first request
@@ -211,14 +245,17 @@ class StopSignals:
     def _agreed_signal(self) -> None:
         """At the agreed step: the signal the first signalled process recorded, else SIGTERM (JAX's
         notifier was told directly: a scheduler's stop to every process)."""
-        recorded = compat.key_value_or_none(compat.jax_distributed_client(), SIGNAL_KEY)
+        client = compat.jax_distributed_client()
+        recorded = compat.key_value_or_none(client, SIGNAL_KEY)
         self.received = int(recorded) if recorded else (self.received or signal.SIGTERM)
+        self.timed_out = self.timed_out or compat.key_value_or_none(client, MAX_TIME_KEY) is not None
 
     def stop_at(self, step: int) -> bool:
         """Whether the run stops after ``step`` (on a signal, or ``requested``): called once per
         step, with increasing steps."""
         if self.requested is not None:
             return True
+        self._expired()
         if self._pool():
             from jax.experimental import multihost_utils
 
@@ -265,4 +302,6 @@ class StopSignals:
     @property
     def reason(self) -> str:
         """``stop`` event reason: a process told only by JAX's notifier was preempted (SIGTERM)."""
+        if self.timed_out:
+            return MAX_TIME
         return REASONS.get(self.received, "preempted") if self.received else "preempted"

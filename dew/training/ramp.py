@@ -4,9 +4,14 @@ before a step, for schedules and optimizers that count tokens rather than steps.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from dew.contract.config import TrainerConfig
+    from dew.contract.data import Dataset
 
 
 def stage_at(stages: Sequence[tuple[int, int]], step: int) -> int:
@@ -31,3 +36,9 @@ def tokens_seen_fn(stages: Sequence[tuple[int, int]], tokens_per_record: float) 
         return total * tokens_per_record
 
     return tokens_seen
+
+
+def run_tokens_seen(trainer: TrainerConfig, dataset: Dataset) -> Callable[[jax.Array], jax.Array]:
+    """``tokens_seen_fn`` of a run: its ramp's stages, and the dataset's tokens per record (1 for
+    data without tokens)."""
+    return tokens_seen_fn(trainer.stages(), float(getattr(dataset, "tokens_per_record", 1) or 1))

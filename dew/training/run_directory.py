@@ -3,8 +3,9 @@
 It holds ``run.json`` (the resolved config), the orbax step directories, Hydra's ``.hydra/`` and
 ``train.log``. Starting a run whose directory already holds a record resumes it when the config is
 the same, or differs only in settings that cannot change the training (``RESUME_FREE``, the knobs of
-objectives the run does not train, sampling knobs), and is refused, with the fields that differ,
-when it is not: nothing is overwritten.
+objectives the run does not train, sampling knobs) or in its length where the schedule allows
+(``LENGTH``: training a run further, ``dew.training.extension``), and is refused, with the fields
+that differ, when it is not: nothing is overwritten.
 
 One process writes a run directory at a time: process 0 of the run holds its lock
 (``dew.contract.lock``) from before it writes anything there until the run ends, and a second
@@ -78,13 +79,20 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.mesh",
     "trainer.layout",
     "trainer.prefetch",
+    "trainer.max_time",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
-reports and how the process starts, never what a step computes. (The best checkpoint is chosen among
-the evaluations a run makes, so eval_every changes which step is best, not any parameter.) The mesh
-and the layout decide where each shard of the same computation lives: the checkpoint restores into
-the new layout (tests/training/mesh_runs.py), and only the order of floating-point reductions
-changes. How far ahead the batches are read (prefetch) changes when a batch is read, not which."""
+reports, how the process starts and how long one start of it may run, never what a step computes.
+(The best checkpoint is chosen among the evaluations a run makes, so eval_every changes which step
+is best, not any parameter.) The mesh and the layout decide where each shard of the same
+computation lives: the checkpoint restores into the new layout (tests/training/mesh_runs.py), and
+only the order of floating-point reductions changes. How far ahead the batches are read (prefetch)
+changes when a batch is read, not which."""
+
+LENGTH: tuple[str, ...] = ("trainer.steps", "trainer.epochs")
+"""The run's length: a resume may change it where the learning rate of every step already trained
+stays the same at the new length (``dew.training.extension.check_length``, which the set-up calls
+with the data and the checkpoint at hand); the record then takes the new length."""
 
 SAMPLING_KNOBS: tuple[str, ...] = (
     "sampler",
@@ -102,10 +110,11 @@ a resume may change them for the objective it trains."""
 def resume_blocks(path: str, trains: str | None, objectives: frozenset[str]) -> bool:
     """Whether a change at dotted ``path`` must refuse a resume: every setting that can change
     what the run computes does, except ``RESUME_FREE``, the knobs of objectives the run does not
-    train (``trains``; ``objectives`` are the record's knob sections) and ``SAMPLING_KNOBS``.
+    train (``trains``; ``objectives`` are the record's knob sections), ``SAMPLING_KNOBS`` and the
+    run's ``LENGTH`` (whose change the set-up checks against the schedule).
 
     An unknown objective (``trains`` None) keeps every knob blocking."""
-    if any(path == free or path.startswith(free + ".") for free in RESUME_FREE):
+    if any(path == free or path.startswith(free + ".") for free in RESUME_FREE) or path in LENGTH:
         return False
     section, _, field = path.partition(".")
     if section in objectives and trains is not None:

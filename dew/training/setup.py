@@ -27,11 +27,12 @@ from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
 from dew.training import adapt, early_stopping, preflight, sharding
 from dew.training.checkpointing import warmstart
+from dew.training.extension import Extension, check_length, record_length
 from dew.training.hooks import from_config
 from dew.training.optim.build import Optimizer, build_optimizer
 from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
-from dew.training.ramp import tokens_seen_fn
+from dew.training.ramp import run_tokens_seen
 from dew.training.reporting import trackers
 from dew.training.reporting.tracker import tracking_dir
 from dew.training.run_directory import (
@@ -67,6 +68,8 @@ class Setup:
     stop: StopSignals
     """The stop signals' handlers, installed before the set-up so a signal during it or during the
     restore is honoured at the first step boundary."""
+    extension: Extension | None = None
+    """A resume that trains the run further (or less far): its length changed (``dew.training.extension``)."""
 
 
 def start_process(t: TrainerConfig) -> None:
@@ -143,12 +146,11 @@ def check(
 
 def run_optimizer(run: RunConfig, dataset: Dataset, params: nnx.State, total_steps: int) -> Optimizer:
     """The run's optimizer over ``params``, its schedule counting the tokens the batch ramp feeds."""
-    tokens_per_record = float(getattr(dataset, "tokens_per_record", 1) or 1)
     return build_optimizer(
         run.optim,
         params,
         total_steps=total_steps,
-        tokens_seen=tokens_seen_fn(run.trainer.stages(), tokens_per_record),
+        tokens_seen=run_tokens_seen(run.trainer, dataset),
         architecture=of(run.model.architecture, run.model.fields()),
     )
 
@@ -173,7 +175,8 @@ def check_setup(
         prepare_run_dir(run, name, write=False, trains=trains)
         check_journal(tracking_dir(run.trainer) / name / JOURNAL)
     changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
-    return Setup(name, path, total_steps, eval_every, ckpt_every, trains, changed, stop)
+    extension = check_length(run, recorded, dataset, path) if recorded is not None else None
+    return Setup(name, path, total_steps, eval_every, ckpt_every, trains, changed, stop, extension)
 
 
 def check_journal(path: epath.Path) -> None:
@@ -192,6 +195,8 @@ def claim(run: RunConfig, setup: Setup, held: contextlib.ExitStack) -> None:
     if jax.process_index() == 0:
         held.enter_context(hold(setup.path))
         prepare_run_dir(run, setup.name, write=True, trains=setup.trains)
+        if setup.extension is not None:
+            record_length(setup.path, run)
 
 
 def listen(held: contextlib.ExitStack) -> StopSignals:
@@ -231,6 +236,7 @@ def set_up(
     ``held`` closes. ``metrics``: the ones the run evaluates (``RunConfig.train``'s; None: dew-train's)."""
     start_process(trainer)
     stop = listen(held)  # before the checks: a signal from here on stops the run at its first step
+    stop.limit(trainer.max_time_seconds())  # trainer.max_time, counted from here: restore and compilation too
     try:
         planned = plan()
         setup = check_setup(*planned, stop, metrics)  # reads only: a refused resume changes nothing

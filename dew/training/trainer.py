@@ -38,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding
 from dew.contract.config import RunConfig, TrainerConfig
 from dew.contract.data import BatchIterator, Dataset
 from dew.contract.objectives import can_sample
-from dew.contract.rundir import EARLY_STOP, RUN_RECORD
+from dew.contract.rundir import EARLY_STOP, EXTEND, RUN_RECORD
 from dew.data.overfit import OverfitBatches
 from dew.models.flops import flops_per_example
 from dew.objectives.base import Metric, Objective
@@ -234,6 +234,9 @@ def _train(
         )
         if latest is not None:
             _journal_fallbacks(tracker, latest, fallbacks)
+        if (extension := setup.extension) is not None:  # trained further: dew.training.extension
+            log.info("%s", extension.describe(setup.name))
+            tracker.event(EXTEND, step=latest or 0, from_steps=extension.from_steps, to_steps=extension.to_steps)
         story = RunReport(
             run,
             setup.name,

@@ -32,12 +32,14 @@ ACCEPTED = [
     ({"trainer": {"wandb": Wandb("p", entity="me", offline=True)}}, "trainer.wandb: None -> "),
     ({"trainer": {"compilation_cache_dir": "/elsewhere"}}, "trainer.compilation_cache_dir: None -> '/elsewhere'"),
     ({"trainer": {"mesh": MeshSpec(data=2, fsdp=4)}}, "trainer.mesh.data: -1 -> 2"),  # the same model, laid out anew
+    ({"trainer": {"max_time": "90m"}}, "trainer.max_time: None -> '90m'"),  # how long one start may run
+    # The length: the set-up then checks the schedule's rates (tests/training/test_extension.py).
+    ({"trainer": {"steps": 20}}, "trainer.steps: 10 -> 20"),
 ]
 REFUSED = [
     ({"optim": {"learning_rate": 0.5}}, "optim.learning_rate: 0.00027 -> 0.5"),
     ({"flow_matching": {"label_dropout": 0.2}}, "flow_matching.label_dropout: 0.1 -> 0.2"),  # the trained objective's
     ({"flow_matching": {"ema_decay": 0.99}}, "flow_matching.ema_decay: 0.999 -> 0.99"),
-    ({"trainer": {"steps": 20}}, "trainer.steps: 10 -> 20"),
     ({"trainer": {"seed": 1}}, "trainer.seed: 0 -> 1"),
 ]
 

@@ -126,8 +126,14 @@ class Tracker:
         self.total_steps = total_steps
         self.directory = tracking_dir(trainer) / name
         self.journal = Journal(self.directory / JOURNAL) if is_main else None
-        # A run started again after it completed adds nothing: its history already ends there.
-        self.complete = self.journal is not None and resume_step is not None and self.journal.ended_at(resume_step)
+        # A run started again after it completed adds nothing: its history already ends there (a run
+        # trained further, to a longer length, goes on from that end).
+        self.complete = (
+            self.journal is not None
+            and resume_step is not None
+            and resume_step >= total_steps
+            and self.journal.ended_at(resume_step)
+        )
         self.wandb_run: wandb.Run | None = None
         self.wandb_id = wandb_id
         if is_main and trainer.wandb is not None:
