@@ -26,6 +26,7 @@ import contextlib
 import datetime
 import functools
 import logging
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -364,7 +365,8 @@ def train_set_up(
             )
             write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
     except Preempted as stopped:
-        print(f"{prog}: run {name!r}: {stopped}", file=sys.stderr, flush=True)
+        line = stopped_line(stopped, run.trainer.name, name, prog=prog, hydra=hydra_cfg is not None)
+        print(f"{prog}: run {name!r}: {line}", file=sys.stderr, flush=True)
         exit_after_stop(stopped.signum, reason=stopped.reason)
     except Exception as err:
         status = stop_status(err)
@@ -376,6 +378,23 @@ def train_set_up(
     if jax.process_index() == 0:
         print(f"{prog}: run {name!r} is in {setup.path}", flush=True)
     return state
+
+
+TYPED: list[str] = []
+"""``dew-train``'s arguments as they were typed: ``main`` records them before it rewrites them for
+Hydra. Empty in another command (``dew-recipe``), whose ``sys.argv`` is as typed."""
+
+
+def stopped_line(stopped: Preempted, trainer_name: str | None, name: str, *, prog: str, hydra: bool) -> str:
+    """What a run stopped on a signal ends with: ``Preempted``'s line, which says that the same command
+    resumes the run. That is true where the command names the run (``trainer.name``, or a sweep's
+    job); a run without a name is named after the moment it started, so the same command would
+    start another: the line then gives the command that resumes it, this one with the run's name."""
+    said = str(stopped)
+    if trainer_name or (hydra and HydraConfig.get().mode == RunMode.MULTIRUN):
+        return said
+    named = f"trainer.name={name}" if hydra else f"--trainer.name {shlex.quote(name)}"
+    return f"{said.rsplit('; ', 1)[0]}; resume it with: {shlex.join([prog, *(TYPED or sys.argv[1:])])} {named}"
 
 
 def check_single_run(recipe: Recipe, path: str | None = None, prog: str = "dew-train") -> None:
@@ -512,6 +531,7 @@ def for_printing(argv: list[str]) -> None:
 @ends_at_once
 def main() -> None:
     os.environ.pop(SWEEP_ENV, None)  # a new command starts a new sweep
+    TYPED[:] = sys.argv[1:]
     if CHECK_FLAG in sys.argv[1:]:
         sys.argv.remove(CHECK_FLAG)
         check_only()

@@ -80,9 +80,12 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.layout",
     "trainer.prefetch",
     "trainer.max_time",
+    "trainer.name",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
 reports, how the process starts and how long one start of it may run, never what a step computes.
+The name is the run directory's, which a resume is in already: a run started without one is named
+after the moment it started and resumed with ``trainer.name=run-<that moment>``.
 (The best checkpoint is chosen among the evaluations a run makes, so eval_every changes which step
 is best, not any parameter.) The mesh and the layout decide where each shard of the same
 computation lives: the checkpoint restores into the new layout (tests/training/mesh_runs.py), and
