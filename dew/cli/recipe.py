@@ -99,12 +99,28 @@ def check_recipe(run: RunConfig, *, prog: str = PROG) -> None:
         fail(*refused, prog=prog)
 
 
+def console_logging() -> None:
+    """The console's log as ``dew-train``'s: Hydra configures it there from
+    conf/hydra/job_logging/dew.yaml (the format; absl's and JAX's loggers at WARNING, so orbax's
+    notes at INFO stay off the console and out of train.log), and nothing would here."""
+    import logging.config
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from dew.cli.train import conf_dir
+
+    settings = OmegaConf.to_container(OmegaConf.load(Path(conf_dir(), "hydra", "job_logging", "dew.yaml")))
+    logging.config.dictConfig(settings)  # type: ignore[arg-type]  # a mapping of str keys, as the file is
+
+
 @console_script
 def main() -> None:
     args = sys.argv[1:]
     check = CHECK_FLAG in args
     args = [a for a in args if a != CHECK_FLAG]
     run = parse(Recipe, args, prog=PROG, description=DESCRIPTION)
+    console_logging()
     try:
         if check:
             check_recipe(run)

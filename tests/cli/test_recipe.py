@@ -5,6 +5,7 @@ bad command line ends with one line and exit status 2."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import tomllib
 from pathlib import Path
@@ -79,6 +80,15 @@ def test_dew_recipe_trains_the_run_dew_train_trains(tmp_path: Path):
     assert [m["step"] for m in metrics(tyro_dir) if "train/loss" in m] == [1, 2]
     assert metrics(tyro_dir) == metrics(hydra_dir)
     assert (run / "samples.png").is_file() and not (run / ".hydra").exists()
+
+    # A quiet console, as dew-train's: dew's own lines, in its format, and no library chatter
+    # (orbax's notes at INFO, through absl's logger, ~100 lines before) there or in train.log.
+    for text in (recipe.stdout + recipe.stderr, (run / "train.log").read_text()):
+        lines = text.splitlines()
+        chatter = [line for line in lines if "absl" in line or "orbax" in line.lower()]
+        loggers = {m.group(1) for line in lines if (m := re.match(r"\[[^]]*\]\[([^]]*)\]", line))}
+        assert not chatter and loggers and all(name.split(".")[0] == "dew" for name in loggers), text[-3000:]
+        assert all(line.startswith(("[", "dew-recipe: ")) for line in lines), text[-3000:]
 
 
 @pytest.mark.slow
