@@ -516,9 +516,12 @@ def for_printing(argv: list[str]) -> None:
     takes dew's template (conf/hydra/hydra_help/dew.yaml) and finds the launcher profiles: Hydra
     composes it from its own config alone, without conf/config.yaml's choices and search path.
     ``-m`` with ``--cfg`` or ``--info`` prints the sweep's first job (``first_job_to_print``), which
-    is named on stderr (stdout stays the config alone)."""
+    is named on stderr (stdout stays the config alone). ``--help`` shows the config resolved, as
+    the run reads it (an unset record ``null``, not the ``${unset:}`` the schema holds it by)."""
     if "--hydra-help" in argv:
         argv[1:] = hydra_help_args(argv[1:], Path(launch_dir()).as_uri())
+    if "--help" in argv and "--resolve" not in argv:
+        argv.insert(argv.index("--help") + 1, "--resolve")
     try:
         argv[1:], note = first_job_to_print(argv[1:])
     except ValueError as err:

@@ -128,12 +128,16 @@ def cached_tokens(spec: HFText, tokenizer: Tokenizer, train: Source, val: Source
                 said = True
             time.sleep(_WAIT_S)
             continue
+        built = False
         try:
             if not intact(directory, key):
                 log.info("%s: tokenizing %s into the token cache", directory, train)
                 build_cache(directory, key, tokenizer, train, val)
+            built = True
         finally:
             lock.release()
+            if not built:  # a failed build leaves the cache as it found it (a waiter takes a new lock)
+                shutil.rmtree(f"{directory}.lock", ignore_errors=True)
     return directory
 
 

@@ -67,6 +67,7 @@ def test_help_lists_groups_and_options(workdir: Path):
     ]:
         assert line in result.stdout, result.stdout
     assert "schema/" not in result.stdout  # dew's plumbing is not a choice
+    assert "  schedule: null" in result.stdout and "${unset:}" not in result.stdout  # as the run reads it
     assert tree(workdir) == []
 
 

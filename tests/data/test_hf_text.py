@@ -230,6 +230,7 @@ def test_bad_inputs_fail_in_one_line_naming_the_field(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"data.field='body'"):
         HFText(path=path, field="body", mode="stream").load(4, 0).iterator().next()
     assert not any((tmp_path / "dew-cache" / "hf_text").glob("*/tokens.json"))  # nothing half-written
+    assert not list((tmp_path / "dew-cache" / "hf_text").glob("*.lock"))  # nor the build's lock
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="holds no records"):

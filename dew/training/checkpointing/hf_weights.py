@@ -235,6 +235,7 @@ def write(tensors: dict[str, np.ndarray], out: str, max_bytes: int | None) -> li
     for name, part in zip(names, parts, strict=True):
         tmp = os.path.join(out, name + ".tmp")
         save_file(part, tmp, metadata={"format": "pt"})
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors makes its files its owner's alone (0600)
         os.replace(tmp, os.path.join(out, name))
     if len(parts) > 1:
         index = {
@@ -245,6 +246,13 @@ def write(tensors: dict[str, np.ndarray], out: str, max_bytes: int | None) -> li
             json.dump(index, fh, indent=2)
         names.append(INDEX)
     return names
+
+
+def _umask() -> int:
+    """The process's umask: the mode ``open`` gives a new file is 0666 less it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def write_directory(

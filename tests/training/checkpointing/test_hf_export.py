@@ -7,6 +7,7 @@ record (``tests/fixtures/hf/export_check.txt``); here, without torch, the files 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,10 @@ def test_bf16_shards_of_a_tied_rope_scaled_gqa_model_read_back_exactly(tmp_path:
 
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
     assert len(shards) > 1 and set(written) == {*shards, hf_weights.INDEX, "config.json", "generation_config.json"}
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {name: (out / name).stat().st_mode & 0o777 for name in written}
+    assert set(modes.values()) == {0o666 & ~umask}, modes  # the weights as ordinary as the JSON files
     index = json.loads((out / hf_weights.INDEX).read_text())
     assert set(index["weight_map"].values()) == set(shards)
     assert "lm_head.weight" not in index["weight_map"]  # tied: the head is the embedding
