@@ -2,12 +2,12 @@
 
 Hydra composes the config from conf/ and the command line; it is converted once into the typed
 ``Recipe``; the dataset and the objective it names are built; ``RunConfig.train`` runs it. A bad
-input ends with one message naming the field and what is allowed, a non-zero exit status, and
-nothing written (Hydra itself writes nothing: see conf/config.yaml). A run that stops on its own
-terms (a refused resume, a busy run directory, a divergence, no intact checkpoint) ends with
-``dew-train: error: ...`` and its own exit status (the ``EXIT_*`` constants; docs/training.md,
-"When things go wrong"), no traceback;
-``HYDRA_FULL_ERROR=1`` or ``DEW_DEBUG=1`` shows the traceback instead.
+input ends with one line naming the field, the value and what is allowed, ``EXIT_BAD_INPUT``, and
+nothing written (Hydra itself writes nothing: see conf/config.yaml; what Hydra cannot compose is
+put in one line by ``dew.cli.hydra_errors``). A run that stops on its own terms (a refused
+resume, a busy run directory, a divergence, no intact checkpoint) ends with ``dew-train: error:
+...`` and its own exit status (the ``EXIT_*`` constants; docs/training.md, "When things go
+wrong"), no traceback; ``HYDRA_FULL_ERROR=1`` or ``DEW_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from dew.launching.stop_exit import exit_after_stop
 from dew.launching.sweep_lock import leave_no_trace
 from dew.recipe import Recipe
 from dew.training.preemption import Preempted
+from dew.training.reporting import trackers
 from dew.training.reporting.tracker import tracking_dir
 from dew.training.run_directory import RunDirError, refuse_if_held, run_dir, write_hydra_record
 
@@ -376,7 +377,8 @@ def train_set_up(
             _leave_no_trace()
         fail(str(err), status, prog=prog)
     if jax.process_index() == 0:
-        print(f"{prog}: run {name!r} is in {setup.path}", flush=True)
+        went = trackers.destinations(run.trainer, name, tracking_dir(run.trainer) / name)
+        print(f"{prog}: run {name!r} is in {setup.path}{''.join(f'; {w}' for w in went)}", flush=True)
     return state
 
 

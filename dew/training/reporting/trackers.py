@@ -59,6 +59,29 @@ def check(trainer: TrainerConfig, tracking: epath.Path) -> None:
         )
 
 
+def destinations(trainer: TrainerConfig, name: str, tracking: epath.Path) -> list[str]:
+    """Where each tracker of ``trainer.trackers`` writes run ``name`` (``tracking``: the run's
+    tracking folder), a phrase each, for the line that says where the run went."""
+    t, out = trainer.trackers, []
+    if t.tensorboard is not None:
+        board = t.tensorboard.directory
+        out.append(f"TensorBoard in {os.path.join(board, name) if board is not None else tracking / 'tensorboard'}")
+    if t.mlflow is not None:
+        experiment = t.mlflow.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "its default experiment"
+        out.append(f"MLflow at {t.mlflow.tracking_uri or _mlflow_default_uri()} ({experiment})")
+    if t.csv is not None:
+        out.append(f"CSV in {tracking / METRICS_CSV}")
+    return out
+
+
+def _mlflow_default_uri() -> str:
+    """MLflow's store where ``tracking_uri`` is unset: ``MLFLOW_TRACKING_URI``, else MLflow's own
+    default (mlflow is imported by then: the run's sink did)."""
+    import mlflow
+
+    return str(mlflow.get_tracking_uri())
+
+
 class Sink:
     """One tracker: what the journal gets, as that tracker takes it."""
 
