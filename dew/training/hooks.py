@@ -10,10 +10,11 @@ Cadence and cost: a hook runs only at its steps (nothing happens on the others b
 hook), so the step's hot path gains no host work. A ``late`` hook gets the step's metrics as
 numbers one step late: the loop holds them on the devices and fetches them after the next step is
 dispatched, once for every hook that asked (``trainer.log_every``'s report is one), so a hook never
-makes the host wait for the step it just queued. A hook with a ``phase`` (an evaluation, a save)
-takes time that is not step time: before it the loop reports the metrics it holds and checks the
-state is finite, and the throughput clock restarts after it. ``on_eval`` hooks run at each
-evaluation, with its values.
+makes the host wait for the step it just queued. Once steps are long, the loop waits for each step
+it dispatches anyway (``dew.training.pace``): a late hook then gets the step's metrics at its end.
+A hook with a ``phase`` (an evaluation, a save) takes time that is not step time: before it the
+loop reports the metrics it holds and checks the state is finite, and the throughput clock restarts
+after it. ``on_eval`` hooks run at each evaluation, with its values.
 
 A hook may end the run early: ``Started.request_stop`` asks the loop to stop after the step in
 flight, as a finished run ends (``dew.training.preemption.StopRequest``; early stopping is one such
@@ -183,12 +184,16 @@ class Hooks:
         for hook in self._before:
             hook.before(step)
 
-    def after(self, at: At) -> None:
-        """After step ``at.step``: the held metrics reported, then each hook due at this step."""
+    def after(self, at: At, *, ready: bool = False) -> None:
+        """After step ``at.step``: the held metrics reported, then each hook due at this step.
+        ``ready``: the step has ended, or the loop waits for it next anyway (long steps: ``Pace``),
+        so its late hooks get its metrics now instead of one step late."""
         self.flush(at.state)
         due = [h for h in self.hooks if h.due(at.step, at.last)]
         if late := [h for h in due if h.late]:
             self.pending = (at, late)
+            if ready:
+                self.flush(at.state)
         paused = False
         for hook in due:
             if hook.late:

@@ -29,6 +29,12 @@ class Pace:
         """The wall time between the last two waits' ends: a step, at steady state."""
         self._ended: float | None = None
 
+    @property
+    def long(self) -> bool:
+        """Whether steps are long: the loop waits for each step it dispatches, so the metrics of the
+        step just dispatched are fetched at its end without holding the host any longer."""
+        return self.step_s >= LONG_STEP_S
+
     def wait(self, dispatched: dict[str, jax.Array]) -> None:
         """Wait after dispatching the step whose metrics are ``dispatched``: for the step before it,
         or, once steps are long, for it."""

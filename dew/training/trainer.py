@@ -59,6 +59,7 @@ from dew.training.process import compilation_cache_stats, nan_checks_held
 from dew.training.ramp import stage_at, tokens_seen_fn
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.reporting.profiler import Profiler
+from dew.training.reporting.progress import Progress
 from dew.training.reporting.summary import RunReport, log_samples
 from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 from dew.training.reporting.trackers import takes_samples
@@ -451,7 +452,8 @@ def _parts(
     )
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
     own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
-    own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), evaluate]
+    progress = [Progress(t.log_every, setup.total_steps)] if tracker.is_main else []  # the console's lines
+    own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), *progress, evaluate]
     if takes_samples(t):
         own.append(Samples(tracker, objective, t.seed))
     if t.early_stopping is not None:
@@ -530,11 +532,12 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
         pace.wait(step_metrics)
         at.step, at.records = at.step + 1, at.records + fed.records
         last = at.step == setup.total_steps
-        if first:  # the first metrics come after the first step, whatever log_every is
-            p.story.first_step(at.step, jax.device_get(step_metrics), show=at.step % t.log_every != 0)
-        # The hooks due at this step, in order: the profiler, the report (the previous log step's
-        # metrics, fetched one step late), the evaluation, the checkpoint, the run's own hooks.
-        p.hooks.after(At(at.step, at.records, state, step_metrics, last))
+        if first:  # the compile time, once the first step ran
+            p.story.first_step(at.step, jax.device_get(step_metrics))
+        # The hooks due at this step, in order: the profiler, the report and the progress line (the
+        # previous log step's metrics, fetched one step late; this step's at once when steps are
+        # long), the evaluation, the checkpoint, the run's own hooks.
+        p.hooks.after(At(at.step, at.records, state, step_metrics, last), ready=first or pace.long)
         if not last and p.stop.stop_at(at.step):  # the same step on every process (preemption.py)
             p.hooks.flush(state)
             if p.stop.requested is None:  # a signal: save, and stop to be resumed

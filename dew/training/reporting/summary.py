@@ -4,9 +4,10 @@ At the start, before the step compiles: where the run lives (and, for a run give
 it got and how to resume it), the devices and the mesh, the parameter count and the optimizer
 state's size, a warning when the compute dtype is emulated on this backend, and a line saying the
 step is compiling; after the first step, how long that took (or that it loaded from the compilation
-cache) and the first metrics, whatever ``log_every`` is. At the end: the final and the best
-evaluation with their steps, the wall time split into compile, train, eval and checkpoint, and the
-commands that come next. The trainer calls these at its chapter boundaries; the wording lives here.
+cache); the progress lines, from the first step on, are ``dew.training.reporting.progress``'s. At the
+end: the final and the best evaluation with their steps, the wall time split into compile, train,
+eval and checkpoint, and the commands that come next. The trainer calls these at its chapter
+boundaries; the wording lives here.
 """
 
 from __future__ import annotations
@@ -161,8 +162,9 @@ class RunReport:
         )
         log.info("compiling the train step%s ...", cache)
 
-    def first_step(self, step: int, values: Mapping[str, float], *, show: bool) -> None:
-        """Called once the first step's metrics are fetched: it has compiled and run."""
+    def first_step(self, step: int, values: Mapping[str, float]) -> None:
+        """Called once the first step's metrics are fetched: it has compiled and run. (Its metrics
+        are the first progress line's: ``dew.training.reporting.progress``.)"""
         seconds = time.perf_counter() - (self._compile_start or self.t0)
         self.spent["compile"] += seconds
         hits = compilation_cache_stats()["hits"] - self._cache_before.get("hits", 0)
@@ -170,13 +172,6 @@ class RunReport:
             log.info("loaded the train step from the compilation cache and ran step %d in %s", step, _seconds(seconds))
         else:
             log.info("compiled the train step and ran step %d in %s", step, _seconds(seconds))
-        if show:
-            text = "  ".join(
-                f"{k.split('/', 1)[-1]} {values[k]:.4g}"
-                for k in ("train/loss", "train/grad_norm", "train/lr")
-                if k in values
-            )
-            log.info("step %d/%d  %s", step, self.total_steps, text)
 
     # -------------------------------------------------------------------------------- the clock
 

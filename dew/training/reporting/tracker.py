@@ -1,5 +1,6 @@
 """Run tracking: a local journal always, W&B and the trackers of ``trainer.trackers`` (TensorBoard,
-MLflow, CSV: dew.training.reporting.trackers) when configured, and a progress display.
+MLflow, CSV: dew.training.reporting.trackers) when configured. (What the console shows as the run
+goes is ``dew.training.reporting.progress``.)
 
 Library code talks to a ``Tracker``; only this module imports wandb. The journal is JSON lines in a
 tracking directory separate from the run directory: one record per logged step (its metrics) and
@@ -22,7 +23,6 @@ import logging
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -105,7 +105,7 @@ class Journal:
 
 
 class Tracker:
-    """Where a run reports: the journal, W&B and ``trainer.trackers`` (optional) and the terminal."""
+    """Where a run reports: the journal, W&B and ``trainer.trackers`` (optional)."""
 
     def __init__(
         self,
@@ -156,7 +156,6 @@ class Tracker:
             if self.journal is not None
             else []
         )
-        self._progress = _Progress(total_steps, start=resume_step or 0) if is_main else None
         # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
         self.event(
             "resume" if resume_step is not None else "start",
@@ -214,7 +213,7 @@ class Tracker:
                 self.last_event = record
 
     def metrics(self, step: int, values: Mapping[str, float]) -> None:
-        if self.journal is None or self._progress is None:  # not the process that reports
+        if self.journal is None:  # not the process that reports
             return
         record = {"step": step, "time": time.time(), **values}
         self.journal.write(record)
@@ -223,7 +222,6 @@ class Tracker:
         run = self.wandb_run
         if run is not None and step > (run.starting_step or 0) - 1:
             self._wandb(lambda: run.log(dict(values), step=step))
-        self._progress.update(step, values)
 
     @property
     def takes_media(self) -> bool:
@@ -264,8 +262,6 @@ class Tracker:
         self._wandb(publish)
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.close()
         if self.journal is not None:
             self.journal.close()
         ended = trackers.outcome(self.last_event)
@@ -335,43 +331,3 @@ class Throughput:
                     out["perf/mfu"] = rate * self.flops_per_example / self.peak_flops
         self.mark = (now, records)
         return out
-
-
-class _Progress:
-    """A progress bar on a terminal; plain log lines otherwise."""
-
-    def __init__(self, total: int, start: int) -> None:
-        self.total, self.start = total, start
-        self.t0 = time.perf_counter()
-        self.bar = None
-        if sys.stderr.isatty():
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self.bar = Progress(
-                TextColumn("step {task.completed}/{task.total}"),
-                BarColumn(),
-                TextColumn("{task.fields[text]}"),
-                TimeRemainingColumn(),
-                transient=False,
-            )
-            self.task = self.bar.add_task("train", total=total, completed=start, text="")
-            self.bar.start()
-
-    def update(self, step: int, values: Mapping[str, float]) -> None:
-        shown = {
-            "loss": values.get("train/loss"),
-            "lr": values.get("train/lr"),
-            "ex/s": values.get("perf/examples_per_sec"),
-            "eval": values.get("eval/loss"),
-        }
-        text = "  ".join(f"{k} {v:.4g}" for k, v in shown.items() if v is not None)
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, text=text)
-        else:
-            done = max(step - self.start, 1)
-            eta = (time.perf_counter() - self.t0) / done * (self.total - step)
-            log.info("step %d/%d  %s  eta %.0fs", step, self.total, text, eta)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
