@@ -87,6 +87,16 @@ def test_the_digits_experiment_states_only_differences():
     assert recipe.trainer.steps and recipe.model.dtype == "float32"
 
 
+def test_the_cpu_transformer_is_small_and_float32():
+    """README's text line: ``model=transformer_tiny`` over the data's choice, a CPU's size and dtype;
+    ``model=transformer`` is the default's size (GPU-sized) in the dataclass's bfloat16."""
+    tiny = compose_recipe("data=hf_text", "data.path=web/*.jsonl", "model=transformer_tiny")
+    assert tiny.model.architecture == "transformer" and tiny.model.dtype == "float32"
+    assert tiny.model.config == {"hidden_size": 128, "depth": 4, "num_heads": 4}
+    full = compose_recipe("data=hf_text", "data.path=web/*.jsonl")
+    assert full.model.architecture == "transformer" and full.model.dtype == "bfloat16" and full.model.config == {}
+
+
 @pytest.mark.parametrize(
     "overrides, architecture",
     [

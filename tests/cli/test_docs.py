@@ -64,17 +64,22 @@ def _check(args: list[str], cwd: Path, env: dict[str, str], program: str = "dew-
 
 @pytest.fixture(scope="module")
 def user_template(tmp_path_factory) -> Path:
-    """A corpus (``corpus/*.txt``, ``held_out.txt``), the token directory dew-prepare makes of it
-    (``data/tiny``), one token file with its vocabulary (``data/corpus.bin``: launch/README.md),
-    raw token shards (``shards/``: docs/data.md, docs/weights.md), a Hugging Face dataset as JSONL,
-    Parquet and a save_to_disk directory (``web/``), a model directory's tokenizer (``model/``:
-    docs/data.md) and images (``photos/``, ``hf/*.parquet``: docs/data.md)."""
+    """The files the pages say to have (``user_files``), made once for the module's pages."""
+    return user_files(tmp_path_factory.mktemp("user"))
+
+
+def user_files(root: Path) -> Path:
+    """Fill ``root`` with the files the pages say to have: a corpus (``corpus/*.txt``,
+    ``held_out.txt``), the token directory dew-prepare makes of it (``data/tiny``), one token file
+    with its vocabulary (``data/corpus.bin``: launch/README.md), raw token shards (``shards/``:
+    docs/data.md, docs/weights.md), a Hugging Face dataset as JSONL, Parquet and a save_to_disk
+    directory (``web/``), a model directory's tokenizer (``model/``: docs/data.md) and images
+    (``photos/``, ``hf/*.parquet``: docs/data.md)."""
     import datasets
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from dew.data.prepare import prepare
 
-    root = tmp_path_factory.mktemp("user")
     (root / "corpus").mkdir()
     for i in range(2):
         (root / "corpus" / f"{i}.txt").write_text(f"The quick brown fox {i} jumps over the lazy dog.\n" * 400)
