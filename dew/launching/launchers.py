@@ -95,8 +95,8 @@ class CheckedLaunch:
                 results = self.run_jobs(jobs, job_overrides, initial_job_idx)
             if self.dry_run:
                 leave_no_trace(sweep_dir)
-            elif not searching(self.config) and (line := best_run_line(results, sweep_dir)):
-                print(f"dew-train: {line}", file=sys.stderr, flush=True)
+            elif not searching(self.config) and (best := best_run_line(results, sweep_dir)):
+                print(f"dew-train: {best}", file=sys.stderr, flush=True)
             return results
         except RunLockedError as err:
             print(f"dew-train: error: {err}", file=sys.stderr, flush=True)
