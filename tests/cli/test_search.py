@@ -15,6 +15,7 @@ import pytest
 from dew.cli.overrides import check_unset_records, nullable_record, unset_record
 from dew.cli.trial import TrialFailed, selection_value
 from dew.contract import journal as journals
+from dew.launching.naming import compact, short_keys
 from dew.recipe import Recipe
 from tests.conftest import dew
 from tests.training.conftest import TINY, dew_train
@@ -230,8 +231,9 @@ def test_an_interrupted_study_continues_to_the_trials_asked_for(interrupted_stud
     assert [(t.number, t.state.name) for t in study.trials] == [(n, "COMPLETE") for n in range(4)]  # 4, not 6
     names = jobs(sweep)
     assert sorted(names) == [0, 1, 2, 3]  # one job directory per trial: trial 2 ran again in its own
-    for n, t in enumerate(study.trials):  # each named by its searched values
-        assert names[n] == f"{n}-" + ",".join(f"{k}={v}" for k, v in sorted(t.params.items()))
+    for n, t in enumerate(study.trials):  # each named by its searched values, short keys at 4 digits
+        short = short_keys(sorted(t.params))
+        assert names[n] == f"{n}-" + ",".join(f"{short[k]}={compact(str(v))}" for k, v in sorted(t.params.items()))
     for n in (0, 1):  # finished trials are kept as they were
         assert (work / "tracking" / sweep.name / names[n] / "journal.jsonl").read_text() == before[n]
     resumed = journals.read(work / "tracking" / sweep.name / names[2] / "journal.jsonl")

@@ -59,9 +59,10 @@ def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
     monkeypatch.setattr(setups, "claim", lambda run, setup, held: order.append(f"claim {setup.path}"))
     monkeypatch.setattr(setups, "record_tokenizer", lambda path, dataset: order.append(f"tokenizer of the {dataset}"))
     planned = setups.Planned("run", "objective", "dataset", "name")  # type: ignore[arg-type]
+    trainer = types.SimpleNamespace(max_time_seconds=lambda: None)  # no trainer.max_time
     with contextlib.ExitStack() as held:
         got = setups.set_up(
-            "trainer",
+            trainer,  # type: ignore[arg-type]
             held,
             lambda: planned,  # type: ignore[arg-type]
             agree=lambda err: order.append(f"agree {err}"),
@@ -76,7 +77,7 @@ def test_the_verdict_comes_between_the_checks_and_the_claim(monkeypatch):
         raise ValueError("trainer.batch_size=0: must be > 0")
 
     with contextlib.ExitStack() as held, pytest.raises(ValueError, match="batch_size=0"):
-        setups.set_up("trainer", held, refused, agree=lambda err: order.append(f"agree {err}"))  # type: ignore[arg-type]
+        setups.set_up(trainer, held, refused, agree=lambda err: order.append(f"agree {err}"))  # type: ignore[arg-type]
     assert order == ["process", "agree trainer.batch_size=0: must be > 0"]
 
 
