@@ -60,3 +60,8 @@ class OverfitBatches:
 
     def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
         return self.dataset.eval_batches(process_index, process_count)
+
+    @property
+    def num_eval_records(self) -> int | None:
+        """The dataset's held-out records (None where it does not count them)."""
+        return getattr(self.dataset, "num_eval_records", None)

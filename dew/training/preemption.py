@@ -64,15 +64,20 @@ all of them stop for that reason and exit alike."""
 class Preempted(Exception):
     """The run stopped at ``step`` on a signal, after saving a checkpoint there."""
 
-    def __init__(self, reason: str, step: int, signum: int | None, path: str) -> None:
+    def __init__(self, reason: str, step: int, signum: int | None, path: str, unnamed: str | None = None) -> None:
+        """``unnamed``: the name a run started without ``trainer.name`` was given (``run-<moment>``),
+        which a command must give to resume it: the same command would start another run."""
         self.reason, self.step, self.signum, self.path = reason, step, signum, path
         if reason == MAX_TIME:
             what = "trainer.max_time reached"
         else:
             what = signal.Signals(signum).name if signum else "a preemption notice from another process"
-        super().__init__(
-            f"{what}: stopped at step {step} with a checkpoint in {path}; the same command resumes the run"
+        resumes = (
+            f"the same command with trainer.name set to {unnamed!r} resumes the run"
+            if unnamed
+            else "the same command resumes the run"
         )
+        super().__init__(f"{what}: stopped at step {step} with a checkpoint in {path}; {resumes}")
 
 
 @dataclasses.dataclass(frozen=True)

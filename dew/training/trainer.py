@@ -245,6 +245,7 @@ def _train(
             total_steps=setup.total_steps,
             samples=can_sample(objective),
             every=(setup.eval_every, setup.ckpt_every),
+            evaluates=getattr(dataset, "num_eval_records", None) != 0,
         )
         story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
         place = functools.partial(global_batch, batch_sharding=batch_sharding)
@@ -449,6 +450,7 @@ def _parts(
         total_steps=setup.total_steps,
         last_saved=latest,
         every=setup.ckpt_every,
+        unnamed=None if t.name or "/" in setup.name else setup.name,  # unnamed (a sweep's job: sweep/job)
     )
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
     own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []

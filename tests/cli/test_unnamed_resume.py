@@ -66,6 +66,12 @@ def test_ctrl_c_on_an_unnamed_run_names_the_command_that_resumes_it(workdir: Pat
     assert resume == shlex.join(["dew-train", *RUN, "trainer.name=null"]) + f" trainer.name={name}", last
     stopped_at = int(head.split("stopped at step ")[1].split()[0])
     assert 3 <= stopped_at < STEPS
+    # the trainer's own record of the stop (the journal's event, the console's warning) is true too:
+    # the same command alone would start another run
+    [stop] = [r for r in journal(workdir, name) if r.get("event") == "stop"]
+    assert stop["message"].endswith(f"; the same command with trainer.name set to {name!r} resumes the run"), stop
+    assert stop["message"] in cut.stderr
+    assert "; the same command resumes the run" not in cut.stderr
 
     prog, *args = shlex.split(resume)
     assert prog == "dew-train"

@@ -43,8 +43,11 @@ class Saver(Hook):
         total_steps: int,
         last_saved: int | None,
         every: int | None = None,
+        unnamed: str | None = None,
     ) -> None:
         super().__init__(every)
+        self.unnamed = unnamed
+        """The name of a run started without ``trainer.name``, which the stop line gives (``Preempted``)."""
         self.checkpoints = checkpoints
         self.tracker = tracker
         """Where each save is written as a ``checkpoint`` event."""
@@ -103,7 +106,7 @@ class Saver(Hook):
         if self.last_saved != step:
             self.save(step, records, state, metrics=None)
         self.checkpoints.wait()
-        stopped = Preempted(stop.reason, step, stop.received, self.checkpoints.step_path(step))
+        stopped = Preempted(stop.reason, step, stop.received, self.checkpoints.step_path(step), self.unnamed)
         self.tracker.event("stop", step=step, reason=stop.reason, message=str(stopped))
         log.warning("%s", stopped)
         return stopped

@@ -13,6 +13,7 @@ boundaries; the wording lives here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -57,6 +58,10 @@ def _seconds(s: float) -> str:
     return f"{s:.1f} s" if s < 120 else f"{s / 60:.1f} min"
 
 
+HELD_OUT_FIELDS = ("val_path", "val_split", "val_fraction", "eval_split", "eval_fraction")
+"""The data options' fields that hold a split out for evaluation, as the start line names them."""
+
+
 class RunReport:
     """The start and end messages of one run, and the clock that splits its wall time."""
 
@@ -69,6 +74,7 @@ class RunReport:
         total_steps: int,
         samples: bool = True,
         every: tuple[int | None, int | None] | None = None,
+        evaluates: bool = True,
     ) -> None:
         """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
         end suggests ``dew-sample``. ``every``: the steps between evaluations and between
@@ -76,6 +82,8 @@ class RunReport:
         self.run, self.name, self.path, self.total_steps = run, name, os.fspath(path), total_steps
         self.samples = samples
         self.every = every or (run.trainer.eval_every, run.trainer.checkpoint_every)
+        self.evaluates = evaluates
+        """Whether the data holds a held-out split to evaluate on: a run without one says so once, at the start."""
         self.t0 = time.perf_counter()
         self.spent = {"compile": 0.0, "eval": 0.0, "checkpoint": 0.0}
         self.evals: dict[int, dict[str, float]] = {}
@@ -137,12 +145,24 @@ class RunReport:
                 factor,
             )
         if t.batch_size and self.total_steps:
+            eval_every, ckpt_every = ("never (at the end only)" if n is None else n for n in self.every)
+            evaluating = f"evaluating every {eval_every}" if self.evaluates else self.no_held_out()
             log.info(
-                "batch %d; logging every %d steps, evaluating every %s, checkpointing every %s",
+                "batch %d; logging every %d steps, %s, checkpointing every %s",
                 t.batch_size,
                 t.log_every,
-                *("never (at the end only)" if n is None else n for n in self.every),
+                evaluating,
+                ckpt_every,
             )
+
+    def no_held_out(self) -> str:
+        """What a run whose data holds no held-out split evaluates (nothing), and the data fields that
+        would hold some out."""
+        data = self.run.data
+        fields = {f.name for f in dataclasses.fields(data)} if dataclasses.is_dataclass(data) else set()
+        named = [f"data.{f}" for f in HELD_OUT_FIELDS if f in fields]
+        how = f"; {' or '.join(named)} holds some out" if named else ""
+        return f"evaluating nothing (data={getattr(data, 'name', '?')} holds no held-out split{how})"
 
     def starting_step(self) -> bool:
         """True (once) before the first step this process runs, the call that compiles it; says so."""

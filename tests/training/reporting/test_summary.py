@@ -73,6 +73,35 @@ def test_emulated_dtype_warning(tmp_path: Path, caplog):
     assert f"{EMULATED[('cpu', 'bfloat16')]:.1f}x slower" in warning.getMessage()
 
 
+@pytest.mark.parametrize("evaluates", [True, False])
+def test_a_run_without_held_out_data_says_so_once_at_the_start(tmp_path: Path, caplog, evaluates: bool):
+    from dew.training import sharding
+    from dew.training.reporting.summary import RunReport
+    from tests.training.conftest import compose
+
+    run = compose("trainer.eval_every=5", f"trainer.checkpoint_dir={tmp_path}")  # data=digits
+    caplog.set_level(logging.INFO, logger="dew")
+    report = RunReport(run, "r", tmp_path / "r", total_steps=10, evaluates=evaluates)
+    report.start(mesh=sharding.make_mesh(run.trainer), params={}, opt_state={}, resumed_from=None)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("batch ")]
+    said = "evaluating nothing (data=digits holds no held-out split; data.eval_fraction holds some out)"
+    assert ("evaluating every 5" in line, said in line) == (evaluates, not evaluates), line
+    assert caplog.text.count("held-out") == (0 if evaluates else 1)
+
+
+def test_overfit_batches_count_the_held_out_records_of_their_dataset():
+    import types
+
+    from dew.data.overfit import OverfitBatches
+
+    def data(**held):
+        return types.SimpleNamespace(batch_size=2, num_records=8, seed=0, **held)
+
+    assert OverfitBatches(data(num_eval_records=0), 1).num_eval_records == 0  # type: ignore[arg-type]
+    assert OverfitBatches(data(num_eval_records=3), 1).num_eval_records == 3  # type: ignore[arg-type]
+    assert OverfitBatches(data(), 1).num_eval_records is None  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
     args = [
