@@ -176,26 +176,47 @@ def test_only_the_expected_orbax_notes_are_dropped():
     assert notes.filter(record("Metadata file does not exist: %s and more"))
 
 
-@pytest.mark.slow
-def test_a_study_says_its_news_once_with_no_colour_codes_in_a_pipe(workdir: Path):
-    """A one-trial study, its output captured through a pipe: dew's line about the study, not Optuna's
-    own (colorlog, INFO), and no colour codes. (The trial fails its checks, so nothing trains: the
-    study is created, the trial recorded, the sweep ends.)"""
+CHATTER = re.compile(r"absl|orbax|optuna|A new study created|Trial \d+ finished|^[IWEF]\d{4} ", re.IGNORECASE)
+"""A line from a library's own logging: absl's (orbax logs through it, with its ``I1206 ...`` prefix
+when absl formats it), Optuna's (its logger, its per-trial and study-created news)."""
+OURS = re.compile(r"^\[[^\]]+\]\[(HYDRA|dew(\.[\w.]+)?)\]|^dew-train: ")
+"""A line of dew's own: Hydra's and dew's loggers, or a command's ``dew-train:`` line."""
+
+
+@pytest.mark.slow  # 20 two-step trials in one process: ~35 s
+def test_a_20_trial_search_prints_no_library_chatter_and_the_same_lines_per_trial(workdir: Path):
+    """The shipped search preset (``hparams_search=digits``: 20 trials, TPE, a median pruner) with its
+    trials cut to two steps, its output captured through a pipe as a user's ``| tee`` would: every
+    line is Hydra's, dew's or the command's own, none is absl's, orbax's or Optuna's (its logger's
+    "A new study created" and "Trial n finished" news: dew's study line says it once), no colour
+    codes, and each trial prints the same number of lines (its start, its steps and evaluations, its
+    end and where it went), so a search's console grows by one trial's lines per trial."""
     result = dew(
         "-m",
-        "hydra/sweeper=optuna",
-        "hydra.sweeper.n_trials=1",
-        "hydra.sweeper.n_jobs=1",
-        "model.dtype=choice(float33)",
-        *TINY_DIGITS,
+        "hparams_search=digits",
+        "optim.schedule.warmup_steps=int(interval(0, 1))",  # the preset's 0-300: the trials are 2 steps
+        *[o for o in TINY_DIGITS if not o.startswith(("optim.schedule", "trainer.compilation_cache_dir"))],
+        f"trainer.compilation_cache_dir={workdir / 'xla'}",
         "trainer.steps=2",
+        "trainer.eval_every=2",
+        "trainer.checkpoint_every=null",
         cwd=workdir,
         env=plain_env(),
     )
     out = result.stdout + result.stderr
-    assert re.search(r"study [\w-]+ in .*: 0 trials so far, 1 asked for", out), out[-3000:]
-    assert "A new study created" not in out, out[-3000:]  # Optuna's own news: the study line says it
+    assert result.returncode == 0, out[-3000:]
+    lines = out.splitlines()
+    assert [line for line in lines if CHATTER.search(line)] == [], out[-3000:]
+    assert [line for line in lines if not OURS.search(line)] == [], out[-3000:]
     assert "\x1b[" not in out, out[-3000:]
+    assert len(re.findall(r"study [\w-]+ in .*: 0 trials so far, 20 asked for", out)) == 1, out[-3000:]
+    per_trial = [len(chunk.splitlines()) for chunk in re.split(r".*: starting, 2 steps, in .*\n", result.stderr)[1:]]
+    assert len(per_trial) == 20, result.stderr[-3000:]
+    # The first trial compiles (and says once which attention it chose); the others load its programs.
+    assert len(set(per_trial[1:])) == 1, per_trial
+    assert per_trial[0] - per_trial[1] <= 3, per_trial
+    launched = [line for line in result.stdout.splitlines() if "Launching" in line]
+    assert len(launched) <= 20 and len(result.stdout.splitlines()) <= 2 + len(launched) + 3 * 20, result.stdout
 
 
 # ------------------------------------------------------------------------------ help without JAX
