@@ -20,6 +20,7 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
     assert launcher in record and ({"local", "slurm"} - {launcher}).isdisjoint(record)
     figures = record[launcher]
     assert figures["same_draws"] and figures["draws_matching"] == [3]  # the seeded random sampler: one sequence
+    assert figures["modelled_draws"]  # and the sequence the model over seeds draws without training
     assert figures["wall_ratio"] > 0 and figures["wall_ratios"] == [round(figures["wall_ratio"], 3)]
     for mode in ("batch", "refill"):
         assert 0 <= figures[f"{mode}_idle_share"] < 1 and 0 < figures[f"{mode}_run_share"] <= 1
@@ -43,4 +44,11 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
         "wall_ratio_met": figures["wall_ratio"] <= 0.7,
     }
     assert record["lone_run"]["step_s"] > 0
+    seeds = record["over_seeds"]
+    assert seeds["seeds"] == 200 and 0 <= seeds["median_seed"] < 200 and "0" in seeds["by_seed"]
+    for name in ("refill_idle_share", "wall_ratio"):
+        assert len(seeds["deciles"][name]) == 9 and seeds["deciles"][name] == sorted(seeds["deciles"][name])
+    # the median seed's idle share is the model's median, between its 40th and 60th percentiles
+    idle = seeds["by_seed"][str(seeds["median_seed"])][0]
+    assert seeds["deciles"]["refill_idle_share"][3] <= idle <= seeds["deciles"]["refill_idle_share"][5]
     assert record["slot_cpus"] == (round(0.9 * os.cpu_count() / 2, 3) if bench.cgroup_root() else 0.0)
