@@ -81,7 +81,7 @@ def _unknown_key(cause: OmegaConfBaseException, roots: Sequence[Path]) -> str:
         leaf = key.rpartition(".")[2]
         return (
             f"{key}: not a key of {parent} as composed (its keys are {', '.join(map(str, keys))}); "
-            f"add one with ++{parent}={{{leaf}: ...}} or {key}=..."
+            f"add one with ++{parent}={{{leaf}: ...}} or +{key}=..."
         )
     record = _record_name(cause.object_type)
     return f"{key}: unknown field of {parent}{f' ({record})' if record else ''}; its fields are {', '.join(fields)}"

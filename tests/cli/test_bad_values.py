@@ -67,7 +67,7 @@ CASES = [
     (
         [*DIGITS, "model.config={mlp_ratio: 2}"],
         "model.config.mlp_ratio: not a key of model.config as composed (its keys are patch_size, hidden_size, "
-        "depth, num_heads); add one with ++model.config={mlp_ratio: ...} or model.config.mlp_ratio=...",
+        "depth, num_heads); add one with ++model.config={mlp_ratio: ...} or +model.config.mlp_ratio=...",
     ),
     ([*DIGITS, "model.config=[1,2]"], "model.config: expected dict[str, typing.Any], found list [1, 2]"),
     # a sweep: every job composed before the first starts, and the sweep's directory not left behind
