@@ -278,8 +278,6 @@ def test_the_contract_and_every_registry_read_without_jax() -> None:
 
 
 TYPED_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"dew.contract.schedules", "dew.training.optim.schedules"}): "ScheduleSpec.build names Rate and "
-    "WarmupDecay",
     frozenset(
         {
             "dew.contract.config",

@@ -17,23 +17,18 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from dew.contract.schedules import ScheduleSpec, schedules
+from dew.contract.schedules import Rate, ScheduleSpec, WarmupDecay, schedules
 
 if TYPE_CHECKING:
     import jax
     import numpy as np
 
 
-Rate = Callable[["jax.Array"], "jax.Array"]
-"""The learning rate as a function of the step (int32 array -> float32 array): what a schedule
-builds, what an update rule is handed and what the trainer logs as ``train/lr``. dew's one name for it."""
-
-
 @dataclasses.dataclass(frozen=True)
-class WarmupDecay:
-    """The parts every schedule shares: a linear warmup over ``warmup`` updates and the progress
-    of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``). Both
-    numbers are Python ints or, in a compiled step that takes them as inputs (``step_inputs``),
+class LinearWarmup:
+    """dew's ``WarmupDecay`` (the contract's): a linear warmup over ``warmup`` updates and the
+    progress of the decay after it, 0 at the end of warmup and 1 at the run's end (``total_steps``).
+    Both numbers are Python ints or, in a compiled step that takes them as inputs (``step_inputs``),
     int32 arrays: the arithmetic below is the same for either."""
 
     warmup: int | jax.Array
@@ -62,8 +57,6 @@ class CosineSchedule(ScheduleSpec):
 
     traceable = True
 
-    warmup_steps: int = 0
-    """Optimizer updates of linear warmup from 0 to the peak."""
     floor_ratio: float = 0.0
     """The rate at the last step, as a fraction of the peak."""
 
@@ -72,7 +65,9 @@ class CosineSchedule(ScheduleSpec):
         if not 0.0 <= self.floor_ratio <= 1.0:
             raise ValueError(f"optim.schedule.floor_ratio={self.floor_ratio} must lie in [0, 1]")
 
-    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(
+        self, peak: float | jax.Array, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None
+    ) -> Rate:
         import jax.numpy as jnp
 
         floor = self.floor_ratio
@@ -91,8 +86,6 @@ class LinearSchedule(ScheduleSpec):
 
     traceable = True
 
-    warmup_steps: int = 0
-    """Optimizer updates of linear warmup from 0 to the peak."""
     end_ratio: float = 0.0
     """The rate at the last step, as a fraction of the peak."""
 
@@ -101,7 +94,9 @@ class LinearSchedule(ScheduleSpec):
         if not 0.0 <= self.end_ratio <= 1.0:
             raise ValueError(f"optim.schedule.end_ratio={self.end_ratio} must lie in [0, 1]")
 
-    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(
+        self, peak: float | jax.Array, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None
+    ) -> Rate:
         import jax.numpy as jnp
 
         end = self.end_ratio
@@ -124,8 +119,6 @@ class PowerSchedule(ScheduleSpec):
     the run's last ``decay_steps`` updates (or the last ``decay_fraction`` of the run).
     """
 
-    warmup_steps: int = 0
-    """Optimizer updates of linear warmup from 0."""
     a: float = 4.6
     """Amplitude of the power law (the paper's a = 4.6)."""
     b: float = -0.51
@@ -149,7 +142,9 @@ class PowerSchedule(ScheduleSpec):
         if self.decay_fraction is not None and not 0.0 <= self.decay_fraction <= 1.0:
             raise ValueError(f"optim.schedule.decay_fraction={self.decay_fraction} must lie in [0, 1]")
 
-    def build(self, peak: float, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None) -> Rate:
+    def build(
+        self, peak: float | jax.Array, ramp: WarmupDecay, tokens_seen: Callable[[jax.Array], jax.Array] | None
+    ) -> Rate:
         import jax.numpy as jnp
 
         if tokens_seen is None:
@@ -187,8 +182,8 @@ class PowerSchedule(ScheduleSpec):
 
 
 def _check_warmup(spec: ScheduleSpec) -> None:
-    if spec.warmup_steps < 0:  # type: ignore[attr-defined]
-        raise ValueError(f"optim.schedule.warmup_steps={spec.warmup_steps} must be >= 0")  # type: ignore[attr-defined]
+    if spec.warmup_steps < 0:
+        raise ValueError(f"optim.schedule.warmup_steps={spec.warmup_steps} must be >= 0")
 
 
 def build_schedule(
@@ -212,21 +207,21 @@ def build_schedule(
     if spec is not None:
         if total_steps < 1:
             raise ValueError(f"total_steps={total_steps} must be >= 1 for a schedule")
-        if spec.warmup_steps > total_steps:  # type: ignore[attr-defined]
+        if spec.warmup_steps > total_steps:
             raise ValueError(
-                f"optim.schedule.warmup_steps={spec.warmup_steps} exceeds the run's {total_steps} steps; "  # type: ignore[attr-defined]
+                f"optim.schedule.warmup_steps={spec.warmup_steps} exceeds the run's {total_steps} steps; "
                 f"shorten it (optim.schedule.warmup_steps={max(1, total_steps // 10)}, a tenth of the run) "
-                f"or train at least {spec.warmup_steps} steps"  # type: ignore[attr-defined]
+                f"or train at least {spec.warmup_steps} steps"
             )
     if inputs and "peak" in inputs:
         peak_in: float | jax.Array = inputs["peak"]
         warmup, total = inputs.get("warmup", 0), inputs.get("total_steps", total_steps)
     else:
         peak_in, total = peak, total_steps
-        warmup = spec.warmup_steps if spec is not None else 0  # type: ignore[attr-defined]
+        warmup = spec.warmup_steps if spec is not None else 0
     if spec is None:
         return lambda step: jnp.full((), peak_in, jnp.float32)
-    return spec.build(peak_in, WarmupDecay(warmup, total), tokens_seen)  # type: ignore[arg-type]
+    return spec.build(peak_in, LinearWarmup(warmup, total), tokens_seen)
 
 
 def step_inputs(spec: ScheduleSpec | None, peak: float, total_steps: int) -> dict[str, np.ndarray]:
@@ -243,6 +238,6 @@ def step_inputs(spec: ScheduleSpec | None, peak: float, total_steps: int) -> dic
         return {}
     return {
         "peak": np.asarray(peak, np.float32),
-        "warmup": np.asarray(spec.warmup_steps, np.int32),  # type: ignore[attr-defined]
+        "warmup": np.asarray(spec.warmup_steps, np.int32),
         "total_steps": np.asarray(total_steps, np.int32),
     }
