@@ -29,7 +29,8 @@ from dew.contract.models import build as build_architecture
 from dew.contract.registry import AttentionImpl, DtypeName, MatmulPrecision
 from dew.contract.rundir import RUN_RECORD
 from dew.contract.schedules import ScheduleSpec
-from dew.contract.typed import ConfigError, JsonString, from_json, to_json
+from dew.contract.trackers import trackers as tracker_classes
+from dew.contract.typed import ConfigError, JsonString, from_json, to_json, with_defaults
 
 if TYPE_CHECKING:
     from etils import epath
@@ -281,6 +282,36 @@ class Trackers:
     """An MLflow run (mlflow-skinny, ``pip install 'dew[trackers]'``)."""
     csv: CSV | None = None
     """``metrics.csv`` beside the journal (no extra library)."""
+    plugins: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The trackers of plugin packages (docs/extending.md), by registered name: each one's options,
+    a record of its ``Options`` (``{}`` for its defaults). Each package's
+    ``conf/trainer/trackers/<name>.yaml`` turns one on (``trainer/trackers=[csv,<name>]``)."""
+
+    def __post_init__(self) -> None:
+        # Each plugin's options read into its Options record here, once: a bad one is refused by
+        # its dotted path, and run.json records every option, defaults included.
+        declared = [f.name for f in dataclasses.fields(self) if f.name != "plugins"]
+        options: dict[str, Any] = {}
+        for name, value in self.plugins.items():
+            if value is None:  # trainer.trackers.plugins.<name>=null: off
+                continue
+            where = f"trainer.trackers.plugins.{name}"
+            if name in declared or name == "wandb":
+                own = "trainer.wandb" if name == "wandb" else f"trainer.trackers.{name}"
+                raise ConfigError(f"{where}: {name} is dew's own tracker, set as {own}")
+            if name not in tracker_classes:
+                known = sorted(set(tracker_classes) - {*declared, "wandb"})
+                raise ConfigError(f"{where}: unknown tracker {name!r}; plugin trackers: {', '.join(known) or 'none'}")
+            cls = tracker_classes[name].Options
+            options[name] = value if isinstance(value, cls) else from_json(cls, with_defaults(cls, value), where)
+        object.__setattr__(self, "plugins", options)
+
+    def get(self, name: str) -> Any:
+        """The options of tracker ``name`` this record turns on (a field of dew's own, or a
+        plugin's), None when it is off."""
+        if name != "plugins" and name in {f.name for f in dataclasses.fields(self)}:
+            return getattr(self, name)
+        return self.plugins.get(name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ from dew.training import adapt, sharding
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints, Fallback
 from dew.training.checkpointing.resume_check import ResumeCheck
-from dew.training.checkpointing.saving import NonFiniteError, Saver
+from dew.training.checkpointing.saving import NonFiniteError, Saver, tracker_ids
 from dew.training.early_stopping import EarlyStop, watched
 from dew.training.evaluate import Evaluator, Sums, derived_metrics
 from dew.training.hooks import At, Hook, Hooks, Started, from_config
@@ -228,7 +228,7 @@ def _train(
             total_steps=setup.total_steps,
             resume_step=latest,
             wandb_id=meta.get("wandb_id"),
-            mlflow_id=meta.get("mlflow_id"),
+            resume_ids=tracker_ids(meta),
             run_record=setup.path / RUN_RECORD,
             is_main=jax.process_index() == 0,
             changed=setup.changed,

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
-from dew.training.reporting.tracker import artifact_name
+from dew.training.reporting.trackers.wandb import artifact_name
 from tests.training.conftest import TINY, dew_train
 
 SHORT = ["trainer.steps=2", "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.checkpoint_dir=ck"]

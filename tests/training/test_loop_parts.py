@@ -105,6 +105,7 @@ class _Tracker:
     mlflow_id = "m1"
 
     def __init__(self) -> None:
+        self.resume_ids = {"wandb": "w1", "mlflow": "m1"}
         self.events: list[tuple[str, int]] = []
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:

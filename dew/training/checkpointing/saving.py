@@ -70,11 +70,16 @@ class Saver(Hook):
             "data": plain(self.data_state()),
             "wandb_id": self.tracker.wandb_id,
             "mlflow_id": self.tracker.mlflow_id,
+            **({"tracker_ids": others} if (others := self._plugin_tracker_ids()) else {}),
             "ramp_stage": stage_at(self.stages, step),
             "total_steps": self.total_steps,
             **({"hooks": plain(states)} if (states := self.hook_states()) else {}),
             **({"stop_request": request.to_json()} if (request := self.requested()) is not None else {}),
         }
+
+    def _plugin_tracker_ids(self) -> dict[str, str]:
+        """The runs of the trackers besides W&B and MLflow (a plugin's), by tracker name."""
+        return {k: v for k, v in self.tracker.resume_ids.items() if k not in ("wandb", "mlflow")}
 
     def on_step(self, at: At) -> None:
         """Save the step, with the evaluation run at it (the best checkpoint is chosen by it)."""
@@ -130,3 +135,10 @@ def plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def tracker_ids(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The trackers' own runs a checkpoint's ``meta`` kept besides W&B's (``wandb_id``), by tracker
+    name, for the resumed run's trackers to continue."""
+    kept = {"mlflow": meta.get("mlflow_id"), **meta.get("tracker_ids", {})}
+    return {name: run for name, run in kept.items() if run is not None}

@@ -1,8 +1,8 @@
-"""Run tracking: a local journal always, W&B and the trackers of ``trainer.trackers`` (TensorBoard,
-MLflow, CSV: dew.training.reporting.trackers) when configured. (What the console shows as the run
-goes is ``dew.training.reporting.progress``.)
+"""Run tracking: a local journal always, and the trackers the run turns on (W&B, TensorBoard, MLflow,
+CSV, a plugin's: dew.training.reporting.trackers, one module each). (What the console shows as the
+run goes is ``dew.training.reporting.progress``.)
 
-Library code talks to a ``Tracker``; only this module imports wandb. The journal is JSON lines in a
+Library code talks to a ``Tracker``, which imports no tracker's library. The journal is JSON lines in a
 tracking directory separate from the run directory: one record per logged step (its metrics) and
 one per event (start, resume, eval, checkpoint, checkpoint_fallback, stop, end).
 
@@ -17,15 +17,13 @@ record as written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
-import re
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from etils import epath
 
@@ -34,10 +32,7 @@ from dew.contract.journal import read
 from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
 from dew.training.reporting import trackers
 from dew.training.reporting.peak import measured_peak_flops
-from dew.training.run_directory import absolute, is_local
-
-if TYPE_CHECKING:
-    import wandb
+from dew.training.run_directory import absolute
 
 log = logging.getLogger("dew")
 
@@ -47,23 +42,6 @@ def tracking_dir(trainer: TrainerConfig) -> epath.Path:
     if path := os.environ.get("DEW_TRACKING_DIR"):
         return epath.Path(path)
     return absolute(trainer.checkpoint_dir).parent / TRACKING_DIR
-
-
-ARTIFACT_NAME_MAX = 128
-"""The longest artifact name the W&B registry takes."""
-
-
-def artifact_name(name: str) -> str:
-    """The W&B artifact name of run ``name``: slashes and spaces become ``-`` (the spec's rule), and
-    so does every other character the registry refuses (it takes letters, digits, ``-``, ``_`` and
-    ``.``: a sweep job's ``lr=0.001,seed=1`` holds two it refuses). A name that needed a replacement
-    ends with 8 hex digits of the original's SHA-256, so two runs whose names differ only where
-    characters were replaced (``a/b`` and ``a b``) still publish two artifacts."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
-    if safe == name and len(name) <= ARTIFACT_NAME_MAX:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{safe[: ARTIFACT_NAME_MAX - len(digest) - 1]}-{digest}"
 
 
 def _jsonable(value: Any) -> Any:
@@ -105,7 +83,8 @@ class Journal:
 
 
 class Tracker:
-    """Where a run reports: the journal, W&B and ``trainer.trackers`` (optional)."""
+    """Where a run reports: the journal, and the trackers the run turns on (W&B, ``trainer.trackers``,
+    a plugin's: dew.training.reporting.trackers), each told what the journal is told."""
 
     def __init__(
         self,
@@ -120,6 +99,7 @@ class Tracker:
         is_main: bool,
         changed: Sequence[str] = (),
         mlflow_id: str | None = None,
+        resume_ids: Mapping[str, str] | None = None,
         run_record: epath.Path | None = None,
     ) -> None:
         self.is_main = is_main
@@ -134,24 +114,23 @@ class Tracker:
             and resume_step >= total_steps
             and self.journal.ended_at(resume_step)
         )
-        self.wandb_run: wandb.Run | None = None
-        self.wandb_id = wandb_id
-        if is_main and trainer.wandb is not None:
-            self._wandb(lambda: self._open_wandb(trainer, name, record=record, summary=summary))
-        self._mlflow_id = mlflow_id
+        self._given = {"wandb": wandb_id, "mlflow": mlflow_id, **(resume_ids or {})}
         self.last_event: dict[str, Any] | None = None
         """The last ``stop`` or ``end`` event this segment wrote: how the run ended, for the trackers."""
-        # The trackers of trainer.trackers (process 0's): each told what the journal is told.
+        # The trackers the run turns on (process 0's): each told what the journal is told.
         self.sinks = (
             trackers.open_sinks(
                 trainer,
-                name,
-                self.directory,
-                config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
-                run_record=run_record,
-                history=self.journal.history,
-                resume_step=resume_step,
-                mlflow_id=mlflow_id,
+                trackers.TrackedRun(
+                    name=name,
+                    directory=self.directory,
+                    config={"run": dict(record), "summary": dict(summary), "total_steps": total_steps},
+                    run_record=run_record,
+                    history=self.journal.history,
+                    resume_step=resume_step,
+                    resume_id=None,
+                ),
+                self._given,
             )
             if self.journal is not None
             else []
@@ -165,45 +144,22 @@ class Tracker:
             **({"changed": list(changed)} if changed else {}),
         )
 
-    def _open_wandb(
-        self, trainer: TrainerConfig, name: str, *, record: Mapping[str, Any], summary: Mapping[str, object]
-    ) -> None:
-        import wandb  # heavy: only a run that reports to W&B loads it
+    @property
+    def resume_ids(self) -> dict[str, str]:
+        """Each tracker's own run, for a resume to continue it (kept in each checkpoint): the one
+        it opened, else the one it was given (a tracker down for a while is continued once back)."""
+        ids = {k: v for k, v in self._given.items() if v is not None}
+        return ids | {g.name: g.resume_id for g in self.sinks if g.resume_id is not None}
 
-        cfg = trainer.wandb
-        assert cfg is not None
-        tracking = tracking_dir(trainer)
-        self.wandb_run = wandb.init(
-            project=cfg.project,
-            entity=cfg.entity,
-            name=name,
-            id=self.wandb_id,
-            resume="allow",
-            mode="offline" if cfg.offline else "online",
-            # W&B keeps its files on a local disk: beside the journal, or in its default ./wandb
-            # when the tracking directory is not local (gs://).
-            dir=os.fspath(tracking / name) if is_local(os.fspath(tracking)) else None,
-            config={"run": dict(record), "summary": dict(summary), "total_steps": self.total_steps},
-        )
-        self.wandb_id = self.wandb_run.id
-
-    def _wandb(self, call: Callable[[], object]) -> None:
-        """Call W&B; a failure (no network, a refused key) turns it off with one warning, never the
-        run: the journal keeps every record, and the W&B id stays for a resume to continue."""
-        try:
-            call()
-        except Exception as err:  # any failure of W&B: the run and its journal go on
-            log.warning(
-                "trainer.wandb failed (%s: %s); it is off for the rest of this run, whose journal keeps every record",
-                type(err).__name__,
-                err,
-            )
-            self.wandb_run = None
+    @property
+    def wandb_id(self) -> str | None:
+        """The W&B run this run logs to (kept in each checkpoint, so a resume continues it)."""
+        return self.resume_ids.get("wandb")
 
     @property
     def mlflow_id(self) -> str | None:
         """The MLflow run this run logs to (kept in each checkpoint, so a resume continues it)."""
-        return next((s.resume_id for s in self.sinks if s.field == "mlflow"), self._mlflow_id)
+        return self.resume_ids.get("mlflow")
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None and not self.complete:
@@ -219,47 +175,27 @@ class Tracker:
         self.journal.write(record)
         for sink in self.sinks:
             sink.call("metrics", record)
-        run = self.wandb_run
-        if run is not None and step > (run.starting_step or 0) - 1:
-            self._wandb(lambda: run.log(dict(values), step=step))
 
     @property
     def takes_media(self) -> bool:
-        """Whether a tracker takes the samples of each evaluation (W&B, TensorBoard, MLflow)."""
-        return self.wandb_run is not None or any(s.field != "csv" for s in self.sinks)
+        """Whether a tracker takes the samples of each evaluation (W&B, TensorBoard, MLflow, ...)."""
+        return any(g.sink is not None and g.cls.takes_samples for g in self.sinks)
 
     def log_media(self, step: int, *, image: str | None = None, texts: list[str] | None = None) -> None:
-        """Log samples at ``step``: an image file, or text samples (a table on W&B)."""
+        """Log samples at ``step`` to the trackers that take them: an image file, or text samples."""
         for sink in self.sinks:
+            if not sink.cls.takes_samples:
+                continue
             if image is not None:
                 sink.call("image", step, image)
             if texts:
                 sink.call("texts", step, texts)
-        run = self.wandb_run
-        if run is None:
-            return
-        import wandb  # heavy: only a run that reports to W&B loads it
-
-        if image is not None:
-            self._wandb(lambda: run.log({"samples": wandb.Image(image, caption=f"step {step}")}, step=step))
-        if texts:
-            self._wandb(
-                lambda: run.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=step)
-            )
 
     def publish_checkpoint(self, name: str, path: str, step: int) -> None:
-        """Publish the checkpoint a run ends on as a W&B artifact (by reference: no copy)."""
-        run = self.wandb_run
-        if run is None:
-            return
-        import wandb  # heavy: only a run that reports to W&B loads it
-
-        def publish() -> None:
-            artifact = wandb.Artifact(artifact_name(name), type="model", metadata={"step": step, "run": name})
-            artifact.add_reference(f"file://{os.path.abspath(path)}" if is_local(path) else path)
-            run.log_artifact(artifact)
-
-        self._wandb(publish)
+        """Hand each tracker the checkpoint the run ends on (W&B publishes it as an artifact, by
+        reference: no copy)."""
+        for sink in self.sinks:
+            sink.call("checkpoint", name, path, step)
 
     def close(self) -> None:
         if self.journal is not None:
@@ -267,8 +203,6 @@ class Tracker:
         ended = trackers.outcome(self.last_event)
         for sink in self.sinks:
             sink.call("close", ended)
-        if (run := self.wandb_run) is not None:
-            self._wandb(run.finish)
 
 
 # Peak dense matmul FLOP/s of one device, by the start of jax's ``device_kind``, from the vendors'

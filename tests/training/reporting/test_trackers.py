@@ -20,7 +20,7 @@ import pytest
 
 from dew.contract.journal import read
 from dew.training.hooks import At, Hook, hooks
-from dew.training.reporting.trackers import read_csv
+from dew.training.reporting.trackers.csv import read_csv
 from tests.training.conftest import compose, train_tiny
 
 FAILED: set[int] = set()
@@ -200,12 +200,13 @@ def test_a_tracker_that_cannot_work_is_refused_before_the_run_starts(monkeypatch
     from etils import epath
 
     from dew.training.reporting import trackers
+    from dew.training.reporting.trackers.mlflow import MLflowSink
 
     trainer = compose("trainer/trackers=[tensorboard,mlflow]").trainer
     trackers.check(trainer, epath.Path("/tmp/tracking"))  # both installed (the test extra), a local folder
     with pytest.raises(ValueError, match=r"^trainer.trackers.tensorboard writes .* gs://b/tracking is not local: set"):
         trackers.check(trainer, epath.Path("gs://b/tracking"))
-    monkeypatch.setitem(trackers.LIBRARIES, "mlflow", "dew_not_a_library")
+    monkeypatch.setattr(MLflowSink, "libraries", ("dew_not_a_library",))
     with pytest.raises(
         ValueError, match=r"^trainer.trackers.mlflow needs the dew_not_a_library package, .*dew\[trackers\]"
     ):
