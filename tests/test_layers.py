@@ -280,18 +280,6 @@ def test_the_contract_and_every_registry_read_without_jax() -> None:
 TYPED_CIRCLES: dict[frozenset[str], str] = {
     frozenset(
         {
-            "dew.contract.config",
-            "dew.contract.objectives",
-            "dew.training.hooks",
-            "dew.training.reporting.tracker",
-            "dew.training.reporting.trackers",
-            "dew.training.run_directory",
-            "dew.training.step",
-        }
-    ): "RunConfig.train returns a TrainState",
-    frozenset({"dew.models.attention", "dew.models.decoder", "dew.models.transformer"}): "attention names RopeScaling",
-    frozenset(
-        {
             "dew.data.digits",
             "dew.data.flowers",
             "dew.data.hf_images",

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from dew.contract.data import Dataset
     from dew.objectives.base import Metric, Objective
-    from dew.training.step import TrainState
+    from dew.training.state import TrainState
 
 __all__ = [
     "CSV",

@@ -33,7 +33,7 @@ from dew.training.preemption import StopRequest
 if TYPE_CHECKING:
     from dew.contract.config import EarlyStopping
     from dew.objectives.base import Metric, Objective
-    from dew.training.step import TrainState
+    from dew.training.state import TrainState
 
 REASON = "early_stopping"
 """The ``reason`` of the journal's ``early_stop`` event when this rule stopped the run."""

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from dew.objectives.base import Objective
     from dew.training.preemption import StopRequest
     from dew.training.reporting.tracker import Tracker
-    from dew.training.step import TrainState
+    from dew.training.state import TrainState
 
 NONFINITE = "_nonfinite_step"
 """The step's metric (not logged) that carries the first non-finite step, -1 while there is none;

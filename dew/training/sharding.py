@@ -29,7 +29,7 @@ from dew.models.axes import mesh_axes, rules
 from dew.training.optim.registry import path_str
 
 if TYPE_CHECKING:
-    from dew.training.step import TrainState
+    from dew.training.state import TrainState
 
 
 def make_mesh(trainer: TrainerConfig) -> Mesh:
