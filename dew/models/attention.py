@@ -42,7 +42,7 @@ from dew.models.kv_cache import attend_cached, write
 from dew.models.precision import LAX_PRECISION, Precision
 
 if TYPE_CHECKING:
-    from dew.models.transformer import RopeScaling
+    from dew.models.rope_scaling import RopeScaling
 
 logger = logging.getLogger(__name__)
 _logged: set[tuple[str, str]] = set()
@@ -162,7 +162,7 @@ def attend(
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
     """The rotary embedding's angular frequencies, ``(head_dim // 2,)`` float32: ``theta**(-2i/head_dim)``,
-    rescaled as ``scaling`` says (``dew.models.transformer.RopeScaling``), in the order of operations
+    rescaled as ``scaling`` says (``dew.models.rope_scaling.RopeScaling``), in the order of operations
     Hugging Face's ``ROPE_INIT_FUNCTIONS`` use, so a Llama checkpoint rotates as transformers rotates it.
 
     ``llama3`` (Llama 3.1's ``apply_scaling``): with ``L = original_max_position_embeddings``, a
