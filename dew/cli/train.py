@@ -54,6 +54,7 @@ from dew.contract.objectives import can_sample
 from dew.contract.registry import plugin_conf_dirs
 from dew.contract.rundir import PRUNED
 from dew.contract.schedules import schedules
+from dew.contract.trackers import trackers as tracker_classes
 from dew.contract.typed import ConfigError
 from dew.launching.checks import CHECK_FLAG, check_only, check_run, checked, checking, launcher_without_multirun
 from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
@@ -119,6 +120,9 @@ def register_configs() -> None:
         cs.store(group="schema/data", name=name, node=member_schema(data_cls))  # type: ignore[arg-type]
     for name, schedule_cls in schedules.items():
         cs.store(group="schema/schedule", name=name, node=member_schema(schedule_cls))  # type: ignore[arg-type]
+    # A tracker's options, for a plugin's conf/trainer/trackers/<name>.yaml to type them with.
+    for name, tracker_cls in tracker_classes.items():
+        cs.store(group="schema/tracker", name=name, node=schema_of(tracker_cls.Options))
     register_resolvers()
     OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
     OmegaConf.register_new_resolver("dew_hydra_groups", _hydra_group_listing, replace=True)
