@@ -157,6 +157,18 @@ def hydra_args_parser() -> Any:
     return get_args_parser()
 
 
+def hydra_apply_overrides(overrides: list[Any], cfg: Any) -> None:
+    """Apply parsed overrides (``key=value``, ``+key=``, ``++key=``, ``~key``) to the ``DictConfig``
+    ``cfg`` as Hydra applies a command line's to the config it composed: the same rules (``+`` refuses
+    a key that holds a value, ``~`` one that is absent, a plain key must exist where ``cfg`` is in
+    struct mode), the same merge of a dict value. hydra-core 1.3.8 does it in the private static
+    ``ConfigLoaderImpl._apply_overrides_to_config`` and has no public way to apply overrides to a
+    config it did not compose (a run's record)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
+
+
 @contextlib.contextmanager
 def hydra_reports(report: Callable[[Exception], None]) -> Iterator[None]:
     """Within it, an error that reaches Hydra's own reporting (``hydra.main``'s: a config it cannot
@@ -277,6 +289,24 @@ def submitit_slurm_parameter_names() -> dict[str, str]:
     from submitit.slurm import slurm
 
     return {generic: str(own) for generic, own in slurm.SlurmExecutor._equivalence_dict().items()}
+
+
+def submitit_requeue() -> int | None:
+    """Requeue the submitit job this process runs in, through its job environment's own requeue
+    (submitit 1.5.4's private ``JobEnvironment._requeue``: ``scontrol requeue`` for a SLURM job; for
+    a local one, ``sys.exit`` with the status its controller requeues on, 144): the status this
+    process must exit with for the requeue (the local executor's), None where any will do. Called
+    from a thread (dew.training.watchdog), where ``sys.exit`` would end that thread only, so the
+    local executor's status is returned instead."""
+    import submitit
+    from submitit.local.local import LOCAL_REQUEUE_RETURN_CODE
+
+    environment = submitit.JobEnvironment()
+    try:
+        environment._requeue(countdown=0)
+    except SystemExit as requeued:  # the local executor's way
+        return int(requeued.code) if isinstance(requeued.code, int) else LOCAL_REQUEUE_RETURN_CODE
+    return None
 
 
 def submitit_requeue_handler(handler: object) -> bool:

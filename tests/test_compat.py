@@ -141,6 +141,21 @@ def test_hydra_args_parser_reads_overrides_and_flags():
     assert (args.overrides, args.multirun, args.cfg, unknown) == (["trainer.steps=3", "model=dit"], True, "job", [])
 
 
+def test_hydra_apply_overrides_sets_adds_and_deletes_as_hydra_does():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import ConfigCompositionException
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"a": {"b": 1, "c": {"d": 2}}, "e": 7})
+    OmegaConf.set_struct(cfg, True)
+    parsed = OverridesParser.create().parse_overrides(["a.b=3", "+a.f=[1,2]", "++a.c.d=5", "~e", "a.c={d: 6}"])
+    compat.hydra_apply_overrides(parsed, cfg)
+    assert OmegaConf.to_container(cfg) == {"a": {"b": 3, "c": {"d": 6}, "f": [1, 2]}}
+    for refused in ("a.nope=1", "+a.b=1", "~nope"):  # absent; a null value too, by Hydra's rule
+        with pytest.raises(ConfigCompositionException):
+            compat.hydra_apply_overrides(OverridesParser.create().parse_overrides([refused]), cfg)
+
+
 def test_submitit_requeue_signal_is_the_preemption_signal():
     import signal
 

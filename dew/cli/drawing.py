@@ -85,7 +85,9 @@ def check_samples(objective: Objective) -> None:
 
 def run(args: argparse.Namespace) -> str:
     """Sample as ``args`` say; returns the file written."""
-    r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
+    r = restore(
+        args.run_dir, step=args.step, latest=args.latest, ema=args.ema, overrides=args.overrides, prog="dew-sample"
+    )
     check_samples(r.objective)
     r = for_inference(r)
     stem = os.path.join(args.run_dir, f"{SAMPLE_PREFIX}-step{r.step}-seed{args.seed}")

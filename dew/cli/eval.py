@@ -23,6 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from dew.cli.console import console_script
+from dew.cli.overrides import not_overrides
 
 EXIT_BAD_INPUT = 2
 
@@ -46,16 +47,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="evaluate the EMA of the parameters (default: the parameters, which the trainer's eval/loss measures)",
     )
     p.add_argument("--out", help="the JSON file to write (default: RUN/eval/<step>-<data>.json)")
+    p.add_argument(
+        "--cfg",
+        action="store_true",
+        help="print the run's config with the overrides applied (YAML, as dew-train --cfg job prints one) and exit",
+    )
     args = p.parse_intermixed_args(argv)
-    bad = [o for o in args.overrides if "=" not in o]
-    if bad:
-        p.error(f"{bad[0]!r} is not an override (key=value or group=option)")
+    if bad := not_overrides(args.overrides):
+        p.error(bad)
     return args
 
 
 @console_script
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.cfg:
+        from dew.cli.eval_config import print_config
+
+        sys.exit(print_config(args.run, args.overrides, "dew-eval"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import logging
 

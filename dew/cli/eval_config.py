@@ -1,13 +1,20 @@
-"""What ``dew-eval`` evaluates: the run's record (or a Hugging Face Llama directory's model) with the
-command line's overrides, composed in dew-train's config groups, as the typed ``Recipe``.
+"""What ``dew-eval``, ``dew-sample`` and ``dew-export`` read: a run's record (or, for dew-eval, a
+Hugging Face Llama directory's model) with the command line's overrides, composed in dew-train's config
+groups, as the typed ``Recipe``.
 
-A run's record is the base. An override of a field (``data.path=...``, ``trainer.batch_size=16``) sets
-that field of the record. A group's option (``data=token_windows``) replaces the record's node at that
-group's place with the option as dew-train composes it (its YAML over the dataclass's defaults), with
-the command line's fields under it (``data=token_windows data.path=...``); nothing else of the
-composition is taken, so the option's side effects on other groups (token_windows chooses the
-``transformer`` model) leave the run's model alone. The presets that set a whole run (``experiment``,
-``debug``, ``hparams_search``) are refused: the run is what it recorded.
+The overrides are read as dew-train reads them (``dew.cli.overrides.hydra_form`` and
+``parse_overrides``: the one parser): plain values, quoted strings, lists, a JSON object or list for
+a JSON field, ``+key=``, ``++key=``, ``~key``, dotted keys, ``null``. A run's record is the base,
+and an override of a field is applied to it by Hydra's own rules (``compat.hydra_apply_overrides``),
+as dew-train applies it to the config it composed: a plain key must be a field, ``+`` adds, ``~``
+deletes (the field then takes its default), a dict value merges. A group's option
+(``data=token_windows``) replaces the record's node at that group's place with the option as
+dew-train composes it (its YAML over the dataclass's defaults), with the command line's fields under
+it (``data=token_windows data.path=...``); nothing else of the composition is taken, so the option's
+side effects on other groups (token_windows chooses the ``transformer`` model) leave the run's model
+alone. The presets that set a whole run (``experiment``, ``debug``, ``hparams_search``) are refused:
+the run is what it recorded; so are a sweep and Hydra's own settings (these commands run one
+configuration, and no Hydra job).
 
 A Hugging Face Llama directory has no record: the run is dew-train's composition of the command line
 (which must choose token data), its model the ``transformer`` whose fields ``config.json`` gives, its
@@ -23,19 +30,25 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dew.cli.overrides import check_overrides
+from dew import compat
+from dew.cli.overrides import hydra_form, parse_overrides, unset_record
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.rundir import RUN_RECORD
 from dew.contract.typed import ConfigError
 from dew.recipe import Recipe
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 GROUPS = ("data", "model", "optim", "optim/schedule", "trainer")
 """The config groups whose option replaces the record's node at the group's place."""
 WHOLE_RUN = ("experiment", "debug", "hparams_search")
 """Presets of a whole run, refused: the run is what it recorded."""
 HF_CONFIG = "config.json"
+HF_ARCHITECTURE = "LlamaForCausalLM"
+"""The Hugging Face architecture (``config.json``'s ``architectures``) dew reads: a Llama."""
 
 
 class EvalError(Exception):
@@ -55,23 +68,51 @@ class Target:
     """The run's record as written (None for a Hugging Face directory)."""
 
 
-def target(path: str, overrides: Sequence[str], conf: str) -> Target:
+def target(path: str, overrides: Sequence[str], conf: str, prog: str = "dew-eval") -> Target:
     """The run (or Hugging Face directory) at ``path`` with ``overrides`` applied, as a ``Recipe``."""
-    if problem := check_overrides(overrides, Recipe):
-        raise EvalError(problem)
+    parsed = read_overrides(overrides, prog)
     where = os.path.abspath(path)
     if os.path.isfile(os.path.join(where, RUN_RECORD)):
-        try:
-            record = RunRecord.read(where)
-            recorded = record.typed(Recipe)
-        except (NoRunRecord, ConfigError) as err:
-            raise EvalError(str(err)) from None
-        return Target(where, "run", _typed(compose_onto(record.values, overrides, conf)), recorded)
+        recipe, recorded = on_record(where, parsed, conf, prog)
+        return Target(where, "run", recipe, recorded)
     if os.path.isfile(os.path.join(where, HF_CONFIG)):
-        return Target(where, "hf", hf_recipe(where, overrides, conf), None)
+        return Target(where, "hf", hf_recipe(where, parsed, conf), None)
     if not os.path.exists(where):
         raise EvalError(f"{path}: no such run directory")
     raise EvalError(f"{path}: neither a dew run directory (run.json) nor a Hugging Face Llama directory (config.json)")
+
+
+def on_record(where: str, parsed: Sequence[Override], conf: str, prog: str) -> tuple[Recipe, Recipe]:
+    """(the record of the run in ``where`` with the ``parsed`` overrides applied, the record as
+    written), both typed."""
+    try:
+        record = RunRecord.read(where)
+        recorded = record.typed(Recipe)
+    except (NoRunRecord, ConfigError) as err:
+        raise EvalError(str(err)) from None
+    return _typed(compose_onto(record.values, parsed, conf, prog)), recorded
+
+
+def shown(recipe: Recipe) -> str:
+    """``recipe`` as YAML, as dew-train's ``--cfg job`` prints a config: what ``--cfg`` prints."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(recipe.to_dict())
+
+
+def print_config(path: str, overrides: Sequence[str], prog: str) -> int:
+    """``--cfg``: print the config ``prog`` would run (``shown``), or one line saying why there is
+    none; the exit status (0, or 2 for a bad input)."""
+    import sys
+
+    from dew.cli.train import conf_dir
+
+    try:
+        print(shown(target(path, overrides, conf_dir(), prog).recipe), end="", flush=True)
+    except (EvalError, ConfigError, ValueError, OSError) as err:
+        print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        return 2
+    return 0
 
 
 def _typed(values: dict[str, Any]) -> Recipe:
@@ -81,19 +122,20 @@ def _typed(values: dict[str, Any]) -> Recipe:
         raise EvalError(str(err)) from None
 
 
-def _parsed(overrides: Sequence[str]) -> list[Any]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
+def read_overrides(overrides: Sequence[str], prog: str) -> list[Override]:
+    """The command line's overrides, read as dew-train reads them (``hydra_form``,
+    ``parse_overrides``), each one a command of one configuration and no Hydra job takes."""
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as err:
-        raise EvalError(" ".join(str(err).split())) from None
+        parsed = parse_overrides(hydra_form(overrides, Recipe), Recipe)
+    except ValueError as err:
+        raise EvalError(str(err)) from None
     for o in parsed:
         if o.is_sweep_override():
-            raise EvalError(f"{o.input_line}: dew-eval evaluates one configuration; give one value")
-        if o.is_delete() or o.package:
-            raise EvalError(f"{o.input_line}: dew-eval sets fields and chooses group options only")
+            raise EvalError(f"{o.input_line}: {prog} takes one configuration; give one value")
+        if o.is_hydra_override():
+            raise EvalError(f"{o.input_line}: {prog} runs no Hydra job; Hydra's settings do not apply")
+        if o.package:
+            raise EvalError(f"{o.input_line}: {prog} takes a group's option at the group's own place")
     return parsed
 
 
@@ -101,35 +143,51 @@ def _group(key: str, conf: str) -> bool:
     return "." not in key and Path(conf, key).is_dir()
 
 
-def compose_onto(record: dict[str, Any], overrides: Sequence[str], conf: str) -> dict[str, Any]:
-    """``record`` (``run.json``'s values) with ``overrides`` applied (the module's docstring)."""
-    from omegaconf import OmegaConf
+def compose_onto(record: dict[str, Any], parsed: Sequence[Override], conf: str, prog: str) -> dict[str, Any]:
+    """``record`` (``run.json``'s values) with the ``parsed`` overrides applied (the module's docstring)."""
+    from omegaconf import OmegaConf, open_dict
 
-    parsed = _parsed(overrides)
     chosen = [o for o in parsed if _group(o.key_or_group, conf)]
     for o in chosen:
         if o.key_or_group in WHOLE_RUN:
             raise EvalError(
-                f"{o.input_line}: {o.key_or_group} presets a whole run; dew-eval evaluates the run as it "
+                f"{o.input_line}: {o.key_or_group} presets a whole run; {prog} takes the run as it "
                 f"recorded: give the fields to change (data.path=...) or a group of {', '.join(GROUPS)}"
             )
         if o.key_or_group not in GROUPS:
-            raise EvalError(f"{o.input_line}: dew-eval takes the config groups {', '.join(GROUPS)}")
+            raise EvalError(f"{o.input_line}: {prog} takes the config groups {', '.join(GROUPS)}")
     places = [o.key_or_group.replace("/", ".") for o in chosen]
     fields = [o for o in parsed if o not in chosen]
-    under = [o for o in fields if any(o.key_or_group.lstrip("+").startswith(p + ".") for p in places)]
+    under = [o for o in fields if any(o.key_or_group.startswith(p + ".") for p in places)]
     cfg = OmegaConf.create(record)
+    OmegaConf.set_struct(cfg, True)  # as dew-train's composed config: a plain key must be a field
     if chosen:
-        composed = compose_config([o.input_line for o in chosen + under], conf)
-        for place in places:
-            OmegaConf.update(cfg, place, OmegaConf.select(composed, place), merge=False)
-    for o in fields:
-        if o in under:
-            continue
-        OmegaConf.update(cfg, o.key_or_group.lstrip("+"), o.value(), merge=False, force_add=True)
+        composed = compose_config([str(o.input_line) for o in chosen + under], conf)
+        with open_dict(cfg):
+            for place in places:
+                OmegaConf.update(cfg, place, OmegaConf.select(composed, place), merge=False)
+    rest = [o for o in fields if o not in under]
+    for o in rest:
+        plain = not (o.is_add() or o.is_force_add() or o.is_delete())
+        if plain and (problem := unset_record(o.key_or_group, cfg, Recipe, conf, o.get_value_element_as_str())):
+            raise EvalError(problem)
+    apply(rest, cfg)
     values = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(values, dict)
     return {str(k): v for k, v in values.items()}
+
+
+def apply(parsed: Sequence[Override], cfg: Any) -> None:
+    """Apply the field overrides ``parsed`` to ``cfg`` by Hydra's rules, or an EvalError with Hydra's
+    reason in one line."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        compat.hydra_apply_overrides(list(parsed), cfg)
+    except (HydraException, OmegaConfBaseException) as err:
+        cause = f" ({' '.join(str(err.__cause__).split()[:12])})" if err.__cause__ else ""
+        raise EvalError(" ".join(str(err).split()) + cause) from None
 
 
 def compose_config(overrides: Sequence[str], conf: str) -> Any:
@@ -170,13 +228,32 @@ def hf_model_config(directory: str) -> dict[str, Any]:
     return fields
 
 
-def hf_recipe(directory: str, overrides: Sequence[str], conf: str) -> Recipe:
-    """dew-train's composition of ``overrides`` with the directory's model: its fields from
+def hf_architecture(directory: str) -> None:
+    """Refuse, in one line, a Hugging Face directory that holds another model than a Llama, naming
+    what it holds (``config.json``'s ``architectures`` and ``model_type``) and what dew reads."""
+    try:
+        with open(os.path.join(directory, HF_CONFIG)) as fh:
+            config = json.load(fh)
+    except (OSError, json.JSONDecodeError) as err:
+        raise EvalError(f"{directory}/{HF_CONFIG}: cannot read it ({err})") from None
+    held = (config.get("architectures") or []) if isinstance(config, dict) else []
+    if HF_ARCHITECTURE in held:
+        return
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    what = ", ".join(map(str, held)) or "no architecture named"
+    raise EvalError(
+        f"{directory} holds a {what} (model_type {kind!r}); dew reads Hugging Face Llama directories "
+        f"({HF_ARCHITECTURE}, model_type 'llama') and dew run directories (run.json)"
+    )
+
+
+def hf_recipe(directory: str, parsed: Sequence[Override], conf: str) -> Recipe:
+    """dew-train's composition of the ``parsed`` overrides with the directory's model: its fields from
     ``config.json`` over the command line's ``model.config``, its parameters the directory's."""
     from omegaconf import OmegaConf
 
-    _parsed(overrides)
-    composed = compose_config(overrides, conf)
+    hf_architecture(directory)
+    composed = compose_config([str(o.input_line) for o in parsed], conf)
     values = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(values, dict)
     model = values["model"]
@@ -184,8 +261,9 @@ def hf_recipe(directory: str, overrides: Sequence[str], conf: str) -> Recipe:
 
     if model.get("architecture") != ARCHITECTURE:
         raise EvalError(
-            f"{directory} holds a Llama: evaluate it on token data (data=token_windows data.path=... or "
-            f"data=text_stream ...); the command line composes a {model.get('architecture')!r} model"
+            f"{directory} holds a Llama ({HF_ARCHITECTURE}): evaluate it on token data "
+            f"(data=token_windows data.path=... or data=text_stream ...); the command line composes a "
+            f"{model.get('architecture')!r} model"
         )
     given = model.get("config") or {}
     given = json.loads(given) if isinstance(given, str) else given  # a JSON field, as the composition holds it

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Sequence
 
 from dew.cli.console import console_script
+from dew.cli.overrides import not_overrides
 from dew.contract.typed import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -35,6 +36,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         epilog=__doc__,
     )
     p.add_argument("run_dir", help="the run directory (<trainer.checkpoint_dir>/<name>)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="dew-train's overrides of the run's record: key=value, +key=value, ~key, group=option",
+    )
+    p.add_argument(
+        "--cfg",
+        action="store_true",
+        help="print the run's config with the overrides applied (YAML, as dew-train --cfg job prints one) and exit",
+    )
     p.add_argument("--to", required=True, help="the directory to write; it must not exist")
     p.add_argument(
         "--merge-lora",
@@ -62,12 +73,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="export the EMA of the parameters (default: when the run kept one)",
     )
-    return p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if bad := not_overrides(args.overrides):
+        p.error(bad)
+    return args
 
 
 @console_script
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.cfg:
+        from dew.cli.eval_config import print_config
+
+        sys.exit(print_config(args.run_dir, args.overrides, "dew-export"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import logging
 

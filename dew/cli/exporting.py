@@ -29,8 +29,10 @@ def run(args: argparse.Namespace) -> str:
             hf_weights.parse_size(args.max_shard_size)
         except ValueError as err:
             raise merge.MergeError(str(err)) from None
-    check(load_recipe(args.run_dir), merge_lora=args.merge_lora)  # before the slow rebuild
-    r = restore(args.run_dir, step=args.step, latest=args.latest, ema=args.ema)
+    check(load_recipe(args.run_dir, args.overrides, "dew-export"), merge_lora=args.merge_lora)  # before the rebuild
+    r = restore(
+        args.run_dir, step=args.step, latest=args.latest, ema=args.ema, overrides=args.overrides, prog="dew-export"
+    )
     if args.merge_lora:
         params = merge.merged(r.model, r.recipe)
         merge.write_run(r.recipe, params, args.to, step=r.step, merged_from=os.path.abspath(args.run_dir))

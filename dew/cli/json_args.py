@@ -8,10 +8,11 @@ the command line, an override of one of these fields whose value is a JSON objec
 quoted for Hydra (a quoted string), and ``RunConfig.from_dict`` reads the JSON. Hydra's own dict
 syntax (``model.config={depth: 4}``) is not JSON and passes through unchanged.
 
-One key of such a field is set with a dotted override, ``model.config.mup=true``, whether or not the
-composed dict already holds the key: the field's keys are the architecture's (or the optimizer's),
-not the schema's, so the override is given to Hydra as ``++`` (add or override), and the typed
-conversion names a key the field does not take.
+One key of such a field is set with a dotted override, ``model.config.mup=true`` (or
+``+model.config.mup=true``), whether or not the composed dict (or a run's record) already holds the
+key: the field's keys are the architecture's (or the optimizer's), not the schema's, so the override
+is given to Hydra as ``++`` (add or override), and the typed conversion names a key the field does
+not take.
 """
 
 from __future__ import annotations
@@ -77,12 +78,15 @@ def _hydra_quoted(value: str) -> str:
 
 
 def set_json_keys(args: Sequence[str], fields: set[str]) -> list[str]:
-    """``args`` with each plain override of one key inside a field of ``fields``
-    (``model.config.mup=true``) written as Hydra's add-or-override (``++model.config.mup=true``);
-    every other argument as it was."""
+    """``args`` with each plain or ``+`` override of one key inside a field of ``fields``
+    (``model.config.mup=true``, ``+model.config.mup=true``) written as Hydra's add-or-override
+    (``++model.config.mup=true``): whether an option, or a run's record, already holds the key is
+    not the user's to know; every other argument as it was."""
     out = []
     for arg in args:
         match = _OVERRIDE.match(arg)
-        inside = match and not match["prefix"] and any(match["key"].startswith(f"{f}.") for f in fields)
-        out.append(f"++{arg}" if inside else arg)
+        if match and match["prefix"] != "++" and any(match["key"].startswith(f"{f}.") for f in fields):
+            out.append(f"++{match['key']}={match['value']}")
+        else:
+            out.append(arg)
     return out

@@ -1,4 +1,10 @@
-"""The command line's overrides, read before Hydra composes them, for the two mistakes Hydra reports
+"""The command line's overrides, read the one way every dew command reads them (``dew-train``,
+``dew-eval``, ``dew-sample``, ``dew-export``): ``hydra_form`` rewrites what dew adds to Hydra's
+grammar (a JSON object or list for a JSON field, a key inside one: ``dew.cli.json_args``), and
+``parse_overrides`` parses them with Hydra's own parser after ``check_overrides``. dew-train hands the
+result to Hydra; the inference commands apply it to a run's record with Hydra's own rules.
+
+``check_overrides`` answers the two mistakes Hydra reports
 without naming what is allowed: a key the config does not have (``trainer.nope=1``: Hydra says the
 key is not in the node, not which keys are) and a value its grammar cannot parse
 (``model.config='{depth: '``: Hydra says where its parser stopped, not which field it was reading).
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Union
 
+from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.compat import hydra_args_parser
 from dew.contract.typed import hints, registry_of
 
@@ -83,6 +90,32 @@ def check_overrides(overrides: Sequence[str], root: type) -> str | None:
         if problem := unknown_key(override.key_or_group, root):
             return problem
     return None
+
+
+def hydra_form(args: Sequence[str], root: type) -> list[str]:
+    """``args`` as dew gives them to Hydra: an override of a JSON field of ``root`` whose value is a
+    JSON object or list quoted (``model.config='{"depth": 4}'``), a key inside such a field set
+    whether or not the field holds it (``model.config.depth=4``, ``+model.config.depth=4``: ``++``);
+    every other argument as it was."""
+    fields = json_fields(root)
+    return set_json_keys(quote_json_overrides(args, fields), fields)
+
+
+def not_overrides(overrides: Sequence[str]) -> str | None:
+    """A message for the first of a command's positional ``overrides`` that is no override, or None
+    (an inference command's argument parser reads them before anything is parsed as Hydra would)."""
+    bad = [o for o in overrides if "=" not in o and not o.startswith("~")]
+    return f"{bad[0]!r} is not an override (key=value, +key=value, ~key or group=option)" if bad else None
+
+
+def parse_overrides(overrides: Sequence[str], root: type) -> list[Override]:
+    """``overrides`` (in ``hydra_form``) parsed by Hydra's parser, or a ValueError with
+    ``check_overrides``' one line (a value it cannot parse, a key ``root`` does not have)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if problem := check_overrides(overrides, root):
+        raise ValueError(problem)
+    return OverridesParser.create().parse_overrides(list(overrides))
 
 
 # ------------------------------------------------------------------- overrides into unset records

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Sequence
 
 import jax
 from etils import epath
@@ -20,6 +21,7 @@ from flax import nnx
 
 import dew
 from dew.build import build_run
+from dew.cli import eval_config
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.data import Dataset
 from dew.contract.rundir import RUN_RECORD, TOKENIZER_DIR
@@ -57,13 +59,14 @@ class Restored:
 # ------------------------------------------------------------------------------ the run directory
 
 
-def load_recipe(run_dir: str) -> Recipe:
-    """The run's record (``RunRecord``) as a ``Recipe``, or a SampleError that says what is wrong with
-    the directory."""
+def load_recipe(run_dir: str, overrides: Sequence[str] = (), prog: str = "dew-sample") -> Recipe:
+    """The run's record (``RunRecord``) as a ``Recipe``, with the command line's ``overrides`` applied
+    as dew-train applies them (``dew.cli.eval_config``), or a SampleError that says what is wrong with
+    the directory or the overrides."""
     if not os.path.isdir(run_dir):
         raise SampleError(f"run directory {run_dir!r} does not exist")
     try:
-        return RunRecord.read(run_dir).typed(Recipe)
+        recorded = RunRecord.read(run_dir).typed(Recipe)
     except NoRunRecord as err:
         raise SampleError(str(err)) from None
     except (ConfigError, ValueError, TypeError) as err:
@@ -71,6 +74,16 @@ def load_recipe(run_dir: str) -> Recipe:
             f"cannot read the run record: {err}. Was the run written by a different "
             f"dew version? This is dew {dew.__version__}."
         ) from None
+    if not overrides:
+        return recorded
+    from dew.cli.train import conf_dir
+
+    try:
+        return eval_config.on_record(
+            os.path.abspath(run_dir), eval_config.read_overrides(overrides, prog), conf_dir(), prog
+        )[0]
+    except eval_config.EvalError as err:
+        raise SampleError(str(err)) from None
 
 
 def choose_step(checkpoints: Checkpoints, run_dir: str, *, step: int | None, latest: bool) -> int:
@@ -91,19 +104,31 @@ def choose_step(checkpoints: Checkpoints, run_dir: str, *, step: int | None, lat
     return best if best is not None else newest
 
 
-def rebuild(recipe: Recipe, record: str) -> tuple[Objective, Dataset]:
+def rebuild(recipe: Recipe, record: str, recorded: Recipe | None = None) -> tuple[Objective, Dataset]:
     """(objective, dataset) built from the record as dew-train built them; refused when the data no
-    longer gives the model the run was trained with."""
+    longer gives the model the run was trained with, or when the command line's overrides (which
+    made ``recipe`` of the ``recorded`` one) give another model than its checkpoints hold."""
     try:
         resolved, objective, dataset = build_run(recipe)
     except (ValueError, FileNotFoundError) as err:
         raise SampleError(f"cannot rebuild the run from {record}: {err}") from None
-    if resolved.to_dict() != recipe.to_dict():
+    if recorded is None and resolved.to_dict() != recipe.to_dict():
         diff = differences(recipe.to_dict(), resolved.to_dict())
         raise SampleError(
             "the data no longer gives the model the run was trained with (recorded -> now):\n  " + "\n  ".join(diff)
         )
+    if recorded is not None and (diff := differences(_shape(recorded), _shape(resolved))):
+        raise SampleError(
+            f"the checkpoints hold the model the run recorded; the overrides give another (recorded -> now): "
+            f"{'; '.join(diff)}"
+        )
     return objective, dataset
+
+
+def _shape(recipe: Recipe) -> dict[str, object]:
+    """What of a run's model its parameters' shapes follow from: the architecture and its fields."""
+    model = recipe.to_dict()["model"]
+    return {"model": {"architecture": model["architecture"], "config": model["config"]}}
 
 
 def recorded_tokenizer(objective: Objective, run_dir: str) -> Objective:
@@ -169,14 +194,24 @@ def read_params(
     return step, used, params, damaged
 
 
-def restore(run_dir: str, *, step: int | None = None, latest: bool = False, ema: bool | None = None) -> Restored:
-    """Rebuild the run in ``run_dir`` and restore its parameters at the best checkpoint (the
-    latest with ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
-    recipe = load_recipe(run_dir)
+def restore(
+    run_dir: str,
+    *,
+    step: int | None = None,
+    latest: bool = False,
+    ema: bool | None = None,
+    overrides: Sequence[str] = (),
+    prog: str = "dew-sample",
+) -> Restored:
+    """Rebuild the run in ``run_dir`` (its record with the command line's ``overrides``, read as
+    dew-train reads them) and restore its parameters at the best checkpoint (the latest with
+    ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
+    recipe = load_recipe(run_dir, overrides, prog)
+    recorded = load_recipe(run_dir) if overrides else None
     checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
-        objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD))
+        objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD), recorded)
         objective = recorded_tokenizer(objective, run_dir)
         # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
         abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 
 from dew.cli.console import console_script
+from dew.cli.overrides import not_overrides
 from dew.contract.typed import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -41,6 +42,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="dew-sample", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("run_dir", help="the run directory (<trainer.checkpoint_dir>/<name>)")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="dew-train's overrides of the run's record: key=value, +key=value, ~key, group=option",
+    )
+    p.add_argument(
+        "--cfg",
+        action="store_true",
+        help="print the run's config with the overrides applied (YAML, as dew-train --cfg job prints one) and exit",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="sample from this saved step (default: the best)")
     which.add_argument("--latest", action="store_true", help="sample from the latest saved step")
@@ -73,7 +84,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the PNG grid or the text file (default: samples-step<N>-seed<S>.png or .txt in the run directory)",
     )
     p.add_argument("--npz", help="also write the images and their labels to this .npz (images)")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if bad := not_overrides(args.overrides):
+        p.error(bad)
     for name in ("count", "steps", "max_new_tokens"):
         if getattr(args, name) is not None and getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
@@ -87,6 +100,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 @console_script
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.cfg:
+        from dew.cli.eval_config import print_config
+
+        sys.exit(print_config(args.run_dir, args.overrides, "dew-sample"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import logging
 

@@ -42,12 +42,12 @@ from dew import compat
 from dew.build import build_run
 from dew.cli.console import console_script
 from dew.cli.hydra_errors import composition_error
-from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
-from dew.cli.overrides import check_overrides, check_unset_records, first_job_to_print, hydra_help_args
+from dew.cli.overrides import check_overrides, check_unset_records, first_job_to_print, hydra_form, hydra_help_args
 from dew.cli.schema import member_schema, register_resolvers, schema_of
 from dew.cli.trial import TrialFailed, TrialOutcome, check_direction, in_a_search, search_unavailable, selection_value
 from dew.compat import hydra_args_parser as get_args_parser
 from dew.contract import journal as journals
+from dew.contract.config import RunConfig
 from dew.contract.data import datasets
 from dew.contract.lock import RunLockedError
 from dew.contract.objectives import can_sample
@@ -180,7 +180,7 @@ def _hydra_group_listing() -> str:
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def run_name(recipe: Recipe) -> str:
+def run_name(recipe: RunConfig) -> str:
     """The run's directory under checkpoint_dir: trainer.name, or the sweep job's, or the time."""
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
@@ -281,7 +281,7 @@ def agree(error: Exception | None) -> None:
         raise PeerRefused(message, status)
 
 
-def plan(recipe: Recipe, container: Any) -> Planned:
+def plan(recipe: RunConfig, container: Any) -> Planned:
     """What the run trains, once the process pool is up (``set_up``'s ``plan``): one run however
     many processes. Each resolved its own config and name (a time stamp can differ by a second), so
     all take process 0's; a busy run directory is refused at once, before the data loads."""
@@ -310,7 +310,7 @@ def train_from_hydra(cfg: DictConfig) -> str | TrialOutcome | None:
     try:
         refuse_a_busy_run_dir(cfg)
         container = OmegaConf.to_container(cfg, resolve=True)
-        recipe = Recipe.from_dict(container)
+        recipe: RunConfig = Recipe.from_dict(container)
         if checking():
             check_single_run(recipe)
             return None
@@ -403,7 +403,7 @@ def stopped_line(stopped: Preempted, trainer_name: str | None, name: str, *, pro
     return f"{said.rsplit('; ', 1)[0]}; resume it with: {shlex.join([prog, *(TYPED or sys.argv[1:])])} {named}"
 
 
-def check_single_run(recipe: Recipe, path: str | None = None, prog: str = "dew-train") -> None:
+def check_single_run(recipe: RunConfig, path: str | None = None, prog: str = "dew-train") -> None:
     """``dew-train --check`` (``dew-recipe --check``) on one run: every check the run makes before
     it writes anything (``dew.launching.checks.check_run``), over the devices it would train on
     here, and one line. ``path`` is the run directory (dew-train's: ``run_name`` of Hydra's job)."""
@@ -426,7 +426,7 @@ def check_single_run(recipe: Recipe, path: str | None = None, prog: str = "dew-t
     )
 
 
-def reported_value(recipe: Recipe, objective: Objective, name: str) -> TrialOutcome:
+def reported_value(recipe: RunConfig, objective: Objective, name: str) -> TrialOutcome:
     """What the task function returns to Hydra's sweeper: the run's selection value, and whether its
     pruner stopped it (dew.cli.trial)."""
     from dew.objectives.metrics import builtin_metrics  # heavy: JAX (a search's trial reports its value)
@@ -444,7 +444,7 @@ def reported_value(recipe: Recipe, objective: Objective, name: str) -> TrialOutc
     )
 
 
-def trial_hooks(recipe: Recipe, objective: Objective, name: str, total_steps: int, is_main: bool) -> list[Hook]:
+def trial_hooks(recipe: RunConfig, objective: Objective, name: str, total_steps: int, is_main: bool) -> list[Hook]:
     """A search's trial's pruning (``hydra.sweeper.pruner``: dew.cli.pruning), or nothing."""
     if not in_a_search() or (spec := HydraConfig.get().sweeper.get("pruner")) is None:
         return []
@@ -544,8 +544,7 @@ def main() -> None:
     if CHECK_FLAG in sys.argv[1:]:
         sys.argv.remove(CHECK_FLAG)
         check_only()
-    sys.argv[1:] = quote_json_overrides(sys.argv[1:], json_fields(Recipe))  # model.config='{"depth": 4}'
-    sys.argv[1:] = set_json_keys(sys.argv[1:], json_fields(Recipe))  # model.config.mup=true
+    sys.argv[1:] = hydra_form(sys.argv[1:], Recipe)  # model.config='{"depth": 4}', model.config.mup=true
     for_printing(sys.argv)  # --hydra-help; -m with --cfg or --info
     register_configs()
 

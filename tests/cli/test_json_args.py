@@ -62,17 +62,19 @@ def test_a_dotted_key_inside_a_json_field_is_set_whether_or_not_an_option_set_it
         "trainer.steps=3",
         "++model.config.depth=2",
         'optim.optimizer_opts={"b1": 0.8}',
+        "+model.config.num_heads=4",
     ]
     assert set_json_keys(args, FIELDS) == [
         "model=transformer",
         "++model.config.mup=true",
         "++model.config.hidden_size=96",
-        *args[3:],
+        *args[3:6],
+        "++model.config.num_heads=4",  # + too: whether the composition holds the key is not the user's to know
     ]
     # model=transformer sets no field: the key is added
     assert compose_recipe(*set_json_keys(args[:3], FIELDS)).model.config == {"mup": True, "hidden_size": 96}
     # experiment=tiny_lm set hidden_size and depth: one changes, one key joins, the rest stay
     recipe = compose_recipe(
-        *set_json_keys(["experiment=tiny_lm", "model.config.depth=2", "model.config.mup=true"], FIELDS)
+        *set_json_keys(["experiment=tiny_lm", "+model.config.depth=2", "model.config.mup=true"], FIELDS)
     )
     assert recipe.model.config == {"hidden_size": 128, "depth": 2, "num_heads": 4, "mup": True}
