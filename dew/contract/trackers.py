@@ -33,13 +33,5 @@ class TrackerSpec:
     ``trainer.trackers``, and ``trainer.wandb``)."""
 
 
-trackers: Registry[type[TrackerSpec]] = Registry(
-    "tracker",
-    builtins=(
-        "dew.training.reporting.trackers.wandb",
-        "dew.training.reporting.trackers.tensorboard",
-        "dew.training.reporting.trackers.mlflow",
-        "dew.training.reporting.trackers.csv",
-    ),
-)
-"""Tracker name -> its class, in the order the run opens them (dew's own first)."""
+trackers: Registry[type[TrackerSpec]] = Registry("tracker", builtins=("dew.training.reporting.trackers.own",))
+"""Tracker name -> its class. dew's own register when ``own`` imports every module of their package."""
