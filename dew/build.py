@@ -48,7 +48,7 @@ def build_objective(run: RunConfig, dataset: Dataset) -> Any:
     return objective_spec(run, data_kind(run, dataset)).build(run, dataset)
 
 
-def resolve(run: RunConfig, dataset: Dataset) -> RunConfig:
+def resolve[R: RunConfig](run: R, dataset: Dataset) -> R:
     """``run`` with the model fields that follow from ``dataset`` (and the objective) filled in, and
     the data spec's own where the dataset states them (``data_fields``: an image dataset's class
     names), so run.json records what the data gave."""
@@ -62,7 +62,7 @@ def resolve(run: RunConfig, dataset: Dataset) -> RunConfig:
         raise ConfigError(f"{err} ({hint})" if hint else str(err)) from None
 
 
-def build_run(run: RunConfig) -> tuple[RunConfig, Any, Dataset]:
+def build_run[R: RunConfig](run: R) -> tuple[R, Any, Dataset]:
     """Load the dataset at the trainer's batch, fill in the model fields that follow from it, and
     build the objective. Returns the resolved run (what run.json records): with muP on, its
     optimizer groups are muP's (``dew.training.optim.mup``)."""

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from omegaconf import OmegaConf
 
 from dew.build import build_run
+from dew.contract.config import RunConfig
 from dew.contract.lock import RunLockedError
 from dew.contract.typed import ConfigError
 from dew.launching.jobs import SweepJob, hydra_config
@@ -68,7 +69,7 @@ def check_job(job: SweepJob, device_count: int | None, process_count: int | None
     check_run(job.recipe, job.run_dir, device_count, process_count)
 
 
-def check_run(recipe: Recipe, run_dir: str, device_count: int | None, process_count: int | None = None) -> None:
+def check_run(recipe: RunConfig, run_dir: str, device_count: int | None, process_count: int | None = None) -> None:
     """Every check a run makes before it writes anything, for the run ``recipe`` in ``run_dir``:
     the XLA flags, the data (present, sized), the model and the optimizer as shapes, the run's
     length against its warmup and cadences, the mesh over ``device_count`` devices (the mesh's
@@ -104,7 +105,7 @@ def check_run(recipe: Recipe, run_dir: str, device_count: int | None, process_co
         check_length(recipe, recorded, dataset, path)
 
 
-def _known_devices(recipe: Recipe) -> int:
+def _known_devices(recipe: RunConfig) -> int:
     """Where the launcher cannot know the device count: the product of the mesh's fixed sizes."""
     sizes = [s for s in dataclasses.asdict(recipe.trainer.mesh).values() if s != -1]
     count = 1

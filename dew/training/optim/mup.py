@@ -55,7 +55,7 @@ def width_multiplier(run: RunConfig) -> float | None:
     return multiplier
 
 
-def with_mup_groups(run: RunConfig, objective: Objective) -> RunConfig:
+def with_mup_groups[R: RunConfig](run: R, objective: Objective) -> R:
     """``run`` with muP's parameter groups in ``optim.param_groups`` when its model has muP on;
     ``run`` itself otherwise. ``objective`` builds the module (abstractly: nothing is allocated)."""
     multiplier = width_multiplier(run)
