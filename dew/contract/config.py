@@ -660,14 +660,30 @@ class TrainerConfig:
     a fresh limit); a resume may change it. Unset: no limit. Leave room for that last save below a
     job's own time limit."""
 
+    stall_timeout: str | None = None
+    """How long a process may go without progress (a step ending, an evaluation or a save starting
+    or ending) before its watchdog ends the job (dew.training.watchdog): the same spellings as
+    ``max_time``. It then logs which process is stuck and the Python stacks of its threads, ends
+    the job's processes that are not running on its host, and requeues a submitit job (the run
+    resumes from its last checkpoint) or exits with status 75. The first step of each start (its
+    compilation) and the first evaluation and save are not timed; every later step, data read,
+    evaluation and save is, so set it above the longest of them. Unset: no watchdog."""
+
     def max_time_seconds(self) -> float | None:
         """``max_time`` in seconds, None for no limit."""
         return None if self.max_time is None else duration.seconds(self.max_time, "trainer.max_time")
 
+    def stall_timeout_seconds(self) -> float | None:
+        """``stall_timeout`` in seconds, None for no watchdog."""
+        return None if self.stall_timeout is None else duration.seconds(self.stall_timeout, "trainer.stall_timeout")
+
     def __post_init__(self) -> None:
-        if isinstance(self.max_time, (int, float)) and not isinstance(self.max_time, bool):
-            object.__setattr__(self, "max_time", str(self.max_time))  # a number of seconds, from Python
+        for field in ("max_time", "stall_timeout"):
+            value = getattr(self, field)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                object.__setattr__(self, field, str(value))  # a number of seconds, from Python
         self.max_time_seconds()  # a bad value is refused here, naming the field
+        self.stall_timeout_seconds()
         if self.init_from is not None and "://" not in self.init_from:
             object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
         for pattern in self.init_skip:

@@ -17,6 +17,31 @@ command that ran out of time. Not 0 (the run is not complete: a script's ``&&`` 
 dependency on success must not take it for finished), and no requeue: the limit was the user's."""
 
 
+EXIT_STALLED = 75
+"""The status of a process that ``trainer.stall_timeout`` ended and that was not requeued:
+``EX_TEMPFAIL`` (sysexits.h), a temporary failure that a retry may get past (dew.training.watchdog)."""
+
+
+def requeue_after_stall() -> int | None:
+    """Requeue the submitit job this process runs in, as a preemption does, from whichever of its
+    processes stalled (process 0 may be the one that stopped): the status to exit with, None
+    where the job was not requeued (no submitit job, or the requeue failed) or any status will do.
+    The local executor's controller starts the job's tasks again once they have all ended, one of
+    them with status 144; on SLURM, ``scontrol requeue`` ends every task of the job and queues it
+    again (the same job id)."""
+    import logging
+
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return None
+    try:
+        status = compat.submitit_requeue()
+    except Exception as err:  # scontrol refused or missing: the job ends, not requeued
+        logging.getLogger("dew").error("the stalled job could not be requeued: %s: %s", type(err).__name__, err)
+        return None
+    logging.getLogger("dew").error("requeued the job: it resumes from its last checkpoint")
+    return status
+
+
 def exit_after_stop(signum: int | None, *, reason: str | None = None) -> NoReturn:
     """Exit as the launcher expects once a run stopped on ``signum`` and saved its checkpoint; a
     stop whose ``reason`` is ``max_time`` (``dew.training.preemption.MAX_TIME``) exits with

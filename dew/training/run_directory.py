@@ -80,10 +80,12 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.layout",
     "trainer.prefetch",
     "trainer.max_time",
+    "trainer.stall_timeout",
     "trainer.name",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
-reports, how the process starts and how long one start of it may run, never what a step computes.
+reports, how the process starts, how long one start of it may run and how long it may stall, never
+what a step computes.
 The name is the run directory's, which a resume is in already: a run started without one is named
 after the moment it started and resumed with ``trainer.name=run-<that moment>``.
 (The best checkpoint is chosen among the evaluations a run makes, so eval_every changes which step

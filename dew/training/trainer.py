@@ -66,6 +66,7 @@ from dew.training.reporting.trackers import takes_samples
 from dew.training.run_directory import is_local
 from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState, make_eval_step, make_train_step
+from dew.training.watchdog import Watchdog
 
 __all__ = [
     "COMPILER_OPTIONS",
@@ -122,7 +123,7 @@ def train(
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
     evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint.
     ``hooks`` run after those ``trainer.hooks`` names, before the checkpoint (a search's trial adds
-    its pruning: ``dew.cli.pruning``).
+    its pruning: ``dew.launching.search.pruning``).
 
     ``setup`` is what ``dew-train`` checked and prepared (``dew.training.setup``); without it, the
     run is set up here, its lock and signal handlers held until it ends."""
@@ -454,6 +455,10 @@ def _parts(
     )
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
     own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
+    phase: Callable = story.phase
+    if (stall_timeout := t.stall_timeout_seconds()) is not None:  # trainer.stall_timeout
+        watchdog = Watchdog(stall_timeout, setup.path, process=jax.process_index(), count=jax.process_count())
+        own, phase = [watchdog, *own], watchdog.timed(story.phase)
     progress = [Progress(t.log_every, setup.total_steps)] if tracker.is_main else []  # the console's lines
     own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), *progress, evaluate]
     if takes_samples(t):
@@ -469,7 +474,7 @@ def _parts(
         derive=derive,
         check_finite=saver.check_finite,
         restart=meter.restart,
-        phase=story.phase,
+        phase=phase,
     )
     evaluate.told = chain.evaluated  # an evaluation tells every hook (the samples, early stopping, pruning)
     saver.hook_states = chain.states
@@ -581,7 +586,7 @@ def _stopped_early(p: Parts, request: StopRequest, step: int) -> None:
 def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, t: TrainerConfig) -> None:
     """(6) The end: wait for the saves, publish the last checkpoint, write the ``end`` event."""
     evaluation = p.evaluate.last if p.evaluate.step == at.step else {}  # a stop request may end a step without one
-    with p.story.phase("checkpoint"):
+    with p.hooks.phase("checkpoint"):  # the run report's phase (and the watchdog's)
         p.saver.last(at.step, at.records, state, evaluation)
     p.tracker.publish_checkpoint(setup.name, p.saver.checkpoints.step_path(at.step), at.step)
     cache = compilation_cache_stats()
