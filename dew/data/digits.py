@@ -28,7 +28,7 @@ from dew.contract.data import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
 
 if TYPE_CHECKING:
-    from dew.data.specs import Digits  # its load() imports this module
+    from dew.data.fields import DigitsFields
 
 
 NUM_CLASSES = 10
@@ -102,7 +102,7 @@ def _keep(path: str, arrays: dict[str, np.ndarray]) -> None:
             os.unlink(tmp)
 
 
-def load_digits(spec: Digits, batch_size: int, seed: int) -> RecordDataset:
+def load_digits(spec: DigitsFields, batch_size: int, seed: int) -> RecordDataset:
     """The digits dataset at global batch ``batch_size``, shuffled from ``seed``."""
     arrays = digits_arrays(spec.eval_fraction)
     images, labels, train, held_out = (arrays[name] for name in FIELDS)

@@ -38,7 +38,7 @@ from dew.contract.data import Batch
 from dew.data.pipeline import ArrayRecords, RecordDataset
 
 if TYPE_CHECKING:
-    from dew.data.specs import OxfordFlowers102  # its load() imports this module
+    from dew.data.fields import OxfordFlowers102Fields
 
 
 NUM_CLASSES = 102
@@ -54,7 +54,7 @@ _MEMBER = re.compile(r"^jpg/image_(\d{5})\.jpg$")
 _CACHE_VERSION = 1
 
 
-def cache_root(spec: OxfordFlowers102) -> str:
+def cache_root(spec: OxfordFlowers102Fields) -> str:
     """Where this dataset's downloads and arrays live."""
     base = spec.cache_dir or os.environ.get("DEW_DATA_DIR") or "~/.cache/dew/datasets"
     return os.path.join(os.path.expanduser(base), spec.name)
@@ -99,7 +99,7 @@ def download(name: str, directory: str) -> str:
     return path
 
 
-def source_files(spec: OxfordFlowers102) -> dict[str, str]:
+def source_files(spec: OxfordFlowers102Fields) -> dict[str, str]:
     """The three official files: from ``data.root``, else the cache, downloading what is missing."""
     if spec.root is not None:
         root = os.path.expanduser(spec.root)
@@ -208,7 +208,7 @@ def build_cache(files: dict[str, str], resolution: int, directory: str) -> None:
         json.dump({s: sorted(int(i) - 1 for i in ids) for s, ids in splits.items()}, f)
 
 
-def cached_arrays(spec: OxfordFlowers102) -> str:
+def cached_arrays(spec: OxfordFlowers102Fields) -> str:
     """The directory of the decoded arrays for ``spec``, building it if absent."""
     files = source_files(spec)
     # Keyed by the source files' identity and the resolution: other files get another cache.
@@ -236,7 +236,7 @@ def _decode(raw: Batch) -> Batch:
     return {"image": image, "label": raw["label"]}
 
 
-def load_flowers(spec: OxfordFlowers102, batch_size: int, seed: int) -> RecordDataset:
+def load_flowers(spec: OxfordFlowers102Fields, batch_size: int, seed: int) -> RecordDataset:
     """Oxford Flowers 102 at global batch ``batch_size``, shuffled from ``seed``."""
     directory = cached_arrays(spec)
     images = np.load(os.path.join(directory, "images.npy"), mmap_mode="r")

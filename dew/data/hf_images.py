@@ -44,7 +44,7 @@ except ImportError as err:  # the optional extra
     ) from err
 
 if TYPE_CHECKING:
-    from dew.data.specs import HFImages  # its load() imports this module
+    from dew.data.fields import HFImagesFields
 
 BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 """The ``datasets`` builder that reads data files of each suffix."""
@@ -67,7 +67,7 @@ def data_files(pattern: str, field: str) -> tuple[list[str], str]:
     return files, builders.pop()
 
 
-def read_splits(spec: HFImages) -> tuple[dict[str, Any], str]:
+def read_splits(spec: HFImagesFields) -> tuple[dict[str, Any], str]:
     """The dataset's splits by name, and the folder relative image paths start from."""
     if not spec.path:
         raise ValueError("data.path is unset: name a save_to_disk directory or data files (data.path=...)")
@@ -103,7 +103,7 @@ def read_splits(spec: HFImages) -> tuple[dict[str, Any], str]:
     return dict(loaded), os.path.dirname(os.path.abspath(files[0]))
 
 
-def chosen_splits(spec: HFImages, splits: dict[str, Any]) -> tuple[Any, str | None]:
+def chosen_splits(spec: HFImagesFields, splits: dict[str, Any]) -> tuple[Any, str | None]:
     """(the split that trains, the name of the one that evaluates or None)."""
     if spec.split not in splits:
         raise ValueError(f"data.split={spec.split!r}: {spec.path} has the splits {', '.join(splits)}")
@@ -114,7 +114,7 @@ def chosen_splits(spec: HFImages, splits: dict[str, Any]) -> tuple[Any, str | No
     return splits[spec.split], spec.eval_split
 
 
-def columns(spec: HFImages, table: Any, split: str) -> None:
+def columns(spec: HFImagesFields, table: Any, split: str) -> None:
     """Refuse a split without the image or the label column, or an empty one."""
     for field in ("image_field", "label_field"):
         column = getattr(spec, field)
@@ -127,7 +127,7 @@ def columns(spec: HFImages, table: Any, split: str) -> None:
         raise ValueError(f"{spec.path} split {split} holds no records")
 
 
-def label_names(spec: HFImages, table: Any) -> tuple[str, ...]:
+def label_names(spec: HFImagesFields, table: Any) -> tuple[str, ...]:
     """The names of the classes, from the training split's label column (and ``data.classes``)."""
     feature = table.features[spec.label_field]
     if isinstance(feature, datasets.ClassLabel):
@@ -156,7 +156,7 @@ def label_names(spec: HFImages, table: Any) -> tuple[str, ...]:
     return spec.classes or tuple(str(i) for i in range(top + 1))
 
 
-def label_ids(spec: HFImages, table: Any, split: str, names: tuple[str, ...]) -> np.ndarray:
+def label_ids(spec: HFImagesFields, table: Any, split: str, names: tuple[str, ...]) -> np.ndarray:
     """Each record's label as an index into ``names``; a label outside them raises, naming its row."""
     values = np.asarray(table.with_format("arrow")[spec.label_field])
     if values.dtype.kind in "OUS":
@@ -189,7 +189,7 @@ def source_of(value: object, base: str, where: str) -> Source:
 
 
 def hf_records(
-    spec: HFImages, table: Any, split: str, names: tuple[str, ...], base: str, pool: DecodePool
+    spec: HFImagesFields, table: Any, split: str, names: tuple[str, ...], base: str, pool: DecodePool
 ) -> ImageRecords:
     """One split's records: its labels read whole, its images fetched by index when read."""
     columns(spec, table, split)
@@ -213,7 +213,7 @@ def hf_records(
     )
 
 
-def load_hf_images(spec: HFImages, batch_size: int, seed: int) -> ImageDataset:
+def load_hf_images(spec: HFImagesFields, batch_size: int, seed: int) -> ImageDataset:
     """The images of ``data.path`` at global batch ``batch_size``, shuffled from ``seed``."""
     splits, base = read_splits(spec)
     table, eval_name = chosen_splits(spec, splits)

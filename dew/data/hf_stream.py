@@ -33,7 +33,7 @@ from dew.data.tokens import TokenWindowRecords
 if TYPE_CHECKING:
     import datasets
 
-    from dew.data.specs import HFText  # its load() imports hf_text, which imports this module
+    from dew.data.fields import HFTextFields
 
 _STATE_VERSION = 1
 
@@ -176,7 +176,7 @@ class StreamIterator(grain.DatasetIterator):
 class StreamedText:
     """A ``dew.contract.data.Dataset`` over the records of a source as they are read; ``num_records`` is None."""
 
-    spec: HFText
+    spec: HFTextFields
     source: Source
     val: Source | None
     tokenizer_impl: Tokenizer

@@ -38,7 +38,7 @@ from dew.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from dew.data.tokens import TokenDataset, split_windows
 
 if TYPE_CHECKING:
-    from dew.data.specs import HFText  # its load() imports this module
+    from dew.data.fields import HFTextFields
 
 log = logging.getLogger("dew")
 
@@ -50,7 +50,7 @@ _WAIT_S = 0.1
 # ------------------------------------------------------------------------------ the token cache
 
 
-def cache_root(spec: HFText) -> str:
+def cache_root(spec: HFTextFields) -> str:
     """``<cache>/hf_text``: ``data.cache_dir``, else ``$DEW_DATA_DIR``, else ``~/.cache/dew/datasets``."""
     base = spec.cache_dir or os.environ.get("DEW_DATA_DIR") or "~/.cache/dew/datasets"
     return os.path.join(os.path.expanduser(base), "hf_text")
@@ -65,7 +65,7 @@ def tokenizer_identity(tokenizer: Tokenizer) -> dict[str, object]:
     return record
 
 
-def cache_key(spec: HFText, tokenizer: Tokenizer, train: Source, val: Source | None) -> str:
+def cache_key(spec: HFTextFields, tokenizer: Tokenizer, train: Source, val: Source | None) -> str:
     """The digest that names a cache: what it was built from, and how."""
     described = {
         "version": CACHE_VERSION,
@@ -113,7 +113,7 @@ def build_cache(directory: str, key: str, tokenizer: Tokenizer, train: Source, v
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached_tokens(spec: HFText, tokenizer: Tokenizer, train: Source, val: Source | None) -> str:
+def cached_tokens(spec: HFTextFields, tokenizer: Tokenizer, train: Source, val: Source | None) -> str:
     """The directory of the token cache of ``spec``'s source: found whole, or built by this process
     under the cache's lock while any other waits for it."""
     key = cache_key(spec, tokenizer, train, val)
@@ -144,7 +144,7 @@ def cached_tokens(spec: HFText, tokenizer: Tokenizer, train: Source, val: Source
 # ------------------------------------------------------------------------------ loading
 
 
-def sources(spec: HFText) -> tuple[Source, Source | None]:
+def sources(spec: HFTextFields) -> tuple[Source, Source | None]:
     """The split that trains and the held-out one (None without ``val_split``/``val_path``)."""
     train = resolve(spec.path, split=spec.split, field=spec.field, subset=spec.subset, fmt=spec.format)
     val = None
@@ -155,7 +155,7 @@ def sources(spec: HFText) -> tuple[Source, Source | None]:
     return train, val
 
 
-def cached_windows(spec: HFText, directory: str, batch_size: int, seed: int) -> TokenDataset:
+def cached_windows(spec: HFTextFields, directory: str, batch_size: int, seed: int) -> TokenDataset:
     """``token_windows`` over the cache in ``directory``: the held-out windows those of ``val.bin``, or
     the last ``val_fraction`` of ``train.bin``'s."""
     sidecar = read_sidecar([os.path.join(directory, "train.bin")])
@@ -180,7 +180,7 @@ def cached_windows(spec: HFText, directory: str, batch_size: int, seed: int) -> 
     )
 
 
-def load_hf_text(spec: HFText, batch_size: int, seed: int) -> TokenDataset | StreamedText:
+def load_hf_text(spec: HFTextFields, batch_size: int, seed: int) -> TokenDataset | StreamedText:
     """``spec``'s text at global batch ``batch_size``: windows over its token cache, or the stream."""
     tokenizer = load_tokenizer(spec.tokenizer, "data.tokenizer")
     train, val = sources(spec)

@@ -30,10 +30,10 @@ from dew.data.images import (
 )
 
 if TYPE_CHECKING:
-    from dew.data.specs import ImageFolder  # its load() imports this module
+    from dew.data.fields import ImageFolderFields
 
 
-def split_folders(spec: ImageFolder) -> tuple[str, str | None]:
+def split_folders(spec: ImageFolderFields) -> tuple[str, str | None]:
     """(the folder of class folders that trains, the one that evaluates or None)."""
     if not spec.root:
         raise ValueError("data.root is unset: name the folder of class folders (data.root=...)")
@@ -87,7 +87,7 @@ def class_files(directory: str) -> dict[str, list[str]]:
     return found
 
 
-def class_names(spec: ImageFolder, found: dict[str, list[str]], directory: str) -> tuple[str, ...]:
+def class_names(spec: ImageFolderFields, found: dict[str, list[str]], directory: str) -> tuple[str, ...]:
     """The labels' names: ``data.classes`` when given (and the folders agree with it), else the
     sorted class folders."""
     if not spec.classes:
@@ -105,7 +105,7 @@ def class_names(spec: ImageFolder, found: dict[str, list[str]], directory: str) 
 
 
 def folder_records(
-    found: dict[str, list[str]], names: tuple[str, ...], directory: str, spec: ImageFolder, pool: DecodePool
+    found: dict[str, list[str]], names: tuple[str, ...], directory: str, spec: ImageFolderFields, pool: DecodePool
 ) -> ImageRecords:
     """The images of ``found`` as records, labelled by their class's place in ``names``."""
     label = {name: i for i, name in enumerate(names)}
@@ -127,7 +127,7 @@ def folder_records(
     )
 
 
-def load_image_folder(spec: ImageFolder, batch_size: int, seed: int) -> ImageDataset:
+def load_image_folder(spec: ImageFolderFields, batch_size: int, seed: int) -> ImageDataset:
     """The images under ``data.root`` at global batch ``batch_size``, shuffled from ``seed``."""
     train_dir, eval_dir = split_folders(spec)
     found = class_files(train_dir)

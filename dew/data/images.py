@@ -38,7 +38,7 @@ from dew.contract.data import Batch
 from dew.data.pipeline import RecordDataset, ShuffledIterator, shard_bounds
 
 if TYPE_CHECKING:
-    from dew.data.specs import ImageTransforms  # its loaders import this module
+    from dew.data.fields import ImageTransforms  # the fields its loaders share
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 """The image files a folder is read for (any case)."""

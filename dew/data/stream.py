@@ -33,7 +33,7 @@ from dew.data.tokenizer import Tokenizer, absolute_record, document, load_tokeni
 from dew.data.tokens import TokenWindowRecords
 
 if TYPE_CHECKING:
-    from dew.data.specs import TextStream  # its load() imports this module
+    from dew.data.fields import TextStreamFields
 
 
 _STATE_VERSION = 1
@@ -93,7 +93,7 @@ class StreamIterator(grain.DatasetIterator):
 class StreamDataset:
     """A ``dew.contract.data.Dataset`` over packed text; ``num_records`` is None."""
 
-    spec: TextStream
+    spec: TextStreamFields
     files: list[str]
     val_files: list[str]
     tokenizer_impl: Tokenizer
@@ -162,7 +162,7 @@ class StreamDataset:
         )
 
 
-def load_text_stream(spec: TextStream, batch_size: int, seed: int) -> StreamDataset:
+def load_text_stream(spec: TextStreamFields, batch_size: int, seed: int) -> StreamDataset:
     """The packed text stream of ``spec.path`` at global batch ``batch_size``, file order
     shuffled from ``seed``."""
     files = expand(spec.path, "data.path")

@@ -26,7 +26,7 @@ from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tok
 from dew.data.tokenizer import absolute_record, load_tokenizer
 
 if TYPE_CHECKING:
-    from dew.data.specs import TokenWindows  # its load() imports this module
+    from dew.data.fields import TokenWindowsFields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +86,7 @@ class TokenDataset(RecordDataset):
     ``data.vocab_size`` alone."""
 
 
-def _open_all(paths: Sequence[str], spec: TokenWindows) -> list[np.ndarray]:
+def _open_all(paths: Sequence[str], spec: TokenWindowsFields) -> list[np.ndarray]:
     return [open_tokens(p, spec.format, spec.dtype) for p in paths]
 
 
@@ -106,7 +106,7 @@ def split_windows(
     return train, TokenWindowRecords(shards, seq_len, train.num_records, n_val)
 
 
-def load_token_windows(spec: TokenWindows, batch_size: int, seed: int) -> TokenDataset:
+def load_token_windows(spec: TokenWindowsFields, batch_size: int, seed: int) -> TokenDataset:
     """Token windows of ``spec.path`` at global batch ``batch_size``, shuffled from ``seed``.
 
     Every file is scanned once for ids outside the vocabulary, so a bad file fails here, naming
