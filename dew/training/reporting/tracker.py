@@ -99,7 +99,7 @@ class Tracker:
         is_main: bool,
         changed: Sequence[str] = (),
         mlflow_id: str | None = None,
-        resume_ids: Mapping[str, str] | None = None,
+        resume_ids: Mapping[str, str | None] | None = None,
         run_record: epath.Path | None = None,
     ) -> None:
         self.is_main = is_main
@@ -114,6 +114,7 @@ class Tracker:
             and resume_step >= total_steps
             and self.journal.ended_at(resume_step)
         )
+        # Each tracker's own run a checkpoint kept (W&B's, MLflow's, a plugin's: resume_ids), by name.
         self._given = {"wandb": wandb_id, "mlflow": mlflow_id, **(resume_ids or {})}
         self.last_event: dict[str, Any] | None = None
         """The last ``stop`` or ``end`` event this segment wrote: how the run ended, for the trackers."""
