@@ -27,7 +27,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dew.contract.config import Trackers
 from dew.contract.rundir import FAILURES
 from dew.contract.trackers import TrackerSpec, trackers
 
@@ -79,6 +78,8 @@ class Sink(TrackerSpec):
     @classmethod
     def field(cls) -> str:
         """The config field that turns it on, for messages."""
+        from dew.contract.config import Trackers  # not at import: a plugin imports this module while dew loads
+
         own = {f.name for f in dataclasses.fields(Trackers)} - {"plugins"}
         return f"trainer.trackers.{cls.name}" if cls.name in own else f"trainer.trackers.plugins.{cls.name}"
 
