@@ -274,7 +274,9 @@ class CSV:
 @dataclasses.dataclass(frozen=True)
 class Trackers:
     """Where a run reports besides its journal (always written) and ``trainer.wandb``: each set
-    record turns one on, in any combination (``dew-train trainer/trackers=[tensorboard,csv]``)."""
+    record turns one on, in any combination (``dew-train trainer/trackers=[tensorboard,csv]``);
+    ``plugins`` holds the trackers of plugin packages. Each tracker is a class registered in
+    ``dew.contract.trackers.trackers`` (dew's own: ``dew.training.reporting.trackers``)."""
 
     tensorboard: TensorBoard | None = None
     """TensorBoard event files (tensorboardX, ``pip install 'dew[trackers]'``)."""
