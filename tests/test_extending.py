@@ -73,10 +73,12 @@ def test_the_guide_covers_every_kind():
         "dew_blobs/loss.py",
         "dew_blobs/conf/model/mlp.yaml",
         "dew_blobs/conf/data/blobs.yaml",
+        "dew_blobs/conf/trainer/trackers/ledger.yaml",
         "signum.py",
     } <= set(files)
     text = files["dew_blobs/__init__.py"]
-    for registry in ("datasets.register", "architectures.register", "objectives.register", "hooks.register"):
+    kinds = ("datasets", "architectures", "objectives", "hooks", "trackers")
+    for registry in (f"{kind}.register" for kind in kinds):
         assert registry in text
     assert guide_commands(), "the guide trains its plugin from the command line"
 
