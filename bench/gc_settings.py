@@ -40,7 +40,7 @@ TINY = [
     "flow_matching.sample_steps=1",
 ]
 DEFAULT_GC = (
-    "import sys; sys.argv[0] = 'dew-train'; from dew.cli import console, train; "
+    "import sys; sys.argv[0] = 'dew-train'; from dew.cli import train; from dew.commandline import console; "
     "console.collect_less = lambda: None; train.main()"  # run as the program, CPython's thresholds kept
 )
 

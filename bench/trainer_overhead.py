@@ -42,7 +42,7 @@ def compose(*overrides: str):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from dew.cli.train import conf_dir, register_configs
+    from dew.commandline.configs import conf_dir, register_configs
     from dew.recipe import Recipe
 
     GlobalHydra.instance().clear()

@@ -35,7 +35,7 @@ from dew.recipe import Recipe
 
 
 def test_importing_config_does_not_import_jax():
-    code = "import sys, dew.config, dew.recipe, dew.cli.schema; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'orbax', 'grain')))"  # noqa: E501
+    code = "import sys, dew.config, dew.recipe, dew.commandline.schema; print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', 'orbax', 'grain')))"  # noqa: E501
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -16,6 +16,13 @@ can only shrink, because the test fails as well when a listed circle no longer e
 
 The contract package ``dew.contract`` is a leaf: it imports nothing from dew outside it but the arrow up,
 and no JAX (``JAX_LIBRARIES``), at any level, but the one call ``JAX_IN_THE_CONTRACT`` names.
+
+The commands are on top (``LAYERS``): ``dew.cli`` holds the command mains, and nothing outside it
+imports it (not dew's other packages, not its Hydra plugins); below it ``dew.inference`` (restore,
+evaluate, sample, export), below that the engine, ``dew.training``. ``dew.commandline`` (exit
+statuses, the console, dew's config in Hydra, the override parser) is what the commands, inference and
+the launchers share: it imports none of them, and of ``dew.launching`` only the leaves
+``COMMANDLINE_READS``.
 """
 
 from __future__ import annotations
@@ -169,6 +176,22 @@ def ties(circle: frozenset[str], edges: dict[str, set[str]]) -> str:
     return "; ".join(f"{a} -> {b}" for a in sorted(circle) for b in sorted(edges[a] & circle))
 
 
+LAYERS = ("dew.cli", "dew.inference", "dew.training")
+"""Packages from the top down: each imports none above it."""
+
+COMMANDLINE_READS = {"dew.launching.naming", "dew.launching.interrupts", "dew.launching.gc_settings"}
+"""The modules of ``dew.launching`` that ``dew.commandline`` imports: leaves of the launching package
+(a sweep's directory names, the first Ctrl-C, the garbage collector), none of which imports dew's
+commands, inference or launchers."""
+
+PLUGINS = DEW.parent / "hydra_plugins"
+"""dew's Hydra plugins (the launchers, the sweeper, the search path), outside ``dew/``."""
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def test_the_graph_is_read() -> None:
     """The reader sees imports at every level: a test that read nothing would pass vacuously."""
     edges = graph()
@@ -295,3 +318,67 @@ def test_no_circles_even_through_types() -> None:
     )
     gone = [sorted(c) for c in TYPED_CIRCLES if c not in found]
     assert not gone, f"these circles no longer exist: strike them from TYPED_CIRCLES: {gone}"
+
+
+def plugin_imports() -> dict[str, set[str]]:
+    """Each of dew's Hydra plugin files -> the dew modules it names in an import, at any level."""
+    out: dict[str, set[str]] = {}
+    for path in sorted(PLUGINS.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = {
+            t
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import | ast.ImportFrom)
+            for t in imported(n, "hydra_plugins", True)
+            if t.split(".")[0] == "dew"
+        }
+        out[str(path.relative_to(DEW.parent))] = names
+    return out
+
+
+def test_nothing_outside_the_commands_imports_them() -> None:
+    """``dew.cli`` holds the command mains: no module of dew outside it, and none of dew's Hydra
+    plugins, imports it (the commands' shared code is ``dew.commandline``'s)."""
+    edges = graph()
+    assert edges["dew.cli.eval"], "the graph reads the commands' imports"
+    outside = sorted(
+        f"{a} -> {b}" for a, bs in edges.items() if not within(a, "dew.cli") for b in bs if within(b, "dew.cli")
+    )
+    plugins = sorted(f"{p} -> {n}" for p, names in plugin_imports().items() for n in names if within(n, "dew.cli"))
+    assert plugin_imports(), "the plugins' imports are read"
+    assert not outside + plugins, f"modules outside dew.cli import it: {outside + plugins}"
+
+
+def test_the_commands_are_above_inference_above_the_engine() -> None:
+    """``LAYERS`` from the top down: a package imports none above it."""
+    edges = graph()
+    for depth, package in enumerate(LAYERS):
+        above = LAYERS[:depth]
+        up = sorted(
+            f"{a} -> {b}"
+            for a, bs in edges.items()
+            if within(a, package)
+            for b in bs
+            if any(within(b, p) for p in above)
+        )
+        assert not up, f"{package} imports a package above it ({', '.join(above)}): {up}"
+    assert between(edges, "dew.inference.", "dew.training.")  # the arrows read go down, and exist
+
+
+def test_what_the_commands_share_is_below_them() -> None:
+    """``dew.commandline`` imports no command, no inference, no launcher: of ``dew.launching``, only
+    ``COMMANDLINE_READS``; and the launchers import no inference."""
+    edges = graph()
+    up = sorted(
+        f"{a} -> {b}"
+        for a, bs in edges.items()
+        if within(a, "dew.commandline")
+        for b in bs
+        if within(b, "dew.cli")
+        or within(b, "dew.inference")
+        or (within(b, "dew.launching") and b not in COMMANDLINE_READS)
+    )
+    assert not up, f"dew.commandline imports what stands on it: {up}"
+    read = {b for a, bs in edges.items() if within(a, "dew.commandline") for b in bs if within(b, "dew.launching")}
+    assert read == COMMANDLINE_READS, f"strike from COMMANDLINE_READS what dew.commandline no longer imports: {read}"
+    assert not between(edges, "dew.launching.", "dew.inference."), "a launcher imports inference"

@@ -54,7 +54,7 @@ MODULES = (
     "dew.cli.sample",
     "dew.cli.export",
     "dew.cli.eval",
-    "dew.cli.evaluating",
+    "dew.inference.evaluating",
     "dew.data.prepare",
 )
 """The commands the server runs warm; anything else runs cold."""
@@ -72,7 +72,7 @@ PRELOAD = (
     "dew.training.setup",
     "dew.training.trainer",
     "dew.launching.checks",
-    "dew.cli.trial",
+    "dew.launching.search.trial",
     *MODULES,
 )
 

@@ -22,8 +22,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dew.cli.console import console_script
-from dew.cli.overrides import not_overrides
+from dew.commandline.console import console_script
+from dew.commandline.overrides import not_overrides
 
 EXIT_BAD_INPUT = 2
 
@@ -62,7 +62,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cfg:
-        from dew.cli.eval_config import print_config
+        from dew.inference.composing import print_config
 
         sys.exit(print_config(args.run, args.overrides, "dew-eval"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -70,10 +70,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
     # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
-    from dew.cli import evaluating
-    from dew.cli.eval_config import EvalError
-    from dew.cli.train import debugging
+    from dew.commandline.exits import debugging
     from dew.contract.typed import ConfigError
+    from dew.inference import evaluating
+    from dew.inference.composing import EvalError
 
     try:
         result, written = evaluating.run(args)

@@ -21,8 +21,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dew.cli.console import console_script
-from dew.cli.overrides import not_overrides
+from dew.commandline.console import console_script
+from dew.commandline.overrides import not_overrides
 from dew.contract.typed import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -83,7 +83,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cfg:
-        from dew.cli.eval_config import print_config
+        from dew.inference.composing import print_config
 
         sys.exit(print_config(args.run_dir, args.overrides, "dew-export"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     logging.getLogger("absl").setLevel(logging.ERROR)
     # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
-    from dew.cli import exporting, restore
+    from dew.inference import exporting, restore
     from dew.training.adapters.merge import MergeError
 
     try:

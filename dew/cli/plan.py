@@ -16,8 +16,10 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dew import compat
-from dew.cli.console import console_script
-from dew.cli.train import EXIT_BAD_INPUT, conf_dir, register_configs, report_hydra_error
+from dew.cli.train import report_hydra_error
+from dew.commandline.configs import conf_dir, register_configs
+from dew.commandline.console import console_script
+from dew.commandline.exits import EXIT_BAD_INPUT
 from dew.contract.typed import ConfigError
 from dew.recipe import Recipe
 

@@ -1,7 +1,7 @@
 """``dew-recipe``: the run from a tyro command line, trained as ``dew-train`` trains it.
 
 The API contract's door: "Recipes parse it with tyro, build the objective and the data it names, and
-hand both to RunConfig.train". ``parse`` (``dew.cli.tyro_schema``) reads a ``Recipe`` with tyro and
+hand both to RunConfig.train". ``parse`` (``dew.commandline.tyro_schema``) reads a ``Recipe`` with tyro and
 converts it with the reader ``dew-train`` converts Hydra's config with, and ``train_recipe`` builds and
 trains it through ``dew-train``'s own set-up, so the same values make the same ``run.json``, the same
 run directory and the same exit statuses (``dew.cli.train``'s ``EXIT_*``). What it has of Hydra's is
@@ -26,9 +26,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from dew.build import build_run
-from dew.cli.console import console_script
-from dew.cli.train import agree, check_single_run, debugging, fail, refusal, train_set_up
-from dew.cli.tyro_schema import parse
+from dew.cli.train import agree, check_single_run, fail, refusal, train_set_up
+from dew.commandline.console import console_script
+from dew.commandline.exits import debugging
+from dew.commandline.tyro_schema import parse
 from dew.contract.config import RunConfig
 from dew.launching.checks import CHECK_FLAG
 from dew.launching.pool import from_process_zero
@@ -108,7 +109,7 @@ def console_logging() -> None:
 
     from omegaconf import OmegaConf
 
-    from dew.cli.train import conf_dir
+    from dew.commandline.configs import conf_dir
 
     settings = OmegaConf.to_container(OmegaConf.load(Path(conf_dir(), "hydra", "job_logging", "dew.yaml")))
     logging.config.dictConfig(settings)  # type: ignore[arg-type]  # a mapping of str keys, as the file is

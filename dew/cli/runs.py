@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dew.cli.console import console_script
+from dew.commandline.console import console_script
 from dew.runs import table
 from dew.runs.compare import diff_text
 from dew.runs.discover import RunsError, find_runs

@@ -19,7 +19,7 @@ walk a resume takes); ``--step N`` on a damaged step is an error.
 dew-sample only reads: it takes no lock and moves nothing.
 
 This module parses the arguments and loads no JAX (``--help`` and a bad option answer at once);
-``dew.cli.restore`` rebuilds the run and ``dew.cli.drawing`` draws from it.
+``dew.inference.restore`` rebuilds the run and ``dew.inference.drawing`` draws from it.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from dew.cli.console import console_script
-from dew.cli.overrides import not_overrides
+from dew.commandline.console import console_script
+from dew.commandline.overrides import not_overrides
 from dew.contract.typed import ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -101,7 +101,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cfg:
-        from dew.cli.eval_config import print_config
+        from dew.inference.composing import print_config
 
         sys.exit(print_config(args.run_dir, args.overrides, "dew-sample"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
     # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
-    from dew.cli import drawing, restore
+    from dew.inference import drawing, restore
 
     try:
         drawing.run(args)

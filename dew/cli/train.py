@@ -4,7 +4,7 @@ Hydra composes the config from conf/ and the command line; it is converted once 
 ``Recipe``; the dataset and the objective it names are built; ``RunConfig.train`` runs it. A bad
 input ends with one line naming the field, the value and what is allowed, ``EXIT_BAD_INPUT``, and
 nothing written (Hydra itself writes nothing: see conf/config.yaml; what Hydra cannot compose is
-put in one line by ``dew.cli.hydra_errors``). A run that stops on its own terms (a refused
+put in one line by ``dew.commandline.hydra_errors``). A run that stops on its own terms (a refused
 resume, a busy run directory, a divergence, no intact checkpoint) ends with ``dew-train: error:
 ...`` and its own exit status (the ``EXIT_*`` constants; docs/training.md, "When things go
 wrong"), no traceback; ``HYDRA_FULL_ERROR=1`` or ``DEW_DEBUG=1`` shows the traceback instead.
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -40,25 +39,42 @@ from omegaconf import DictConfig, OmegaConf
 
 from dew import compat
 from dew.build import build_run
-from dew.cli.console import console_script
-from dew.cli.hydra_errors import composition_error
-from dew.cli.overrides import check_overrides, check_unset_records, first_job_to_print, hydra_form, hydra_help_args
-from dew.cli.schema import member_schema, register_resolvers, schema_of
-from dew.cli.trial import TrialFailed, TrialOutcome, check_direction, in_a_search, search_unavailable, selection_value
+from dew.commandline.configs import conf_dir, config_roots, launch_dir, register_configs
+from dew.commandline.console import console_script
+from dew.commandline.exits import (
+    EXIT_BAD_INPUT,
+    EXIT_BUSY,
+    EXIT_NO_INTACT_CHECKPOINT,
+    EXIT_NONFINITE,
+    EXIT_REFUSED,
+    debugging,
+)
+from dew.commandline.hydra_errors import composition_error
+from dew.commandline.overrides import (
+    check_overrides,
+    check_unset_records,
+    first_job_to_print,
+    hydra_form,
+    hydra_help_args,
+)
 from dew.compat import hydra_args_parser as get_args_parser
 from dew.contract import journal as journals
 from dew.contract.config import RunConfig
-from dew.contract.data import datasets
 from dew.contract.lock import RunLockedError
 from dew.contract.objectives import can_sample
-from dew.contract.registry import plugin_conf_dirs
 from dew.contract.rundir import PRUNED
-from dew.contract.schedules import schedules
-from dew.contract.trackers import trackers as tracker_classes
 from dew.contract.typed import ConfigError
 from dew.launching.checks import CHECK_FLAG, check_only, check_run, checked, checking, launcher_without_multirun
-from dew.launching.naming import SWEEP_ENV, job_dirname, sweep_name
+from dew.launching.naming import SWEEP_ENV
 from dew.launching.pool import from_process_zero, joins_a_pool
+from dew.launching.search.trial import (
+    TrialFailed,
+    TrialOutcome,
+    check_direction,
+    in_a_search,
+    search_unavailable,
+    selection_value,
+)
 from dew.launching.stop_exit import exit_after_stop
 from dew.launching.sweep_lock import leave_no_trace
 from dew.recipe import Recipe
@@ -77,105 +93,6 @@ if TYPE_CHECKING:
     from dew.training.step import TrainState
 
 log = logging.getLogger("dew")
-
-EXIT_BAD_INPUT = 2
-"""The config or the command line is wrong; nothing was written."""
-EXIT_REFUSED = 3
-"""The run directory holds a run with a different config (or an unreadable record); nothing changed."""
-EXIT_BUSY = 4
-"""Another process holds the run directory (its host and PID are named); nothing changed."""
-EXIT_NONFINITE = 5
-"""The loss or the gradients became non-finite; the last good checkpoint is named and kept."""
-EXIT_NO_INTACT_CHECKPOINT = 6
-"""No saved step of the run restores; nothing was moved or deleted."""
-
-
-def conf_dir() -> str:
-    """conf/ at the repository root (editable install), or the copy inside an installed wheel."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "conf", here.parent / "conf"):
-        if (candidate / "config.yaml").exists():
-            return str(candidate)
-    raise FileNotFoundError(f"dew's conf/ directory is missing beside {here}")
-
-
-def launch_dir() -> str:
-    """launch/ (the launcher profiles) at the repository root, or the copy inside an installed
-    wheel; conf/config.yaml puts it on Hydra's search path, so ``hydra/launcher=slurm`` needs no
-    flag and nothing is copied per user."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "launch", here.parent / "launch"):
-        if (candidate / "hydra" / "launcher").is_dir():
-            return str(candidate)
-    raise FileNotFoundError(f"dew's launch/ directory is missing beside {here}")
-
-
-def register_configs() -> None:
-    """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore."""
-    cs = ConfigStore.instance()
-    cs.store(name="dew_run", node=schema_of(Recipe))
-    # The ignores below: typeshed's lru_cache takes a Hashable, and mypy checks a class object
-    # against its instances' __hash__; a class is hashable.
-    for name, data_cls in datasets.items():
-        cs.store(group="schema/data", name=name, node=member_schema(data_cls))  # type: ignore[arg-type]
-    for name, schedule_cls in schedules.items():
-        cs.store(group="schema/schedule", name=name, node=member_schema(schedule_cls))  # type: ignore[arg-type]
-    # A tracker's options, for a plugin's conf/trainer/trackers/<name>.yaml to type them with.
-    for name, tracker_cls in tracker_classes.items():
-        cs.store(group="schema/tracker", name=name, node=schema_of(tracker_cls.Options))
-    register_resolvers()
-    OmegaConf.register_new_resolver("dew_groups", _group_listing, replace=True)
-    OmegaConf.register_new_resolver("dew_hydra_groups", _hydra_group_listing, replace=True)
-    OmegaConf.register_new_resolver("dew_sweep", sweep_name, replace=True)
-    OmegaConf.register_new_resolver("dew_job", job_dirname, replace=True)
-    OmegaConf.register_new_resolver("dew_launch_dir", lambda: Path(launch_dir()).as_uri(), replace=True)
-
-
-def _group_listing() -> str:
-    """The user's config groups and their options, dew's and its plugins', for --help (Hydra's own
-    listing also shows the schema groups, which are dew's plumbing, not choices)."""
-    groups: dict[str, set[str]] = {}
-    for root in [Path(conf_dir()), *map(Path, plugin_conf_dirs())]:
-        for folder in (p for p in root.rglob("*") if p.is_dir() and p.relative_to(root).parts[0] != "hydra"):
-            options = {f.stem for f in folder.glob("*.yaml")}
-            if options:
-                groups.setdefault(folder.relative_to(root).as_posix(), set()).update(options)
-    return "\n".join(f"{group}: {', '.join(sorted(options))}" for group, options in sorted(groups.items()))
-
-
-def _hydra_group_listing() -> str:
-    """Hydra's own config groups and their options, for --hydra-help, by the names the docs use:
-    the launchers are dew's profiles in launch/ (``dew_basic``, ``local``, ``slurm``), not the
-    ConfigStore nodes Hydra's listing shows (``dew_slurm_schema``, ``submitit_local``, ...), which
-    those extend. "(default)" marks what dew-train runs with (conf/config.yaml, else Hydra's own)."""
-    from importlib.resources import files
-
-    from hydra.conf import HydraConf
-    from hydra.core.config_store import ConfigStore
-
-    groups: dict[str, set[str]] = {}
-    for root in (Path(str(files("hydra.conf"))) / "hydra", Path(conf_dir()) / "hydra"):
-        for folder in (p for p in root.rglob("*") if p.is_dir()):
-            if options := {f.stem for f in folder.glob("*.yaml")}:
-                groups.setdefault(f"hydra/{folder.relative_to(root).as_posix()}", set()).update(options)
-    groups["hydra/launcher"] = {f.stem for f in (Path(launch_dir()) / "hydra" / "launcher").glob("*.yaml")}
-    for group in ("hydra/sweeper", "hydra/sweeper/sampler", "hydra/sweeper/pruner"):
-        try:
-            stored = ConfigStore.instance().list(group)
-        except OSError:  # hydra/sweeper/pruner without the dew[search] extra
-            stored = []
-        groups[group] = groups.get(group, set()) | {n.removesuffix(".yaml") for n in stored if n.endswith(".yaml")}
-    chosen = {f"hydra/{k}": v for entry in HydraConf().defaults if isinstance(entry, dict) for k, v in entry.items()}
-    for entry in OmegaConf.load(Path(conf_dir()) / "config.yaml").defaults:
-        for key, value in entry.items() if isinstance(entry, DictConfig) else ():
-            if isinstance(key, str) and key.startswith("override hydra/"):
-                chosen[key.removeprefix("override ")] = value
-
-    def shown(group: str, option: str) -> str:
-        return f"{option} (default)" if chosen.get(group) == option else option
-
-    return "\n".join(f"{g}: {', '.join(shown(g, o) for o in sorted(options))}" for g, options in sorted(groups.items()))
-
 
 _STAMP = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
@@ -201,11 +118,6 @@ def refuse_a_busy_run_dir(cfg: DictConfig) -> None:
         refuse_if_held(HydraConfig.get().runtime.output_dir)
     elif isinstance(name, str) and name:
         refuse_if_held(os.path.join(checkpoint_dir, name))
-
-
-def debugging() -> bool:
-    """Whether a developer asked for tracebacks (Hydra's switch, or dew's own)."""
-    return any(os.environ.get(k, "") not in ("", "0") for k in ("HYDRA_FULL_ERROR", "DEW_DEBUG"))
 
 
 def fail(
@@ -428,7 +340,7 @@ def check_single_run(recipe: RunConfig, path: str | None = None, prog: str = "de
 
 def reported_value(recipe: RunConfig, objective: Objective, name: str) -> TrialOutcome:
     """What the task function returns to Hydra's sweeper: the run's selection value, and whether its
-    pruner stopped it (dew.cli.trial)."""
+    pruner stopped it (dew.launching.search.trial)."""
     from dew.objectives.metrics import builtin_metrics  # heavy: JAX (a search's trial reports its value)
     from dew.training.trainer import best_criterion
 
@@ -445,10 +357,10 @@ def reported_value(recipe: RunConfig, objective: Objective, name: str) -> TrialO
 
 
 def trial_hooks(recipe: RunConfig, objective: Objective, name: str, total_steps: int, is_main: bool) -> list[Hook]:
-    """A search's trial's pruning (``hydra.sweeper.pruner``: dew.cli.pruning), or nothing."""
+    """A search's trial's pruning (``hydra.sweeper.pruner``: dew.launching.search.pruning), or nothing."""
     if not in_a_search() or (spec := HydraConfig.get().sweeper.get("pruner")) is None:
         return []
-    from dew.cli.pruning import Judge, Prune  # heavy: Optuna, in a search's trial with a pruner
+    from dew.launching.search.pruning import Judge, Prune  # heavy: Optuna, in a search's trial with a pruner
     from dew.objectives.metrics import builtin_metrics  # heavy: JAX (loaded by now: the run is set up)
     from dew.training.trainer import best_criterion
 
@@ -500,14 +412,9 @@ def _gathered(model: nnx.Module) -> nnx.Module:
     return nnx.merge(graphdef, state)
 
 
-def config_roots() -> list[Path]:
-    """Where the config groups' options are: dew's conf/, its plugins', and launch/ (the launchers)."""
-    return [Path(conf_dir()), *map(Path, plugin_conf_dirs()), Path(launch_dir())]
-
-
 def report_hydra_error(err: Exception) -> None:
     """End with one line and ``EXIT_BAD_INPUT`` for a config Hydra could not compose from the
-    command line (``dew.cli.hydra_errors``), a sweep's directory left as it was before (Hydra's
+    command line (``dew.commandline.hydra_errors``), a sweep's directory left as it was before (Hydra's
     sweeper writes its ``multirun.yaml`` before it composes the jobs); any other error is left to
     Hydra to report."""
     if (message := composition_error(err, config_roots())) is None:

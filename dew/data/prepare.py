@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dew.cli.console import console_script
+from dew.commandline.console import console_script
 from dew.data.hf_sources import Source, resolve, texts
 from dew.data.token_files import SIDECAR, write_llmc
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, copy_files, encode_documents, load_tokenizer, train_bpe

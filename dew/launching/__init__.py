@@ -15,6 +15,8 @@
 - ``stop_exit``: how a process leaves after its run stopped on a signal (submitit's requeue, or
   128 + the signal).
 - ``gc_settings``: the garbage collector of a dew program's own process (a command, a job's task).
+- ``search``: the Optuna sweeper (``hydra/sweeper=optuna``), its study, its workers and a trial's
+  pruning.
 
 Nothing here imports JAX at module level: Hydra imports the launcher plugins at every start.
 """

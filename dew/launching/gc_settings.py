@@ -31,6 +31,6 @@ collections of each generation before one of the next (CPython's defaults: 700, 
 
 
 def collect_less() -> None:
-    """Collect garbage at ``THRESHOLDS``: for a dew program's own process (``dew.cli.console.console_script``
+    """Collect garbage at ``THRESHOLDS``: for a dew program's own process (``dew.commandline.console.console_script``
     run as the program, ``dew.launching.launchers.job_process_setup``)."""
     gc.set_threshold(*THRESHOLDS)

@@ -21,14 +21,15 @@ from hydra.core.singleton import Singleton
 from omegaconf import DictConfig, OmegaConf
 
 from dew import compat
-from dew.cli.sweeper_conf import store_sweeper_config
-from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY, register_configs
+from dew.commandline.configs import register_configs
+from dew.commandline.exits import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.contract.lock import RunLockedError, holder
 from dew.launching.checks import checking, failures, record_checked
 from dew.launching.gc_settings import collect_less
 from dew.launching.grid_report import best_run_line
 from dew.launching.interrupts import LaunchInterrupts, current, stop_before_start
 from dew.launching.jobs import SweepJob, compose_jobs, stop_record
+from dew.launching.search.sweeper_conf import store_sweeper_config
 from dew.launching.sweep_lock import holding_the_sweep, leave_no_trace, refuse_live_jobs, wait_until_released
 from dew.training.preemption import install_early
 
@@ -127,7 +128,7 @@ def searching(config: DictConfig) -> bool:
     """Whether the sweep is a search (a sweeper that chooses the next jobs from the last ones'
     values, Optuna's), not Hydra's grid: a job of a grid that fails its checks stops the whole
     sweep before anything starts, but a search's trial that does is reported to the sweeper as
-    failed (the job fails its own checks, ``dew.cli.trial``) and the study goes on."""
+    failed (the job fails its own checks, ``dew.launching.search.trial``) and the study goes on."""
     target = OmegaConf.select(config, "hydra.sweeper._target_", default="") or ""
     return not target.endswith(".BasicSweeper")
 
@@ -222,7 +223,7 @@ def ended_on_a_signal(jobs: Sequence[Any]) -> bool:
 
 
 REFUSAL = "dew-train: error: "
-"""How a task's own refusal begins (``dew.cli.train.fail``): one line, then its exit status."""
+"""How a task's own refusal begins (``dew.cli.train.fail``, dew-train's): one line, then its exit status."""
 
 
 def end_of_refused(jobs: Sequence[SweepJob], submitit_folder: str, since: float) -> None:

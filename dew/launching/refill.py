@@ -70,7 +70,7 @@ def run_refilled(launcher: Any, source: TrialSource, slots: int) -> None:
         with holding_the_sweep(sweep_dir), launcher.refilling() as signals:
             stopping = _run(launcher, source, max(slots, 1), signals)
     except RunLockedError as err:
-        from dew.cli.train import EXIT_BUSY
+        from dew.commandline.exits import EXIT_BUSY
 
         print(f"dew-train: error: {err}", file=sys.stderr, flush=True)
         sys.exit(EXIT_BUSY)

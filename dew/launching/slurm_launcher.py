@@ -109,10 +109,10 @@ class SlurmLaunch(SweepInPickle, SubmititLaunch):
             yield None
 
     def submit_workers(self, worker: Any, count: int) -> list[str]:
-        """Submit ``count`` jobs of ``worker`` (``dew.cli.study_workers.StudyWorker``, called with its
+        """Submit ``count`` jobs of ``worker`` (``dew.launching.search.study_workers.StudyWorker``, called with its
         index) as job arrays of at most the site's ``MaxArraySize`` jobs, with this launcher's
         parameters and batch script; their SLURM job ids. Nothing waits for them."""
-        from dew.cli.study_workers import array_chunks
+        from dew.launching.search.study_workers import array_chunks
 
         with self.refilling():
             executor = self.executor()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dew.cli.train import EXIT_BAD_INPUT, EXIT_REFUSED
+from dew.commandline.exits import EXIT_BAD_INPUT, EXIT_REFUSED
 from tests.conftest import cli_env, dew, tree
 from tests.training.conftest import fast_env
 

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from dew.cli.train import conf_dir, register_configs
+from dew.commandline.configs import conf_dir, register_configs
 from dew.contract.data import datasets
 from dew.contract.schedules import schedules
 from dew.recipe import Recipe

@@ -67,8 +67,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def _eval(*args: str) -> dict:
     """dew-eval in this process: the JSON it wrote."""
-    from dew.cli import evaluating
     from dew.cli.eval import parse_args
+    from dew.inference import evaluating
 
     _, written = evaluating.run(parse_args(list(args)))
     assert written is not None
@@ -211,8 +211,9 @@ def test_two_processes_give_the_journal_loss(runs):
 
 
 def test_a_hugging_face_directory_gives_a_numpy_llamas_loss(runs):
-    from dew.cli import export, exporting
+    from dew.cli import export
     from dew.data.token_files import open_tokens
+    from dew.inference import exporting
     from tests.training.checkpointing.test_hf_llama import llama_logits
 
     hf = runs["root"] / "lm-hf"

@@ -10,14 +10,14 @@ import textwrap
 
 import pytest
 
-from dew.cli.console import console_script
+from dew.commandline.console import console_script
 from dew.launching.gc_settings import THRESHOLDS
 
 PROGRAM = textwrap.dedent(
     """
     import atexit, sys, threading, time
     from concurrent.futures import ThreadPoolExecutor
-    from dew.cli.console import console_script
+    from dew.commandline.console import console_script
 
     class TornDown:
         def __del__(self):  # runs in the interpreter's tear-down, which the command skips

@@ -8,7 +8,7 @@ import json
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from dew.cli.json_args import json_fields, quote_json_overrides
+from dew.commandline.json_args import json_fields, quote_json_overrides
 from dew.recipe import Recipe
 
 FIELDS = json_fields(Recipe)
@@ -52,7 +52,7 @@ def test_everything_else_is_left_alone(arg):
 
 
 def test_a_dotted_key_inside_a_json_field_is_set_whether_or_not_an_option_set_it():
-    from dew.cli.json_args import set_json_keys
+    from dew.commandline.json_args import set_json_keys
     from tests.cli.test_compose import compose_recipe
 
     args = [

@@ -14,7 +14,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from dew.cli.train import conf_dir, register_configs
+from dew.commandline.configs import conf_dir, register_configs
 from dew.recipe import Recipe
 from tests.conftest import REPO, cli_env, dew
 from tests.training.conftest import TINY, fast_env

@@ -47,7 +47,7 @@ def run(tmp_path_factory) -> Path:
     import numpy as np
 
     from dew.build import build_run
-    from dew.cli.overrides import hydra_form
+    from dew.commandline.overrides import hydra_form
     from dew.data.prepare import prepare
     from dew.objectives.metrics import builtin_metrics
     from dew.recipe import Recipe

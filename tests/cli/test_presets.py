@@ -61,7 +61,7 @@ def flat(node: dict, prefix: str = "") -> set[str]:
 
 def largest_warmup(group: str, name: str) -> int:
     """The largest warmup the preset can give a run: its own value, or its search space's top."""
-    from dew.cli.search_space import parse
+    from dew.launching.search.search_space import parse
 
     node = preset(group, name)
     if group == "experiment":

@@ -16,10 +16,10 @@ import numpy as np
 import optuna
 import pytest
 
-from dew.cli.pruning import Reported, judge, sweep_reports
-from dew.cli.sweeper_conf import PRUNERS
 from dew.contract import journal as journals
 from dew.contract.rundir import PRUNED
+from dew.launching.search.pruning import Reported, judge, sweep_reports
+from dew.launching.search.sweeper_conf import PRUNERS
 from dew.runs.study_storage import journal
 from tests.training.conftest import TINY, dew_train
 
@@ -177,7 +177,7 @@ def test_a_pruned_trials_report_is_replayed_into_the_study_with_its_rungs(tmp_pa
     """The sweeper, the study's writer, puts a trial's journal into the study when it ends: its
     intermediate values and the pruner's attributes (successive halving's rung), where Optuna's own
     reporting would have put them, so the study file holds what a pruner reads."""
-    from dew.cli.pruning import replay
+    from dew.launching.search.pruning import replay
 
     start = {"event": "start", "step": 0, "total_steps": 20, "version": 1}
     _journal(
@@ -205,7 +205,7 @@ def test_a_pruner_optuna_refuses_or_that_could_never_prune_is_refused(capsys):
 
     from omegaconf import OmegaConf
 
-    from dew.cli.study_sweeper import StudySweeper
+    from dew.launching.search.study_sweeper import StudySweeper
 
     evaluating = OmegaConf.create({"trainer": {"eval_every": 5}})
     bad = SimpleNamespace(pruner=functools.partial(optuna.pruners.PercentilePruner, 150.0), config=evaluating)

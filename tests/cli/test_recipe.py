@@ -1,4 +1,4 @@
-"""``dew-recipe``, the tyro command line (dew/cli/recipe.py, dew/cli/tyro_schema.py): the same values
+"""``dew-recipe``, the tyro command line (dew/cli/recipe.py, dew/commandline/tyro_schema.py): the same values
 make the same run as ``dew-train``'s Hydra command line, a registered dataset is a subcommand, and a
 bad command line ends with one line and exit status 2."""
 
@@ -13,8 +13,8 @@ from typing import ClassVar
 
 import pytest
 
-from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
-from dew.cli.tyro_schema import parse
+from dew.commandline.json_args import json_fields, quote_json_overrides, set_json_keys
+from dew.commandline.tyro_schema import parse
 from dew.contract.data import DataSpec, datasets
 from dew.contract.journal import read_journal
 from dew.data.specs import Digits, TokenWindows

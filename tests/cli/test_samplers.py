@@ -1,4 +1,4 @@
-"""Each sampler of hydra/sweeper/sampler (dew.cli.sweeper_conf.SAMPLERS; docs/search.md) runs a short
+"""Each sampler of hydra/sweeper/sampler (dew.launching.search.sweeper_conf.SAMPLERS; docs/search.md) runs a short
 study through the real command: every option builds Optuna's own class with Optuna's defaults, and
 each study's trials are the ones Optuna's sampler of that class, seeded as the command seeds it,
 draws from the same space given the same values (replayed here in a study held in memory), with what
@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 
-from dew.cli.sweeper_conf import SAMPLERS
+from dew.launching.search.sweeper_conf import SAMPLERS
 from tests.cli.test_search import jobs, study_of
 from tests.conftest import dew
 from tests.training.conftest import TINY, dew_train
@@ -52,7 +52,7 @@ def test_every_sampler_option_builds_optunas_class_with_optunas_defaults():
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
 
-    from dew.cli.train import conf_dir, register_configs
+    from dew.commandline.configs import conf_dir, register_configs
 
     assert set(SAMPLERS) == set(CLASSES)
     GlobalHydra.instance().clear()

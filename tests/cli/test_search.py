@@ -12,10 +12,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from dew.cli.overrides import check_unset_records, nullable_record, unset_record
-from dew.cli.trial import TrialFailed, selection_value
+from dew.commandline.overrides import check_unset_records, nullable_record, unset_record
 from dew.contract import journal as journals
 from dew.launching.naming import compact, short_keys
+from dew.launching.search.trial import TrialFailed, selection_value
 from dew.recipe import Recipe
 from tests.conftest import dew
 from tests.training.conftest import TINY, dew_train
@@ -73,7 +73,7 @@ def test_a_sweeper_direction_against_the_metric_fails_the_trial():
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from dew.cli.trial import check_direction
+    from dew.launching.search.trial import check_direction
 
     try:
         HydraConfig.instance().cfg = OmegaConf.create({"hydra": {"sweeper": {"direction": "minimize"}}})
@@ -92,7 +92,7 @@ def test_a_sweeper_direction_against_the_metric_fails_the_trial():
 def test_a_search_without_the_extra_says_what_to_install(monkeypatch):
     import sys
 
-    from dew.cli.trial import search_unavailable
+    from dew.launching.search.trial import search_unavailable
 
     assert search_unavailable(["hparams_search=digits"]) is None and search_unavailable(["trainer.steps=2"]) is None
     monkeypatch.setitem(sys.modules, "optuna", None)  # as if not installed: importing it raises ImportError
@@ -106,8 +106,8 @@ def test_a_launch_that_raises_fails_its_trials_with_the_reason(tmp_path):
     the error on one line as the reason: none is left running for the next command to trip on."""
     from types import SimpleNamespace
 
-    from dew.cli.study_sweeper import StudySweeper
     from dew.contract.rundir import STUDY_FAIL_REASON
+    from dew.launching.search.study_sweeper import StudySweeper
     from dew.runs.study_storage import journal
 
     class Refusing:
@@ -141,7 +141,7 @@ def default_config():
     """The config plain ``dew-train`` composes (every optional record unset), composed once."""
     from hydra import compose, initialize_config_dir
 
-    from dew.cli.train import conf_dir, register_configs
+    from dew.commandline.configs import conf_dir, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
@@ -150,7 +150,7 @@ def default_config():
 
 @pytest.mark.parametrize("override", list(UNSET))
 def test_an_override_into_an_unset_record_says_how_to_set_it(override, default_config):
-    from dew.cli.train import conf_dir
+    from dew.commandline.configs import conf_dir
 
     key, _, value = override.partition("=")
     record = key.rsplit(".", 1)[0]
@@ -164,7 +164,7 @@ def test_an_override_into_an_unset_record_says_how_to_set_it(override, default_c
 def test_the_command_line_check_composes_what_the_command_chooses():
     from omegaconf import OmegaConf
 
-    from dew.cli.train import conf_dir, register_configs
+    from dew.commandline.configs import conf_dir, register_configs
 
     register_configs()
     assert check_unset_records(["optim.schedule.warmup_steps=15"], Recipe, conf_dir()).startswith(
@@ -475,8 +475,8 @@ def test_the_study_file_needs_no_flock_and_one_sweeper_holds_it(tmp_path, capsys
     import errno
     import fcntl
 
-    from dew.cli.study_sweeper import holding_the_study
     from dew.contract.rundir import STUDY_FILE, STUDY_LOCK_DIR
+    from dew.launching.search.study_sweeper import holding_the_study
     from dew.runs.study_storage import journal, sweeper_storage
 
     def no_flock(fd, operation):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dew.cli.train import EXIT_NO_INTACT_CHECKPOINT, EXIT_NONFINITE
+from dew.commandline.exits import EXIT_NO_INTACT_CHECKPOINT, EXIT_NONFINITE
 from dew.contract.journal import read_journal
 from tests.cli.test_pulse import TINY
 from tests.conftest import dew, tree

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dew.cli.train import EXIT_BAD_INPUT, EXIT_BUSY
+from dew.commandline.exits import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.contract.journal import read_journal
 from dew.contract.lock import holder
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR

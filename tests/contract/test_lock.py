@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dew.cli.train import EXIT_BUSY
+from dew.commandline.exits import EXIT_BUSY
 from dew.contract.lock import holder
 from tests.training.conftest import TINY, dew_train, fast_env
 

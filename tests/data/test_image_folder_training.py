@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from dew.cli import drawing
 from dew.cli.sample import parse_args
 from dew.data.specs import ImageFolder
+from dew.inference import drawing
 from tests.data.shapes import CLASSES, write_shapes
 from tests.training.conftest import train_tiny
 

@@ -14,14 +14,14 @@ import sklearn.datasets
 from sklearn.linear_model import LogisticRegression
 
 from dew.build import build_run
-from dew.cli.restore import restore
 from dew.config import ModelConfig, OptimConfig, TrainerConfig
 from dew.contract.schedules import schedules
 from dew.data.prepare import prepare
 from dew.data.specs import Digits, TokenWindows
+from dew.inference.restore import restore
 from dew.objectives.flow_matching import FlowMatchingKnobs
 from dew.recipe import Recipe
-from dew.training import trainer
+from dew.training import assembly
 from tests.conftest import dew
 from tests.training.conftest import fast_env
 
@@ -56,7 +56,7 @@ def digits_run(tmp_path_factory):
     )
     run, objective, dataset = build_run(recipe)
     with pytest.MonkeyPatch.context() as mp:  # 800 steps run 2.7x faster optimised than as tests/conftest.py compiles
-        mp.setattr(trainer, "COMPILER_OPTIONS", {"xla_backend_optimization_level": 3})  # XLA's default
+        mp.setattr(assembly, "COMPILER_OPTIONS", {"xla_backend_optimization_level": 3})  # XLA's default
         state = run.train(objective, dataset, name="digits")
     return root / "digits", state, objective
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from dew.build import build_run
-from dew.cli.restore import recorded_tokenizer
 from dew.config import ModelConfig, TrainerConfig
 from dew.contract.rundir import TOKENIZER_DIR
 from dew.data.specs import HFText
 from dew.data.tokenizer import from_record
+from dew.inference.restore import recorded_tokenizer
 from dew.recipe import Recipe
 from tests.conftest import SUITE_CACHE
 from tests.data.test_hf_text import TEXTS, make_tokenizer

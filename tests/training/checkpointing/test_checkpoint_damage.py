@@ -88,7 +88,7 @@ def runs(tmp_path_factory):
 def test_each_damage_is_named_and_passed_over(runs, tmp_path, damage):
     from etils import epath
 
-    from dew.cli.restore import restore
+    from dew.inference.restore import restore
     from dew.training.checkpointing.checkpoints import Checkpoints
 
     tmp, _ = runs

@@ -140,7 +140,8 @@ def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value
 
 def test_a_trained_transformer_run_exported_then_started_from(tmp_path: Path):
     from dew.build import build_run
-    from dew.cli import export, exporting
+    from dew.cli import export
+    from dew.inference import exporting
     from tests.training.conftest import journal, losses
     from tests.training.mesh_runs import compose
 

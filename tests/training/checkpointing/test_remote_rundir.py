@@ -77,7 +77,7 @@ def test_a_gs_checkpoint_dir_takes_the_record_the_journal_and_the_samples(tmp_pa
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig
 
-        from dew.cli.train import conf_dir, register_configs
+        from dew.commandline.configs import conf_dir, register_configs
 
         GlobalHydra.instance().clear()
         register_configs()

@@ -136,9 +136,10 @@ def test_lora_on_a_loaded_base_trains_only_its_factors_and_merges(tmp_path: Path
     import jax
     from flax import nnx
 
-    from dew.cli import export, exporting
-    from dew.cli.drawing import sample_images
-    from dew.cli.restore import for_inference, restore
+    from dew.cli import export
+    from dew.inference import exporting
+    from dew.inference.drawing import sample_images
+    from dew.inference.restore import for_inference, restore
 
     src, src_loss, _ = source
     # The first update is at the warm-up's learning rate of 0: the evaluation after it is the base's.

@@ -10,7 +10,7 @@ import tempfile
 
 from flax import nnx
 
-from dew.cli.restore import Restored, load_recipe, restore
+from dew.inference.restore import Restored, load_recipe, restore
 from dew.recipe import Recipe
 from dew.training.adapters import merge
 from dew.training.checkpointing import hf_llama, hf_tokenizer, hf_weights

@@ -1,6 +1,7 @@
 """How a search's trial ends in its study (``hydra/sweeper=optuna``): its value told, PRUNED with the
 intermediate values its journal holds, or FAIL with why, one line (``STUDY_FAIL_REASON``); by the
-sweeping command (``dew.cli.study_sweeper``) and by a worker (``dew.cli.study_workers``) alike."""
+sweeping command (``dew.launching.search.study_sweeper``) and by a worker
+(``dew.launching.search.study_workers``) alike."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 import optuna
 
 from dew import compat
-from dew.cli.pruning import replay
-from dew.cli.trial import TrialOutcome
 from dew.contract.rundir import STUDY_FAIL_REASON
+from dew.launching.search.pruning import replay
+from dew.launching.search.trial import TrialOutcome
 
 log = logging.getLogger("dew")
 

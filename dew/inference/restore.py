@@ -21,12 +21,12 @@ from flax import nnx
 
 import dew
 from dew.build import build_run
-from dew.cli import eval_config
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.data import Dataset
 from dew.contract.rundir import RUN_RECORD, TOKENIZER_DIR
 from dew.contract.typed import ConfigError, differences
 from dew.data.tokenizer import saved_record
+from dew.inference import composing as eval_config
 from dew.objectives.base import Objective
 from dew.recipe import Recipe
 from dew.training import adapt
@@ -61,7 +61,7 @@ class Restored:
 
 def load_recipe(run_dir: str, overrides: Sequence[str] = (), prog: str = "dew-sample") -> Recipe:
     """The run's record (``RunRecord``) as a ``Recipe``, with the command line's ``overrides`` applied
-    as dew-train applies them (``dew.cli.eval_config``), or a SampleError that says what is wrong with
+    as dew-train applies them (``dew.inference.composing``), or a SampleError that says what is wrong with
     the directory or the overrides."""
     if not os.path.isdir(run_dir):
         raise SampleError(f"run directory {run_dir!r} does not exist")
@@ -76,7 +76,7 @@ def load_recipe(run_dir: str, overrides: Sequence[str] = (), prog: str = "dew-sa
         ) from None
     if not overrides:
         return recorded
-    from dew.cli.train import conf_dir
+    from dew.commandline.configs import conf_dir
 
     try:
         return eval_config.on_record(

@@ -10,7 +10,7 @@ trial and goes on.
 
 With a pruner (``hydra/sweeper/pruner``), the value comes with what the sweeper needs to record the
 trial as Optuna would have: its journal (its intermediate values) and the step its pruner stopped
-it at (``TrialOutcome``; dew.cli.pruning).
+it at (``TrialOutcome``; dew.launching.search.pruning).
 
 Hydra's basic sweeper (a grid) is left as it was: a stopped job ends the sweep with its exit status.
 """
@@ -41,7 +41,8 @@ class TrialOutcome:
 
     value: float
     journal: str
-    """The run's journal: its evaluations are the trial's intermediate values (``dew.cli.pruning.replay``)."""
+    """The run's journal: its evaluations are the trial's intermediate values
+    (``dew.launching.search.pruning.replay``)."""
     metric: str
     """The metric of the value and of the intermediate values."""
     pruned: bool

@@ -1,6 +1,6 @@
 """The command line's overrides, read the one way every dew command reads them (``dew-train``,
 ``dew-eval``, ``dew-sample``, ``dew-export``): ``hydra_form`` rewrites what dew adds to Hydra's
-grammar (a JSON object or list for a JSON field, a key inside one: ``dew.cli.json_args``), and
+grammar (a JSON object or list for a JSON field, a key inside one: ``dew.commandline.json_args``), and
 ``parse_overrides`` parses them with Hydra's own parser after ``check_overrides``. dew-train hands the
 result to Hydra; the inference commands apply it to a run's record with Hydra's own rules.
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Union
 
-from dew.cli.json_args import json_fields, quote_json_overrides, set_json_keys
+from dew.commandline.json_args import json_fields, quote_json_overrides, set_json_keys
 from dew.compat import hydra_args_parser
 from dew.contract.typed import hints, registry_of
 

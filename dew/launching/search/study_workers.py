@@ -38,9 +38,9 @@ from typing import Any
 
 import optuna
 
-from dew.cli.study_outcome import fail, one_line, overrides_of, record
 from dew.contract.lock import RunLock, RunLockedError
 from dew.launching.launchers import job_process_setup
+from dew.launching.search.study_outcome import fail, one_line, overrides_of, record
 from dew.runs.study_storage import journal
 
 log = logging.getLogger("dew")

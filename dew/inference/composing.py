@@ -2,7 +2,7 @@
 Hugging Face Llama directory's model) with the command line's overrides, composed in dew-train's config
 groups, as the typed ``Recipe``.
 
-The overrides are read as dew-train reads them (``dew.cli.overrides.hydra_form`` and
+The overrides are read as dew-train reads them (``dew.commandline.overrides.hydra_form`` and
 ``parse_overrides``: the one parser): plain values, quoted strings, lists, a JSON object or list for
 a JSON field, ``+key=``, ``++key=``, ``~key``, dotted keys, ``null``. A run's record is the base,
 and an override of a field is applied to it by Hydra's own rules (``compat.hydra_apply_overrides``),
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dew import compat
-from dew.cli.overrides import hydra_form, parse_overrides, unset_record
+from dew.commandline.overrides import hydra_form, parse_overrides, unset_record
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.rundir import RUN_RECORD
 from dew.contract.typed import ConfigError
@@ -105,7 +105,7 @@ def print_config(path: str, overrides: Sequence[str], prog: str) -> int:
     none; the exit status (0, or 2 for a bad input)."""
     import sys
 
-    from dew.cli.train import conf_dir
+    from dew.commandline.configs import conf_dir
 
     try:
         print(shown(target(path, overrides, conf_dir(), prog).recipe), end="", flush=True)
@@ -197,7 +197,7 @@ def compose_config(overrides: Sequence[str], conf: str) -> Any:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from dew.cli.train import register_configs
+    from dew.commandline.configs import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

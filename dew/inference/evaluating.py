@@ -1,7 +1,7 @@
 """The body of dew-eval (``dew.cli.eval`` parses its arguments): a run's parameters (or a Hugging Face
 Llama directory's) evaluated on a dataset's held-out split by the trainer's own evaluation.
 
-The recipe is the run's record with the command line's overrides (``dew.cli.eval_config``). The
+The recipe is the run's record with the command line's overrides (``dew.inference.composing``). The
 process is started as a run's is (``start_process``: the XLA flags, the compilation cache, the JAX
 process pool), the data and the objective are built by ``dew.build`` as dew-train builds them, and a
 model they no longer give (data of another vocabulary) is refused. The parameters of the chosen step
@@ -45,25 +45,26 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dew.build import build_run
-from dew.cli import restore
-from dew.cli.eval_config import EvalError, Target, target
-from dew.cli.train import conf_dir
+from dew.commandline.configs import conf_dir
 from dew.contract.config import RunConfig
 from dew.contract.data import Batch, Dataset
 from dew.contract.models import architecture
 from dew.contract.objectives import objectives, summary_name
 from dew.contract.typed import ConfigError
 from dew.data.tokenizer import from_record
+from dew.inference import restore
+from dew.inference.composing import EvalError, Target, target
 from dew.objectives.base import Batch as DeviceBatch
 from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
 from dew.recipe import Recipe
 from dew.training import adapt, sharding
+from dew.training.assembly import batch_sharding as lay_out_batches
+from dew.training.assembly import check_batches, compile_eval_step, global_batch, mesh_of
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
 from dew.training.setup import start_process
-from dew.training.trainer import compile_eval_step, global_batch
 
 EVAL_DIR = "eval"
 """The directory in the evaluated run's (or Hugging Face directory's) that takes the results."""
@@ -109,11 +110,12 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
     t = target(args.run, args.overrides, conf_dir())
     start_process(t.recipe.trainer)  # the flags, the cache and the pool, before any backend opens
     recipe, objective, dataset = rebuild(t)
-    mesh = sharding.make_mesh(recipe.trainer)
-    sharding.check_batch(recipe.trainer.batch_size, mesh, recipe.trainer.layout, field="trainer.batch_size")
-    batch_sharding = sharding.batch_sharding(mesh, recipe.trainer.layout)
-    if problem := sharding.shared_rows(batch_sharding, recipe.trainer.batch_size):
-        raise EvalError(problem)
+    mesh = mesh_of(recipe.trainer)
+    try:  # the run's batch divides over this pool's mesh, and no row sits on two processes' devices
+        check_batches(recipe.trainer, mesh, [(recipe.trainer.batch_size, "trainer.batch_size")], accumulation=1)
+    except ValueError as err:
+        raise EvalError(str(err)) from None
+    batch_sharding = lay_out_batches(mesh, recipe.trainer)
     graphdef, params, rest, step, ema = parameters(t, recipe, objective, mesh, args)
     counter = byte_counter(objective, dataset)
     metrics: list[Metric] = [*builtin_metrics(objective), *([TargetBytes()] if counter is not None else [])]

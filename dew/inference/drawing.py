@@ -15,10 +15,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.cli.restore import Restored, SampleError, for_inference, restore
 from dew.contract.objectives import can_sample, summary_name
 from dew.contract.rundir import SAMPLE_PREFIX
 from dew.data.tokenizer import from_record
+from dew.inference.restore import Restored, SampleError, for_inference, restore
 from dew.objectives.base import Objective
 from dew.sampling import to_uint8, write_grid
 

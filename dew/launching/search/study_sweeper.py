@@ -21,7 +21,7 @@ Optuna's ask-and-tell, with the study a dew sweep needs.
   refused before any trial;
 * every trial's job directory is named by the searched keys (``3-optim.learning_rate=0.0012``);
 * a ``pruner`` (``hydra/sweeper/pruner=median``, ...: Optuna's pruners) stops trials at an
-  evaluation: each trial judges itself against the sweep's journals (``dew.cli.pruning``), and this
+  evaluation: each trial judges itself against the sweep's journals (``dew.launching.search.pruning``), and this
   process replays each trial's journal into the study when it ends (its intermediate values, the
   pruner's attributes) and records a pruned one PRUNED.
 
@@ -50,14 +50,15 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from dew.cli import search_space
-from dew.cli.overrides import unset_record
-from dew.cli.study_outcome import FINISHED, fail, one_line, overrides_of, record
-from dew.cli.train import EXIT_BUSY, conf_dir
+from dew.commandline.configs import conf_dir
+from dew.commandline.exits import EXIT_BUSY
+from dew.commandline.overrides import unset_record
 from dew.contract.lock import RunLock, RunLockedError
 from dew.contract.rundir import STUDY_FAIL_REASON, STUDY_FILE, STUDY_LOCK_DIR
 from dew.launching.checks import checking
 from dew.launching.naming import SWEEP_ENV
+from dew.launching.search import search_space
+from dew.launching.search.study_outcome import FINISHED, fail, one_line, overrides_of, record
 from dew.recipe import Recipe
 from dew.runs.study_storage import sweeper_storage
 
@@ -84,7 +85,7 @@ def holding_the_study(sweep_dir: str) -> Iterator[None]:
 
 class StudySweeper(Sweeper):
     """A search as a Hydra sweeper: Optuna's sampler asks, dew's launchers run the trials, the study in
-    the sweep directory keeps the answers (the fields: ``dew.cli.sweeper_conf.OptunaSweeperConf``)."""
+    the sweep directory keeps the answers (the fields: ``dew.launching.search.sweeper_conf.OptunaSweeperConf``)."""
 
     config: DictConfig
     hydra_context: HydraContext
@@ -119,7 +120,7 @@ class StudySweeper(Sweeper):
         self.params = params
         self.pruner = pruner
         """``hydra.sweeper.pruner`` as Hydra built it (a ``functools.partial`` of the pruner's class),
-        None for no pruning; each trial builds its own (dew.cli.pruning)."""
+        None for no pruning; each trial builds its own (dew.launching.search.pruning)."""
         if workers is not None and workers < 1:
             stop(f"hydra.sweeper.workers={workers} must be >= 1 (or unset: this command runs the study)", BAD_INPUT)
         if worker_grace_s <= 0:
@@ -203,10 +204,10 @@ class StudySweeper(Sweeper):
 
     def _submit_workers(self, space: dict[str, Any], fixed: dict[str, Any], direction: str) -> None:
         """``hydra.sweeper.workers=N``: the study created (or continued), N worker jobs submitted
-        (``dew.cli.study_workers``), and the command returns, saying how to follow the study."""
+        (``dew.launching.search.study_workers``), and the command returns, saying how to follow the study."""
         from hydra.core.singleton import Singleton
 
-        from dew.cli.study_workers import StudyWorker
+        from dew.launching.search.study_workers import StudyWorker
 
         if not hasattr(self.launcher, "submit_workers"):
             stop(
@@ -496,7 +497,7 @@ def stop(message: str, status: int = 1) -> NoReturn:
 
 
 BAD_INPUT = 2
-"""``dew.cli.train.EXIT_BAD_INPUT``: a setting is wrong, nothing was started or written."""
+"""``dew.commandline.exits.EXIT_BAD_INPUT``: a setting is wrong, nothing was started or written."""
 
 
 def _consecutive(trials: Sequence[Any]) -> Iterator[list[Any]]:
