@@ -184,6 +184,9 @@ COMMANDLINE_READS = {"dew.launching.naming", "dew.launching.interrupts", "dew.la
 (a sweep's directory names, the first Ctrl-C, the garbage collector), none of which imports dew's
 commands, inference or launchers."""
 
+CLI_LINES = 2500
+"""The most lines ``dew/cli/`` may hold: a main per command, each a parser in front of the packages below."""
+
 PLUGINS = DEW.parent / "hydra_plugins"
 """dew's Hydra plugins (the launchers, the sweeper, the search path), outside ``dew/``."""
 
@@ -382,3 +385,17 @@ def test_what_the_commands_share_is_below_them() -> None:
     read = {b for a, bs in edges.items() if within(a, "dew.commandline") for b in bs if within(b, "dew.launching")}
     assert read == COMMANDLINE_READS, f"strike from COMMANDLINE_READS what dew.commandline no longer imports: {read}"
     assert not between(edges, "dew.launching.", "dew.inference."), "a launcher imports inference"
+
+
+def test_the_commands_package_holds_the_mains_alone() -> None:
+    """Every module of ``dew/cli/`` is a console script's (pyproject.toml's ``[project.scripts]``),
+    and all of them together stay short: what a command does is below it."""
+    import tomllib
+
+    scripts = tomllib.loads((DEW.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    mains = {target.split(":")[0] for target in scripts.values()}
+    files = sorted((DEW / "cli").glob("*.py"))
+    modules = {module_name(p) for p in files if p.name != "__init__.py"}
+    assert modules and modules <= mains, f"modules of dew.cli that are no command's main: {sorted(modules - mains)}"
+    lines = sum(len(p.read_text().splitlines()) for p in files)
+    assert lines <= CLI_LINES, f"dew/cli holds {lines} lines (at most {CLI_LINES}): move what is not a main below it"
