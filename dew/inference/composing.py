@@ -28,11 +28,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dew import compat
+from dew.commandline.configs import conf_dir, register_configs
 from dew.commandline.overrides import hydra_form, parse_overrides, unset_record
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.rundir import RUN_RECORD
@@ -103,10 +105,6 @@ def shown(recipe: Recipe) -> str:
 def print_config(path: str, overrides: Sequence[str], prog: str) -> int:
     """``--cfg``: print the config ``prog`` would run (``shown``), or one line saying why there is
     none; the exit status (0, or 2 for a bad input)."""
-    import sys
-
-    from dew.commandline.configs import conf_dir
-
     try:
         print(shown(target(path, overrides, conf_dir(), prog).recipe), end="", flush=True)
     except (EvalError, ConfigError, ValueError, OSError) as err:
@@ -196,8 +194,6 @@ def compose_config(overrides: Sequence[str], conf: str) -> Any:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from dew.commandline.configs import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

@@ -21,12 +21,13 @@ from flax import nnx
 
 import dew
 from dew.build import build_run
+from dew.commandline.configs import conf_dir
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.data import Dataset
 from dew.contract.rundir import RUN_RECORD, TOKENIZER_DIR
 from dew.contract.typed import ConfigError, differences
 from dew.data.tokenizer import saved_record
-from dew.inference import composing as eval_config
+from dew.inference import composing
 from dew.objectives.base import Objective
 from dew.recipe import Recipe
 from dew.training import adapt
@@ -76,13 +77,11 @@ def load_recipe(run_dir: str, overrides: Sequence[str] = (), prog: str = "dew-sa
         ) from None
     if not overrides:
         return recorded
-    from dew.commandline.configs import conf_dir
-
     try:
-        return eval_config.on_record(
-            os.path.abspath(run_dir), eval_config.read_overrides(overrides, prog), conf_dir(), prog
+        return composing.on_record(
+            os.path.abspath(run_dir), composing.read_overrides(overrides, prog), conf_dir(), prog
         )[0]
-    except eval_config.EvalError as err:
+    except composing.EvalError as err:
         raise SampleError(str(err)) from None
 
 
