@@ -95,3 +95,17 @@ class Evaluator:
             return {}
         values = means(jax.device_get(sums))
         return {**values, **self.derive(values)} if values else {}
+
+
+def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
+    """The key that chooses the best checkpoint and whether higher is better: the metric marked
+    ``best``, else ``eval/loss``. Names must be unique, and at most one metric is marked."""
+    names = [m.name for m in metrics]
+    if len(set(names)) != len(names) or "loss" in names:
+        raise ValueError(f"metrics: names must be unique and not 'loss' (eval/loss is the objective's); got {names}")
+    best = [m for m in metrics if m.best]
+    if len(best) > 1:
+        raise ValueError(
+            f"metrics: {[m.name for m in best]} are all marked best; one metric chooses the best checkpoint"
+        )
+    return (f"eval/{best[0].name}", best[0].higher_is_better) if best else (BEST_METRIC, False)

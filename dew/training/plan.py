@@ -32,7 +32,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 from dew.contract.config import RunConfig
 from dew.contract.models import Architecture, build, of
 from dew.contract.objectives import natural_objective
-from dew.training import sharding
+from dew.training import assembly, sharding
 from dew.training.optim.build import build_optimizer
 
 GIB = 1024**3
@@ -105,7 +105,7 @@ def plan(run: RunConfig, device_count: int | None = None) -> Plan:
     if device_count is None:
         known = math.prod(s for s in sizes.values() if s != -1)
         device_count = known if -1 not in sizes.values() else known * max(1, jax.device_count() // known)
-    mesh = sharding.abstract_mesh(t, device_count)
+    mesh = assembly.planned_mesh(t, device_count)
     arch = run.model.architecture
     fields = of(arch, run.model.fields())
     model = nnx.eval_shape(lambda: build(arch, run.model.fields(), nnx.Rngs(params=t.seed)))

@@ -32,14 +32,19 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import queue
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from dew.contract.data import Batch, BatchIterator
+from dew.training.ramp import stage_at
+
+if TYPE_CHECKING:
+    from dew.contract.config import TrainerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,3 +154,17 @@ class Feed:
                     self._queue.get_nowait()
                 except queue.Empty:
                     break
+
+
+def feed_for(
+    t: TrainerConfig, iterator: BatchIterator, place: Callable, *, resumable: bool, start: int, end: int
+) -> Feed:
+    """The batches of steps ``start`` to ``end``, each at its stage of the batch ramp, read and
+    placed ``trainer.prefetch`` steps ahead."""
+    sizes = functools.partial(_stage_size, t.stages())
+    return Feed(iterator, sizes, place, start=start, end=end, depth=t.prefetch, resumable=resumable)
+
+
+def _stage_size(stages: Sequence[tuple[int, int]], step: int) -> int:
+    """The global batch of the step after ``step`` steps: its stage's of the batch ramp."""
+    return stages[stage_at(stages, step)][0]

@@ -16,7 +16,6 @@ from typing import NamedTuple
 import jax
 from etils import epath
 from flax import nnx
-from jax.sharding import Mesh
 
 from dew.contract.config import STEP_LIMIT, RunConfig, TrainerConfig
 from dew.contract.data import Dataset
@@ -25,7 +24,7 @@ from dew.contract.models import of
 from dew.contract.rundir import JOURNAL
 from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
-from dew.training import adapt, early_stopping, preflight, sharding
+from dew.training import adapt, assembly, early_stopping, preflight, sharding
 from dew.training.checkpointing import warmstart
 from dew.training.extension import Extension, check_length, record_length
 from dew.training.hooks import from_config
@@ -118,25 +117,14 @@ def check(
     trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
-    mesh = sharding.make_mesh(t) if device_count is None else sharding.abstract_mesh(t, device_count)
-    # a launcher's check: the rows the processes its job will start would share (for any batch)
-    shared_over = None
-    if not isinstance(mesh, Mesh) and process_count:
-        shared_over = sharding.shared_rows_over(mesh, t.layout, process_count)
-    for batch, _ in t.stages():
-        sharding.check_batch(
-            batch // t.accumulation,
-            mesh,
-            t.layout,
-            field="trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp",
-        )
-        # each process feeds its own records: no row of a batch may sit on two processes' devices
-        if isinstance(mesh, Mesh):
-            problem = sharding.shared_rows(sharding.batch_sharding(mesh, t.layout), batch)
-        else:
-            problem = shared_over
-        if problem:
-            raise ValueError(problem)
+    # device_count: a launcher's check, before its processes exist
+    mesh = assembly.mesh_of(t) if device_count is None else assembly.planned_mesh(t, device_count)
+    assembly.check_batches(
+        t,
+        mesh,
+        [(batch, "trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp") for batch, _ in t.stages()],
+        process_count=process_count,
+    )
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides

@@ -24,86 +24,53 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from etils import epath
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding
 
 from dew.contract.config import RunConfig, TrainerConfig
 from dew.contract.data import BatchIterator, Dataset
 from dew.contract.objectives import can_sample
 from dew.contract.rundir import EARLY_STOP, EXTEND, RUN_RECORD
 from dew.data.overfit import OverfitBatches
-from dew.models.flops import flops_per_example
 from dew.objectives.base import Metric, Objective
-from dew.training import adapt, sharding
-from dew.training.checkpointing import warmstart
-from dew.training.checkpointing.checkpoints import BEST_METRIC, Checkpoints, Fallback
+from dew.training.assembly import Assembled, assemble
+from dew.training.checkpointing.checkpoints import Checkpoints, Fallback
 from dew.training.checkpointing.resume_check import ResumeCheck
 from dew.training.checkpointing.saving import NonFiniteError, Saver, tracker_ids
 from dew.training.early_stopping import EarlyStop, watched
-from dew.training.evaluate import Evaluator, Sums, derived_metrics
+from dew.training.evaluate import Evaluator, best_criterion, derived_metrics
 from dew.training.hooks import At, Hook, Hooks, Started, from_config
-from dew.training.optim.build import Optimizer
 from dew.training.optim.mup import with_mup_groups
 from dew.training.pace import Pace
 from dew.training.preemption import Preempted, StopRequest, StopSignals
-from dew.training.prefetch import Feed
+from dew.training.prefetch import Feed, feed_for
 from dew.training.process import compilation_cache_stats, nan_checks_held
 from dew.training.ramp import stage_at, tokens_seen_fn
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.reporting.profiler import Profiler
 from dew.training.reporting.progress import Progress
-from dew.training.reporting.summary import RunReport, log_samples
+from dew.training.reporting.summary import RunReport, flops_per_example_of, log_samples, log_to_file
 from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 from dew.training.reporting.trackers import takes_samples
-from dew.training.run_directory import is_local
 from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
-from dew.training.step import TrainState, make_eval_step, make_train_step
+from dew.training.step import TrainState
 from dew.training.watchdog import Watchdog
 
 __all__ = [
-    "COMPILER_OPTIONS",
     "NonFiniteError",
     "Setup",
     "best_criterion",
     "check",
-    "compile_eval_step",
-    "compile_train_step",
-    "global_batch",
     "stage_at",
     "tokens_seen_fn",
     "train",
 ]
 
 log = logging.getLogger("dew")
-
-COMPILER_OPTIONS: dict[str, Any] = {}
-"""XLA options the step and the evaluation compile with; empty keeps XLA's defaults (and whatever
-``XLA_FLAGS`` sets). Options here are part of the compilation cache's key: a program compiled with
-them is not the entry of the same program compiled without, even where both name the same level.
-(dew's tests lower the CPU backend's optimisation level through ``XLA_FLAGS`` instead, so that the
-tests' own runs and the commands they start share the cache's entries.)"""
-
-
-def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
-    """The key that chooses the best checkpoint and whether higher is better: the metric marked
-    ``best``, else ``eval/loss``. Names must be unique, and at most one metric is marked."""
-    names = [m.name for m in metrics]
-    if len(set(names)) != len(names) or "loss" in names:
-        raise ValueError(f"metrics: names must be unique and not 'loss' (eval/loss is the objective's); got {names}")
-    best = [m for m in metrics if m.best]
-    if len(best) > 1:
-        raise ValueError(
-            f"metrics: {[m.name for m in best]} are all marked best; one metric chooses the best checkpoint"
-        )
-    return (f"eval/{best[0].name}", best[0].higher_is_better) if best else (BEST_METRIC, False)
 
 
 # ------------------------------------------------------------------------------------------ train
@@ -208,32 +175,25 @@ def _train(
     t = run.trainer
     if t.overfit_batches is not None:  # debug=overfit: the first batches, again and again
         dataset = OverfitBatches(dataset, t.overfit_batches)
-    to_file = _log_to_file(setup.path)
+    to_file = log_to_file(setup.path)
     checkpoints = Checkpoints(setup.path, keep=t.keep, best_metric=criterion[0], higher_is_better=criterion[1])
     try:
         # (2) The model, the optimizer and the mesh; (3) the compiled step and evaluation.
-        state, train_step, eval_step, mesh, batch_sharding = _build(
-            run, objective, dataset, setup, metrics, resuming=checkpoints.latest_step() is not None
+        built = assemble(
+            run,
+            objective,
+            lambda params: run_optimizer(run, dataset, params, setup.total_steps),
+            metrics,
+            run_dir=setup.path,
+            resuming=checkpoints.latest_step() is not None,
         )
         # (4) Resume from the latest checkpoint.
         iterator = dataset.iterator(jax.process_index(), jax.process_count())
-        state, latest, meta, fallbacks = _resume(checkpoints, state, iterator, setup.name)
+        state, latest, meta, fallbacks = _resume(checkpoints, built.state, iterator, setup.name)
         step = int(jax.device_get(state.step))
         if latest is not None and _ended(setup, step, meta):  # a run that ended, launched again: nothing to do
             return state
-        tracker = Tracker(
-            t,
-            setup.name,
-            record=run.to_dict(),
-            summary=summary or {},
-            total_steps=setup.total_steps,
-            resume_step=latest,
-            wandb_id=meta.get("wandb_id"),
-            resume_ids=tracker_ids(meta),
-            run_record=setup.path / RUN_RECORD,
-            is_main=jax.process_index() == 0,
-            changed=setup.changed,
-        )
+        tracker = _tracker(run, setup, summary, latest, meta)
         if latest is not None:
             _journal_fallbacks(tracker, latest, fallbacks)
         if (extension := setup.extension) is not None:  # trained further: dew.training.extension
@@ -248,8 +208,7 @@ def _train(
             every=(setup.eval_every, setup.ckpt_every),
             evaluates=getattr(dataset, "num_eval_records", None) != 0,
         )
-        story.start(mesh=mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
-        place = functools.partial(global_batch, batch_sharding=batch_sharding)
+        story.start(mesh=built.mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
         parts = _parts(
             run,
             objective,
@@ -263,9 +222,7 @@ def _train(
             meta.get("hooks", {}),
             metrics=metrics,
             criterion=criterion,
-            train_step=train_step,
-            eval_step=eval_step,
-            place=place,
+            built=built,
             hooks=hooks,
         )
         return _run(parts, setup, t, state, Position(step, meta.get("records", 0)))
@@ -274,6 +231,37 @@ def _train(
         if to_file is not None:  # this run's log file takes this run's lines only (a notebook trains many)
             logging.getLogger().removeHandler(to_file)
             to_file.close()
+
+
+def _tracker(
+    run: RunConfig, setup: Setup, summary: Mapping[str, object] | None, latest: int | None, meta: Mapping[str, Any]
+) -> Tracker:
+    """The run's tracker (the journal, and the trackers the run turns on), continuing the runs a
+    checkpoint's record names (``meta``) on a resume from ``latest``."""
+    return Tracker(
+        run.trainer,
+        setup.name,
+        record=run.to_dict(),
+        summary=summary or {},
+        total_steps=setup.total_steps,
+        resume_step=latest,
+        wandb_id=meta.get("wandb_id"),
+        resume_ids=tracker_ids(meta),
+        run_record=setup.path / RUN_RECORD,
+        is_main=jax.process_index() == 0,
+        changed=setup.changed,
+    )
+
+
+def _watchdog(
+    t: TrainerConfig, run_dir: epath.Path, phase: Callable[[str], AbstractContextManager[object]]
+) -> tuple[list[Hook], Callable[[str], AbstractContextManager[object]]]:
+    """``trainer.stall_timeout``'s watchdog (none where it is unset) and the run report's timed
+    phases with the watchdog's around them."""
+    if (timeout := t.stall_timeout_seconds()) is None:
+        return [], phase
+    watchdog = Watchdog(timeout, run_dir, process=jax.process_index(), count=jax.process_count())
+    return [watchdog], watchdog.timed(phase)
 
 
 def _journal_fallbacks(tracker: Tracker, latest: int, fallbacks: Sequence[Fallback]) -> None:
@@ -298,96 +286,6 @@ def _ended(setup: Setup, step: int, meta: Mapping[str, Any]) -> bool:
         log.info("%s stopped early at step %d (%s); nothing to train", setup.name, step, request["message"])
         return True
     return False
-
-
-def _build(
-    run: RunConfig, objective: Objective, dataset: Dataset, setup: Setup, metrics: Sequence[Metric], *, resuming: bool
-) -> tuple[TrainState, Callable, Callable, Mesh, NamedSharding]:
-    """The initial state laid out on the mesh (loaded from ``trainer.init_from`` for a new run),
-    the compiled step and evaluation, the mesh and the batch's sharding."""
-    t, total_steps, run_dir = run.trainer, setup.total_steps, setup.path
-    mesh = sharding.make_mesh(t)
-    graphdef, params, rest = adapt.init_model(run, objective)
-    params, rest = warmstart.load(run, params, rest, mesh, resuming=resuming, run_dir=run_dir)  # trainer.init_from
-    optimizer = run_optimizer(run, dataset, params, total_steps)
-
-    def init_state(params: Any) -> TrainState:
-        return TrainState.create(
-            params, optimizer.tx, seed=t.seed, ema=objective.ema_decay > 0, dynamic_scale=t.dynamic_scale
-        )
-
-    # One compiled program lays the whole state out on the mesh (not one eager op per leaf), each
-    # leaf as the logical axes of its parameter and trainer.layout.rules say.
-    state_sharding = sharding.state_sharding(jax.eval_shape(init_state, params), params, mesh, t.layout)
-    state = jax.jit(init_state, out_shardings=state_sharding)(params).replace(graphdef=graphdef, rest=rest)
-    state_sharding = state_sharding.replace(graphdef=graphdef, rest=rest)
-    batch_sharding = sharding.batch_sharding(mesh, t.layout)
-    train_step = compile_train_step(objective, optimizer, t, mesh, state_sharding, batch_sharding)
-    eval_step = compile_eval_step(objective, graphdef, rest, metrics, t, mesh, state_sharding.params, batch_sharding)
-    return state, train_step, eval_step, mesh, batch_sharding
-
-
-def compile_eval_step(
-    objective: Objective,
-    graphdef: nnx.GraphDef,
-    rest: nnx.State,
-    metrics: Sequence[Metric],
-    t: TrainerConfig,
-    mesh: Mesh,
-    params_sharding: Any,
-    batch_sharding: NamedSharding,
-) -> Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums]:
-    """The evaluation of one batch (``make_eval_step``), jitted over the mesh with the parameters laid
-    out as ``params_sharding`` says: what the trainer's ``Evaluator`` calls, and ``dew-eval``'s."""
-    return jax.jit(
-        sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
-        in_shardings=(params_sharding, batch_sharding, None),
-        compiler_options=COMPILER_OPTIONS or None,
-    )
-
-
-def compile_train_step(
-    objective: Objective,
-    optimizer: Optimizer,
-    t: TrainerConfig,
-    mesh: Mesh,
-    state_sharding: TrainState,
-    batch_sharding: NamedSharding,
-) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
-    """The train step, jitted over the mesh with the state donated; traced under the layout's rules,
-    so the models' activation constraints (dew.models.axes) apply."""
-    graphdef, rest = state_sharding.graphdef, state_sharding.rest
-
-    def step(state: TrainState, batch: Any, inputs: Mapping[str, jax.Array]) -> tuple[TrainState, dict]:
-        o = optimizer.rebuild(inputs) if inputs and optimizer.rebuild is not None else optimizer
-        return make_train_step(
-            objective,
-            graphdef,
-            rest,
-            o.tx,
-            o.learning_rate,
-            accumulation=t.accumulation,
-            dynamic_scale=t.dynamic_scale,
-            extra_args=o.extra_args,
-        )(state, batch)
-
-    compiled = jax.jit(
-        sharding.under_rules(mesh, t.layout, step),
-        in_shardings=(state_sharding, batch_sharding, None),
-        out_shardings=(state_sharding, None),
-        compiler_options=COMPILER_OPTIONS or None,
-        donate_argnums=0,
-    )
-    # The optimizer's numbers are the program's inputs, not its constants (``Optimizer.inputs``):
-    # runs that differ only in the rate, the warmup, their length or the weight decay compile one
-    # program (the compilation cache then serves a sweep's every trial). On the devices once, not at
-    # every call.
-    inputs = {k: jnp.asarray(v) for k, v in optimizer.inputs.items()}
-
-    def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        return compiled(state, batch, inputs)
-
-    return train_step
 
 
 def _resume(
@@ -420,9 +318,7 @@ def _parts(
     *,
     metrics: Sequence[Metric],
     criterion: tuple[str, bool],
-    train_step: Callable,
-    eval_step: Callable,
-    place: Callable,
+    built: Assembled,
     hooks: Sequence[Hook],
 ) -> Parts:
     """The loop's parts, each given what it reads, and its hooks in the order they run at a step
@@ -430,19 +326,19 @@ def _parts(
     t = run.trainer
     derive = functools.partial(derived_metrics, objective)
     evaluator = Evaluator(
-        eval_step,
+        built.eval_step,
         lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
-        place,
+        built.place,
         seed=t.seed,
         derive=derive,
     )
     meter = Throughput(
-        flops_per_example=_flops_per_example(run),
+        flops_per_example=flops_per_example_of(run),
         peak_flops=peak_flops(jax.devices()[0].device_kind, run.model.dtype, jax.device_count()),
     )
     # The data position a checkpoint saves is the feed's: that of the batches the steps took, not the
     # iterator's own, which has read ahead (dew.training.prefetch).
-    feed = _feed(t, iterator, place, resumable=dataset.resumable, start=latest or 0, end=setup.total_steps)
+    feed = feed_for(t, iterator, built.place, resumable=dataset.resumable, start=latest or 0, end=setup.total_steps)
     saver = Saver(
         checkpoints,
         tracker,
@@ -454,11 +350,8 @@ def _parts(
         unnamed=None if t.name or "/" in setup.name else setup.name,  # unnamed (a sweep's job: sweep/job)
     )
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
-    own: list[Hook] = [Profiler(t.profile)] if t.profile is not None else []
-    phase: Callable = story.phase
-    if (stall_timeout := t.stall_timeout_seconds()) is not None:  # trainer.stall_timeout
-        watchdog = Watchdog(stall_timeout, setup.path, process=jax.process_index(), count=jax.process_count())
-        own, phase = [watchdog, *own], watchdog.timed(story.phase)
+    watchdog, phase = _watchdog(t, setup.path, story.phase)  # trainer.stall_timeout
+    own: list[Hook] = [*watchdog, *([Profiler(t.profile)] if t.profile is not None else [])]
     progress = [Progress(t.log_every, setup.total_steps)] if tracker.is_main else []  # the console's lines
     own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), *progress, evaluate]
     if takes_samples(t):
@@ -480,7 +373,7 @@ def _parts(
     saver.hook_states = chain.states
     saver.requested = lambda: setup.stop.requested
     return Parts(
-        train_step=train_step,
+        train_step=built.train_step,
         feed=feed,
         story=story,
         tracker=tracker,
@@ -594,53 +487,3 @@ def _finish(p: Parts, setup: Setup, state: TrainState, at: Position, t: TrainerC
         log.info("compilation cache %s: %d hits, %d misses", t.compilation_cache_dir, cache["hits"], cache["misses"])
     p.tracker.event("end", step=at.step, best_step=p.saver.checkpoints.best_step(), compile_cache=cache)
     p.story.end(at.step)
-
-
-def _feed(t: TrainerConfig, iterator: BatchIterator, place: Callable, *, resumable: bool, start: int, end: int) -> Feed:
-    """The batches of steps ``start`` to ``end``, each at its stage of the batch ramp, read and
-    placed ``trainer.prefetch`` steps ahead."""
-    sizes = functools.partial(_stage_size, t.stages())
-    return Feed(iterator, sizes, place, start=start, end=end, depth=t.prefetch, resumable=resumable)
-
-
-def _stage_size(stages: Sequence[tuple[int, int]], step: int) -> int:
-    """The global batch of the step after ``step`` steps: its stage's of the batch ramp."""
-    return stages[stage_at(stages, step)][0]
-
-
-def _flops_per_example(run: RunConfig) -> float | None:
-    """Training FLOPs of one example (``dew.models.flops``), None for an architecture it does not
-    count."""
-    try:
-        return flops_per_example(run.model.architecture, run.model.fields())
-    except (KeyError, ValueError, TypeError) as err:
-        log.info("no FLOP count for %s (%s): perf/mfu is not logged", run.model.architecture, err)
-        return None
-
-
-def global_batch(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding) -> dict[str, jax.Array]:
-    """This process's part of a global batch, as global arrays laid out over the batch axes."""
-    if jax.process_count() == 1:  # the whole batch is here: one transfer, as a hand-written loop does
-        return jax.device_put(dict(batch), batch_sharding)
-    return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch.items()}
-
-
-def _log_to_file(path: epath.Path) -> logging.Handler | None:
-    """Append process 0's log to ``<run>/train.log`` for the run (the handler it added, which the run
-    removes when it ends, or None); the other processes log to their standard streams only (under
-    submitit, one log file per task in the sweep's .submitit/)."""
-    if jax.process_index() != 0:
-        return None
-    if not is_local(os.fspath(path)):  # a logging.FileHandler streams to a local file only
-        log.info("the run directory %s is not local: no train.log (the journal and stderr have the log)", path)
-        return None
-    filename = os.fspath(path / "train.log")
-    root = logging.getLogger()
-    if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):
-        return None
-    handler = logging.FileHandler(filename)
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
-    root.addHandler(handler)
-    if root.level > logging.INFO or root.level == logging.NOTSET:
-        root.setLevel(logging.INFO)
-    return handler

@@ -20,7 +20,7 @@ from tests.conftest import FAST_XLA_FLAG, SUITE_CACHE, cli_env
 def fast_env(**extra: str) -> dict[str, str]:
     """cli_env for a dew-train subprocess, compiling as this process does (unoptimised: the flag in
     its XLA_FLAGS, after any ``XLA_FLAGS`` given here). The tests' processes set no
-    ``trainer.COMPILER_OPTIONS``: a program compiled with options that name the same level is another
+    ``assembly.COMPILER_OPTIONS``: a program compiled with options that name the same level is another
     entry of the compilation cache, and a test's own run and a command's would each compile it."""
     return cli_env(XLA_FLAGS=f"{extra.pop('XLA_FLAGS', '')} {FAST_XLA_FLAG}".strip(), **extra)
 

@@ -74,6 +74,7 @@ class Arch:
         from flax import nnx
 
         from dew.training import adapt, trainer
+        from dew.training.step import make_train_step
 
         t = run.trainer
         model = adapt.build_model(run, objective)
@@ -86,7 +87,7 @@ class Arch:
             ema=objective.ema_decay > 0,
             dynamic_scale=False,
         )
-        self.step = trainer.make_train_step(
+        self.step = make_train_step(
             objective,
             self.graphdef,
             self.rest,
@@ -103,7 +104,7 @@ class Run:
     does (``sharding.state_sharding``, ``sharding.under_rules``)."""
 
     def __init__(self, arch: Arch, mesh: Any) -> None:
-        from dew.training import sharding, trainer
+        from dew.training import assembly, sharding
 
         self.sharding = sharding.state_sharding(arch.state, arch.params, mesh, arch.layout)
         self.state = jax.device_put(arch.state, self.sharding).replace(graphdef=arch.graphdef, rest=arch.rest)
@@ -113,7 +114,7 @@ class Run:
             sharding.under_rules(mesh, arch.layout, arch.step),
             in_shardings=(self.sharding, self.batch_sharding),
             out_shardings=(self.sharding, None),
-            compiler_options=trainer.COMPILER_OPTIONS or None,
+            compiler_options=assembly.COMPILER_OPTIONS or None,
         )
         self.params, self.mesh, self.layout = arch.params, mesh, arch.layout
         self.iterator = arch.dataset.iterator()

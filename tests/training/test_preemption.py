@@ -82,9 +82,9 @@ def _in_flight_at_each_dispatch(tmp_path: Path, monkeypatch, name: str) -> list[
     every 100 steps only: nothing but the pace holds the host back."""
     import jax
 
-    from dew.training import trainer
+    from dew.training import assembly
 
-    compile_real, dispatched, in_flight = trainer.compile_train_step, [], []
+    compile_real, dispatched, in_flight = assembly.compile_train_step, [], []
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         step = compile_real(*args, **kwargs)
@@ -97,7 +97,7 @@ def _in_flight_at_each_dispatch(tmp_path: Path, monkeypatch, name: str) -> list[
 
         return run
 
-    monkeypatch.setattr(trainer, "compile_train_step", counted)
+    monkeypatch.setattr(assembly, "compile_train_step", counted)
     train_tiny(
         tmp_path,
         "trainer.steps=10",

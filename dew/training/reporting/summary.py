@@ -25,12 +25,15 @@ import jax
 
 from dew.contract.config import RunConfig
 from dew.contract.rundir import human
+from dew.models.flops import flops_per_example
 from dew.sampling import write_grid
 from dew.training.checkpointing.checkpoints import BEST_METRIC
 from dew.training.process import compilation_cache_stats
+from dew.training.run_directory import is_local
 
 if TYPE_CHECKING:
     import optax
+    from etils import epath
     from flax import nnx
 
     from dew.objectives.base import Objective
@@ -266,3 +269,34 @@ def log_samples(tracker: Tracker, objective: Objective, state: TrainState, step:
     elif hasattr(objective, "sample_text"):
         _, texts = objective.sample_text(model, key)
         tracker.log_media(step, texts=texts)
+
+
+def flops_per_example_of(run: RunConfig) -> float | None:
+    """Training FLOPs of one example (``dew.models.flops``), None for an architecture it does not
+    count."""
+    try:
+        return flops_per_example(run.model.architecture, run.model.fields())
+    except (KeyError, ValueError, TypeError) as err:
+        log.info("no FLOP count for %s (%s): perf/mfu is not logged", run.model.architecture, err)
+        return None
+
+
+def log_to_file(path: epath.Path) -> logging.Handler | None:
+    """Append process 0's log to ``<run>/train.log`` for the run (the handler it added, which the run
+    removes when it ends, or None); the other processes log to their standard streams only (under
+    submitit, one log file per task in the sweep's .submitit/)."""
+    if jax.process_index() != 0:
+        return None
+    if not is_local(os.fspath(path)):  # a logging.FileHandler streams to a local file only
+        log.info("the run directory %s is not local: no train.log (the journal and stderr have the log)", path)
+        return None
+    filename = os.fspath(path / "train.log")
+    root = logging.getLogger()
+    if any(getattr(h, "baseFilename", None) == os.path.abspath(filename) for h in root.handlers):
+        return None
+    handler = logging.FileHandler(filename)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s"))
+    root.addHandler(handler)
+    if root.level > logging.INFO or root.level == logging.NOTSET:
+        root.setLevel(logging.INFO)
+    return handler
