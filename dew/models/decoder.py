@@ -38,7 +38,7 @@ with QK-norm ``blocks/attn/q_norm/scale`` and ``blocks/attn/k_norm/scale`` ``(de
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -50,27 +50,26 @@ from dew.models.axes import constrain, param
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
 
-Fields = Any
-"""The fields of ``transformer`` (``dew.models.transformer.TransformerFields``), read by attribute: the
-layers take them from the registration's ``build`` and do not import it back."""
+if TYPE_CHECKING:
+    from dew.models.transformer_fields import TransformerFields
 
 
-def head_dim(f: Fields) -> int:
+def head_dim(f: TransformerFields) -> int:
     return f.head_dim or f.hidden_size // f.num_heads
 
 
-def mlp_hidden(f: Fields) -> int:
+def mlp_hidden(f: TransformerFields) -> int:
     """The SwiGLU width: ``mlp_hidden``, or 8/3 · hidden_size rounded up to a multiple of 128."""
     return f.mlp_hidden or 128 * math.ceil(8 * f.hidden_size / 3 / 128)
 
 
-def width_multiplier(f: Fields) -> float:
+def width_multiplier(f: TransformerFields) -> float:
     """muP's ``m``; ``Transformer.mup_width_multiplier`` (``dew.models.transformer``) gives the
     optimizer's groups the same number."""
     return f.hidden_size / f.mup_base_width if f.mup else 1.0
 
 
-def attention_scale(f: Fields) -> float:
+def attention_scale(f: TransformerFields) -> float:
     """The attention logits' scale: ``1/sqrt(head_dim)``, and under muP ``sqrt(base)/head_dim``
     with ``base`` the head_dim at the base width (``mup_base_head_dim``). muP scales by
     ``1/head_dim`` because trained queries and keys correlate, so their dot product grows with
@@ -87,7 +86,7 @@ def attention_scale(f: Fields) -> float:
 class DecoderBlock(nnx.Module):
     """Pre-norm causal self-attention and SwiGLU MLP."""
 
-    def __init__(self, f: Fields, precision: Precision, rngs: nnx.Rngs):
+    def __init__(self, f: TransformerFields, precision: Precision, rngs: nnx.Rngs):
         D, H = f.hidden_size, mlp_hidden(f)
         std = f.init_std / math.sqrt(width_multiplier(f))
         init = nnx.initializers.normal(std)
@@ -124,7 +123,7 @@ class DecoderBlock(nnx.Module):
     ) -> tuple[jax.Array, jax.Array | None]:
         r = self.residual_multiplier
         attn = self.attn(self.attn_norm(x_BxTxD), causal=True, rope=rope, return_max_logits=return_max_logits)
-        attn_BxTxD, max_logits_N = attn if return_max_logits else (attn, None)
+        attn_BxTxD, max_logits_N = attn if isinstance(attn, tuple) else (attn, None)  # a pair when asked for
         x_BxTxD = constrain(x_BxTxD + r * attn_BxTxD, "batch", "length", "embed")
         h_BxTxD = self.mlp_norm(x_BxTxD)
         hidden_BxTxH = constrain(jax.nn.silu(self.mlp_gate(h_BxTxD)) * self.mlp_up(h_BxTxD), "batch", "length", "mlp")
@@ -146,7 +145,7 @@ class DecoderBlock(nnx.Module):
 class Transformer(nnx.Module):
     """Token embedding, a stack of decoder blocks, final RMSNorm and the output head."""
 
-    def __init__(self, f: Fields, rngs: nnx.Rngs):
+    def __init__(self, f: TransformerFields, rngs: nnx.Rngs):
         self.fields = f
         precision = Precision.of(f)
         self.precision = precision

@@ -43,7 +43,7 @@ embedding is fixed and is not a parameter.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -55,9 +55,8 @@ from dew.models.attention import Attention
 from dew.models.axes import constrain, param
 from dew.models.precision import Precision
 
-Fields = Any
-"""The fields of ``simple_dit`` (``dew.models.simple_dit.SimpleDiTFields``), read by attribute: the
-layers take them from the registration's ``build`` and do not import it back."""
+if TYPE_CHECKING:
+    from dew.models.simple_dit_fields import SimpleDiTFields
 
 TIME_SCALE = 1000.0
 """``t`` in [0, 1] is multiplied by this before the sinusoidal embedding (DiT's timesteps are 0..999)."""
@@ -129,7 +128,7 @@ def modulate(x_BxTxD: jax.Array, shift_BxD: jax.Array, scale_BxD: jax.Array) -> 
 class DiTBlock(nnx.Module):
     """A transformer block whose LayerNorms are modulated by the conditioning, with zero-init gates."""
 
-    def __init__(self, f: Fields, precision: Precision, rngs: nnx.Rngs):
+    def __init__(self, f: SimpleDiTFields, precision: Precision, rngs: nnx.Rngs):
         D, mlp_hidden = f.hidden_size, int(f.hidden_size * f.mlp_ratio)
         norm = dict(epsilon=1e-6, use_bias=False, use_scale=False, rngs=rngs, **precision.dtypes)
         self.norm1, self.norm2 = nnx.LayerNorm(D, **norm), nnx.LayerNorm(D, **norm)
@@ -204,12 +203,12 @@ class FinalLayer(nnx.Module):
 class SimpleDiT(nnx.Module):
     """DiT with adaLN-Zero blocks, on images (NHWC) or, with ``vocab_size``, on token sequences."""
 
-    def __init__(self, f: Fields, rngs: nnx.Rngs):
+    def __init__(self, f: SimpleDiTFields, rngs: nnx.Rngs):
         self.fields = f
         precision = Precision.of(f)
         D = f.hidden_size
         self.tokens = f.vocab_size is not None
-        if self.tokens:
+        if f.vocab_size is not None:  # self.tokens, as mypy narrows it
             self.x_embedder: nnx.Embed | nnx.Linear = nnx.Embed(
                 f.vocab_size, D, embedding_init=param(_normal, "vocab", "embed"), rngs=rngs, **precision.dtypes
             )

@@ -39,7 +39,8 @@ import numpy as np
 
 from dew.contract.models import of
 from dew.models.decoder import attention_scale, mlp_hidden
-from dew.models.transformer import RopeScaling, Transformer, TransformerFields
+from dew.models.rope_scaling import RopeScaling
+from dew.models.transformer import Transformer, TransformerFields
 
 if TYPE_CHECKING:
     from dew.contract.config import RunConfig

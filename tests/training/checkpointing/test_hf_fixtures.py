@@ -98,7 +98,7 @@ def test_rope_scaling_is_what_makes_the_llama3_fixture_match(dew_logits: dict[st
     """Without the llama3 scaling (the field left unset) the same weights give other logits: the
     fixture's scaling is exercised, not a no-op; and its four frequencies take the three branches."""
     from dew.models.attention import rope_frequencies
-    from dew.models.transformer import RopeScaling
+    from dew.models.rope_scaling import RopeScaling
 
     config = json.loads((FIXTURES / "llama3" / "config.json").read_text())
     rope = {k: v for k, v in config["rope_parameters"].items() if k != "rope_theta"}
@@ -192,7 +192,7 @@ def test_rope_scaling_as_a_model_config_field():
     defaults); a rope_type dew does not compute is refused naming the field and the choices."""
     from dew.contract.models import of
     from dew.contract.typed import ConfigError
-    from dew.models.transformer import RopeScaling
+    from dew.models.rope_scaling import RopeScaling
 
     f = of("transformer", {"rope_scaling": {"rope_type": "linear", "factor": 2}}).fields
     assert f.rope_scaling == RopeScaling("linear", 2.0, 1.0, 4.0, 8192)
