@@ -11,12 +11,15 @@ import contextlib
 import re
 import sys
 from collections.abc import Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 if TYPE_CHECKING:
     import optuna
+    from jax._src.lib import xla_client
+    from omegaconf import DictConfig
     from submitit.core.job_environment import JobEnvironment
     from submitit.slurm.slurm import SlurmExecutor
+    from tyro import _errors
 
 WRITTEN_FOR = {
     "jax": "0.12.0",
@@ -58,16 +61,31 @@ def jax_preemption_sync_manager() -> Any:
     return distributed.global_state.preemption_sync_manager
 
 
-def key_value_or_none(client: Any, key: str) -> str | None:
+class KeyValueStore(Protocol):
+    """What dew reads of a JAX process pool's coordination client (jaxlib's
+    ``DistributedRuntimeClient``, ``jax_distributed_client``): its key-value store."""
+
+    def key_value_try_get(self, key: str) -> str:
+        """``key``'s value; raises (NOT_FOUND) where it is absent."""
+        ...
+
+    def key_value_dir_get(self, key: str) -> list[tuple[str, str]]:
+        """Every ``(key, value)`` under the prefix ``key``."""
+        ...
+
+
+def key_value_or_none(client: KeyValueStore | None, key: str) -> str | None:
     """``key``'s value in a JAX process pool's key-value store, None where it is absent (the
     client's ``key_value_try_get`` raises NOT_FOUND) or where there is no pool (``client`` None)."""
+    if client is None:
+        return None
     try:
         return client.key_value_try_get(key)
     except Exception:
         return None
 
 
-def preemption_notice_in_pool(client: Any, count: int) -> tuple[bool, bool]:
+def preemption_notice_in_pool(client: KeyValueStore, count: int) -> tuple[bool, bool]:
     """``(noticed, answered)`` for a pool of ``count`` processes, read from the coordination
     service's key-value store where XLA's preemption sync manager (jaxlib 0.12, the same since
     0.4) keeps them: whether a process's notifier caught a SIGTERM (``RECEIVED_PREEMPTION_NOTICE``,
@@ -139,7 +157,7 @@ def qwix_convert_rules(provider: type[Any], convert: Callable[[Any], Any]) -> No
     rule with the private ``self._init_rule(rule)`` (``QtProvider``'s makes it a ``QtRule``), the only
     hook a provider has on its rules; this overrides it on ``provider``."""
 
-    def _init_rule(self: Any, rule: Any) -> Any:
+    def _init_rule(self: object, rule: object) -> object:
         return convert(super(provider, self)._init_rule(rule))
 
     provider._init_rule = _init_rule  # a private hook qwix's stubs do not name
@@ -157,7 +175,7 @@ def hydra_args_parser() -> Any:
     return get_args_parser()
 
 
-def hydra_apply_overrides(overrides: list[Any], cfg: Any) -> None:
+def hydra_apply_overrides(overrides: list[Any], cfg: DictConfig) -> None:
     """Apply parsed overrides (``key=value``, ``+key=``, ``++key=``, ``~key``) to the ``DictConfig``
     ``cfg`` as Hydra applies a command line's to the config it composed: the same rules (``+`` refuses
     a key that holds a value, ``~`` one that is absent, a plain key must exist where ``cfg`` is in
@@ -181,8 +199,8 @@ def hydra_reports(report: Callable[[Exception], None]) -> Iterator[None]:
 
     original = utils.run_and_report
 
-    def run_and_report(func: Any) -> Any:
-        def reported() -> Any:
+    def run_and_report(func: Callable[[], object]) -> object:
+        def reported() -> object:
             try:
                 return func()
             except Exception as err:
@@ -496,7 +514,7 @@ _TYRO_METAVARS = {"INT": "an integer", "FLOAT": "a number", "{None}": "None", "S
 """tyro's metavars, as a message names the kinds they stand for."""
 
 
-def _tyro_error_line(event: Any) -> str:
+def _tyro_error_line(event: _errors.ParseErrorEvent) -> str:
     """One line for a tyro parse-failure event (``tyro._errors``): what was wrong and where."""
     from tyro import _errors
 
@@ -568,7 +586,13 @@ def cache_from_every_cpu_process() -> None:
     if getattr(original, "dew_every_cpu_process", False):
         return
 
-    def write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any, executable: Any) -> None:
+    def write(
+        cache_key: str,
+        compile_time_secs: float,
+        module_name: str,
+        backend: xla_client.Client,
+        executable: xla_client.LoadedExecutable,
+    ) -> None:
         if distributed.global_state.process_id == 0 or backend.platform != "cpu":
             original(cache_key, compile_time_secs, module_name, backend, executable)
             return

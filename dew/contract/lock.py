@@ -195,7 +195,7 @@ class _Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _staged(self, **changes: Any) -> str:
+    def _staged(self, **changes: object) -> str:
         """A complete copy of the record (with ``changes``) beside the lock file, to link or rename."""
         self.record.update(changes)
         temp = f"{self.path}.{self.record['lease']}.{time.monotonic_ns()}"

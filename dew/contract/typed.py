@@ -94,7 +94,7 @@ _SCALARS: dict[object, Callable[[object], bool]] = {
 }
 
 
-def from_json(tp: Any, value: object, path: str = "") -> Any:
+def from_json(tp: object, value: object, path: str = "") -> Any:
     """Read ``value`` as type ``tp``; raise ConfigError naming ``path`` if it does not fit."""
     origin = typing.get_origin(tp)
     if origin is Annotated:
@@ -164,7 +164,7 @@ def from_json(tp: Any, value: object, path: str = "") -> Any:
     raise TypeError(f"{path}: dew cannot read values of type {tp!r}")
 
 
-def optional_of(tp: Any) -> Any:
+def optional_of(tp: object) -> Any:
     """``X`` for ``X | None``; any other type as it is."""
     if typing.get_origin(tp) in (Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -173,7 +173,7 @@ def optional_of(tp: Any) -> Any:
     return tp
 
 
-def with_defaults(tp: Any, value: object) -> object:
+def with_defaults(tp: object, value: object) -> object:
     """``value`` with the records in it completed by their dataclass defaults.
 
     For a JSON string a user typed (``optim.param_groups='[{"pattern": "bias"}]'``), not for a

@@ -114,7 +114,7 @@ def chosen_splits(spec: HFImagesFields, splits: dict[str, Any]) -> tuple[Any, st
     return splits[spec.split], spec.eval_split
 
 
-def columns(spec: HFImagesFields, table: Any, split: str) -> None:
+def columns(spec: HFImagesFields, table: datasets.Dataset, split: str) -> None:
     """Refuse a split without the image or the label column, or an empty one."""
     for field in ("image_field", "label_field"):
         column = getattr(spec, field)
@@ -127,7 +127,7 @@ def columns(spec: HFImagesFields, table: Any, split: str) -> None:
         raise ValueError(f"{spec.path} split {split} holds no records")
 
 
-def label_names(spec: HFImagesFields, table: Any) -> tuple[str, ...]:
+def label_names(spec: HFImagesFields, table: datasets.Dataset) -> tuple[str, ...]:
     """The names of the classes, from the training split's label column (and ``data.classes``)."""
     feature = table.features[spec.label_field]
     if isinstance(feature, datasets.ClassLabel):
@@ -156,7 +156,7 @@ def label_names(spec: HFImagesFields, table: Any) -> tuple[str, ...]:
     return spec.classes or tuple(str(i) for i in range(top + 1))
 
 
-def label_ids(spec: HFImagesFields, table: Any, split: str, names: tuple[str, ...]) -> np.ndarray:
+def label_ids(spec: HFImagesFields, table: datasets.Dataset, split: str, names: tuple[str, ...]) -> np.ndarray:
     """Each record's label as an index into ``names``; a label outside them raises, naming its row."""
     values = np.asarray(table.with_format("arrow")[spec.label_field])
     if values.dtype.kind in "OUS":
@@ -189,7 +189,7 @@ def source_of(value: object, base: str, where: str) -> Source:
 
 
 def hf_records(
-    spec: HFImagesFields, table: Any, split: str, names: tuple[str, ...], base: str, pool: DecodePool
+    spec: HFImagesFields, table: datasets.Dataset, split: str, names: tuple[str, ...], base: str, pool: DecodePool
 ) -> ImageRecords:
     """One split's records: its labels read whole, its images fetched by index when read."""
     columns(spec, table, split)

@@ -183,7 +183,7 @@ def ends_at_once[F: Callable[..., Any]](main: F) -> F:
     the signals back) ``main`` ends as Python ends it."""
 
     @functools.wraps(main)
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: object, **kwargs: object) -> object:
         try:
             status = main(*args, **kwargs)
         except SystemExit as stop:

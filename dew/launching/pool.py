@@ -108,7 +108,7 @@ def join_process_pool(multi_host: bool | None) -> None:
     )
 
 
-def from_process_zero(key: str, value: Any, *, timeout_s: float = 3600) -> Any:
+def from_process_zero(key: str, value: object, *, timeout_s: float = 3600) -> Any:
     """Process 0's ``value`` (JSON), on every process; ``value`` itself when running alone.
 
     What a process resolves for itself (a time-stamped run name, a ``${now:}`` in the config) may

@@ -25,7 +25,7 @@ docs/performance.md has the time and memory each one measured and why the defaul
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import jax
 from flax import nnx
@@ -62,14 +62,14 @@ def checkpoint_policy(remat: RematPolicy) -> Callable[..., bool] | None:
     return table[remat]
 
 
-def run(
-    blocks: nnx.Module,
-    body: Callable[[Any, Any], tuple[Any, Any]],
-    carry: Any,
+def run[B: nnx.Module, C, Y](
+    blocks: B,
+    body: Callable[[B, C], tuple[C, Y]],
+    carry: C,
     *,
     scan: bool,
     remat: RematPolicy = "none",
-) -> tuple[Any, Any]:
+) -> tuple[C, Y]:
     """Thread ``carry`` through the stacked ``blocks`` in order: ``body(block, carry) -> (carry, y)``.
 
     Returns the last carry and every block's ``y`` stacked on a leading ``depth`` axis. ``scan=False``
@@ -78,7 +78,7 @@ def run(
     """
     graphdef, state = nnx.split(blocks)
 
-    def step(carry: Any, block_state: Any) -> tuple[Any, Any]:
+    def step(carry: C, block_state: nnx.State) -> tuple[C, Y]:
         return body(nnx.merge(graphdef, block_state), carry)
 
     policy = checkpoint_policy(remat)
@@ -89,14 +89,14 @@ def run(
     return jax.lax.scan(step, carry, state, unroll=not scan)
 
 
-def run_with(
-    blocks: nnx.Module, body: Callable[[Any, Any, Any], tuple[Any, Any]], carry: Any, xs: Any, *, scan: bool
-) -> tuple[Any, Any]:
+def run_with[B: nnx.Module, C, X, Y](
+    blocks: B, body: Callable[[B, C, X], tuple[C, Y]], carry: C, xs: X, *, scan: bool
+) -> tuple[C, Y]:
     """``run`` with a per-block input: ``body(block, carry, x) -> (carry, y)``, ``x`` the block's slice
     of ``xs`` (leaves stacked on a leading ``depth`` axis, like a key/value cache)."""
     graphdef, state = nnx.split(blocks)
 
-    def step(carry: Any, block_state_and_x: Any) -> tuple[Any, Any]:
+    def step(carry: C, block_state_and_x: tuple[nnx.State, X]) -> tuple[C, Y]:
         block_state, x = block_state_and_x
         return body(nnx.merge(graphdef, block_state), carry, x)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,16 @@ from dew.contract.objectives import objective_of
 from dew.objectives.base import Batch, Loss
 from dew.objectives.decoding import generate
 from dew.objectives.tokens import decode
+
+
+class SampleOptions(TypedDict, total=False):
+    """What ``sample_text`` hands ``sample`` beyond the count and the key (``sample``'s keywords)."""
+
+    prompt: Sequence[int] | None
+    temperature: float | None
+    top_k: int | None
+    max_new_tokens: int | None
+    cache: bool
 
 
 @dataclasses.dataclass
@@ -131,7 +141,7 @@ class NextToken:
         )
 
     def sample_text(
-        self, model: nnx.Module, key: jax.Array, count: int | None = None, **options: Any
+        self, model: nnx.Module, key: jax.Array, count: int | None = None, **options: Unpack[SampleOptions]
     ) -> tuple[np.ndarray, list[str]]:
         """``count`` sampled sequences: their ids and their text (without the default start id)."""
         ids = np.asarray(self.sample(model, count or self.knobs.samples, key, **options))

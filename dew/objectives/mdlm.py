@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,14 @@ def subs_log_probs(logits_BxLxV1: jax.Array, z_BxL: jax.Array, mask_id: int) -> 
     ids = jnp.arange(logits.shape[-1])
     one_hot = jnp.where(ids == z_BxL[..., None], 0.0, NEG_INF)
     return jnp.where((z_BxL != mask_id)[..., None], one_hot, logp)
+
+
+class SampleOptions(TypedDict, total=False):
+    """What ``sample_text`` hands ``sample`` beyond the count and the key (``sample``'s keywords)."""
+
+    steps: int | None
+    temperature: float | None
+    top_k: int | None
 
 
 @dataclasses.dataclass
@@ -159,7 +167,7 @@ class MaskedDiffusion:
         return run(state, key)
 
     def sample_text(
-        self, model: nnx.Module, key: jax.Array, count: int | None = None, **options: Any
+        self, model: nnx.Module, key: jax.Array, count: int | None = None, **options: Unpack[SampleOptions]
     ) -> tuple[np.ndarray, list[str]]:
         """``count`` sampled sequences: their ids and their text."""
         ids = np.asarray(self.sample(model, count or self.knobs.samples, key, **options))

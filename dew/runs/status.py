@@ -71,7 +71,7 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict: a non-finite number (a diverged loss) becomes null."""
 
-        def safe(v: Any) -> Any:
+        def safe(v: object) -> Any:
             if isinstance(v, float) and not math.isfinite(v):
                 return None
             return {k: safe(x) for k, x in v.items()} if isinstance(v, dict) else v

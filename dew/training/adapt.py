@@ -117,9 +117,9 @@ def _stacks_walked_in_python() -> Iterator[None]:
     values of the scan, lost when it returns.)"""
     scanned = stack.run
 
-    def walk(
-        blocks: nnx.Module, body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, *, scan: bool, remat: str = "none"
-    ) -> tuple[Any, Any]:
+    def walk[B: nnx.Module, C, Y](
+        blocks: B, body: Callable[[B, C], tuple[C, Y]], carry: C, *, scan: bool, remat: str = "none"
+    ) -> tuple[C, Y]:
         del scan, remat  # an eager walk that creates variables: no backward pass to rematerialise
         graphdef, rng_state, state = nnx.split(blocks, nnx.RngState, ...)  # type: ignore[misc]  # see init_model
         depth = jax.tree.leaves(state)[0].shape[0]

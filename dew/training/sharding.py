@@ -150,7 +150,7 @@ def param_specs(params: nnx.State, mesh: Mesh | AbstractMesh, layout: Layout) ->
     return specs
 
 
-def follow_params(tree: Any, specs: Mapping[str, P], shapes: Mapping[str, tuple[int, ...]]) -> Any:
+def follow_params(tree: object, specs: Mapping[str, P], shapes: Mapping[str, tuple[int, ...]]) -> Any:
     """A ``PartitionSpec`` for every leaf of ``tree`` (a train state, an optimizer state): the spec
     of the parameter whose path ends the leaf's path and whose shape it has; ``P()`` otherwise."""
     by_last: dict[str, list[str]] = {}
@@ -179,11 +179,11 @@ def state_sharding(state: TrainState, params: nnx.State, mesh: Mesh, layout: Lay
     )
 
 
-def under_rules(mesh: Mesh, layout: Layout, fn: Callable[..., Any]) -> Callable[..., Any]:
+def under_rules[**A, R](mesh: Mesh, layout: Layout, fn: Callable[A, R]) -> Callable[A, R]:
     """``fn`` traced with the rules active, so ``dew.models.axes.constrain`` pins activations."""
 
     @functools.wraps(fn)
-    def traced(*args: Any, **kwargs: Any) -> Any:
+    def traced(*args: A.args, **kwargs: A.kwargs) -> R:
         with rules(mesh, layout.table):
             return fn(*args, **kwargs)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any
 
 import jax
 import qwix
@@ -84,16 +83,18 @@ def one_weight_per_matmul(operands: tuple[jax.typing.ArrayLike, ...]) -> Iterato
 class ExactWeights:
     """Mixin for qwix providers: every intercepted matmul runs under ``one_weight_per_matmul``."""
 
-    def dot_general(self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: Any, **kwargs: Any) -> jax.Array:
+    def dot_general(
+        self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: object, **kwargs: object
+    ) -> jax.Array:
         with one_weight_per_matmul((lhs, rhs)):
             return super().dot_general(lhs, rhs, *args, **kwargs)  # type: ignore[misc]
 
-    def einsum(self, einsum_str: str, *operands: jax.typing.ArrayLike, **kwargs: Any) -> jax.Array:
+    def einsum(self, einsum_str: str, *operands: jax.typing.ArrayLike, **kwargs: object) -> jax.Array:
         with one_weight_per_matmul(operands):
             return super().einsum(einsum_str, *operands, **kwargs)  # type: ignore[misc]
 
     def conv_general_dilated(
-        self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: Any, **kwargs: Any
+        self, lhs: jax.typing.ArrayLike, rhs: jax.typing.ArrayLike, *args: object, **kwargs: object
     ) -> jax.Array:
         with one_weight_per_matmul((lhs, rhs)):
             return super().conv_general_dilated(lhs, rhs, *args, **kwargs)  # type: ignore[misc]

@@ -163,7 +163,7 @@ class Checkpoints:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
-    def save(self, step: int, state: Any, meta: dict[str, Any], metrics: dict[str, float] | None) -> None:
+    def save(self, step: int, state: object, meta: dict[str, Any], metrics: dict[str, float] | None) -> None:
         """Start an asynchronous save; returns once the arrays are copied off the step's buffers."""
         self.manager.save(
             step,
@@ -171,7 +171,7 @@ class Checkpoints:
             metrics=metrics,
         )
 
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+    def restore(self, step: int, abstract_state: object) -> tuple[Any, dict[str, Any]]:
         """The state (laid out like ``abstract_state``) and the record saved at ``step``."""
         with orbax_reads_settle():  # a damaged step fails without a traceback on stderr
             restored = self.manager.restore(
@@ -225,7 +225,7 @@ class Checkpoints:
         raise CheckpointDamagedError(self.directory, damaged)
 
     def restore_intact(
-        self, abstract_state: Any, *, move_damaged: bool
+        self, abstract_state: object, *, move_damaged: bool
     ) -> tuple[int, Any, dict[str, Any], list[Fallback]]:
         """Restore the newest step that restores: ``(step, state, record, damaged steps passed over)``.
 

@@ -126,7 +126,7 @@ class Saver(Hook):
             self.last_saved = step
 
 
-def plain(value: Any) -> Any:
+def plain(value: object) -> Any:
     """A JSON-safe copy of an iterator state (NumPy scalars to Python numbers)."""
     if isinstance(value, Mapping):
         return {str(k): plain(v) for k, v in value.items()}

@@ -10,7 +10,7 @@ so neither the trainer nor this module knows a model.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +69,7 @@ def qk_clip_after_update(tau: float, layers: Mapping[str, QKClipLayer]) -> optax
         params: optax.Params | None = None,
         *,
         max_logits: jax.Array | Mapping[str, jax.Array] | None = None,
-        **extra: Any,
+        **extra: object,
     ) -> tuple[optax.Updates, QKClipState]:
         del extra
         if params is None or max_logits is None:
