@@ -27,8 +27,8 @@ from dew.contract.lock import RunLockedError
 from dew.contract.typed import ConfigError
 from dew.launching.jobs import SweepJob, hydra_config
 from dew.recipe import Recipe
-from dew.training.preflight import check_checkpoint_dir, check_xla_flags
-from dew.training.run_directory import prepare_run_dir, read_record, refuse_if_held, trained_objective
+from dew.training.preflight import check_xla_flags
+from dew.training.run_directory import refuse_if_held
 
 CHECK_FLAG = "--check"
 """``dew-train --check ...``: every check a launch makes, for a run, a sweep or a study's first
@@ -76,8 +76,7 @@ def check_run(recipe: RunConfig, run_dir: str, device_count: int | None, process
     fixed sizes where the count is unknown) and the batch's rows over the job's ``process_count``
     processes (where the mesh's size is known), the checkpoint directory, and a run directory that
     already holds another run's record or is held by a live process. Reads only."""
-    from dew.training.extension import check_length  # heavy, as the trainer is
-    from dew.training.trainer import check  # heavy: JAX stays out of composing and launching until a run is checked
+    from dew.training.setup import check, check_run_dir  # heavy: JAX stays out of composing and launching until then
 
     check_xla_flags(recipe.trainer)
     if process_count is not None and process_count > 1 and recipe.trainer.multi_host is False:
@@ -97,12 +96,8 @@ def check_run(recipe: RunConfig, run_dir: str, device_count: int | None, process
         device_count=device_count or _known_devices(recipe),
         process_count=process_count if sized else None,
     )
-    check_checkpoint_dir(recipe.trainer, run_dir)
     refuse_if_held(run_dir)
-    name = os.path.relpath(run_dir, recipe.trainer.checkpoint_dir)
-    path = prepare_run_dir(recipe, name, write=False, trains=trained_objective(recipe, objective))
-    if (recorded := read_record(path)) is not None:  # trained further: the schedule allows it
-        check_length(recipe, recorded, dataset, path)
+    check_run_dir(recipe, objective, dataset, os.path.relpath(run_dir, recipe.trainer.checkpoint_dir), main=True)
 
 
 def _known_devices(recipe: RunConfig) -> int:

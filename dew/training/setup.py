@@ -155,16 +155,39 @@ def check_setup(
     refused resume changes nothing, the lock included); the process must be started
     (``start_process``)."""
     total_steps, eval_every, ckpt_every = check(run, objective, dataset, metrics=metrics)
+    place = check_run_dir(run, objective, dataset, name, main=jax.process_index() == 0)
+    return Setup(
+        name, place.path, total_steps, eval_every, ckpt_every, place.trains, place.changed, stop, place.extension
+    )
+
+
+class RunDirCheck(NamedTuple):
+    """What the run directory's checks found."""
+
+    path: epath.Path
+    trains: str | None
+    """The objective the run trains, by its knob section (``rundir.trained_objective``)."""
+    changed: list[str]
+    """Settings a resume changes, as ``path: old -> new`` (empty for a new run)."""
+    extension: Extension | None
+    """A resume that changes the run's length (``dew.training.extension``), or None."""
+
+
+def check_run_dir(run: RunConfig, objective: Objective, dataset: Dataset, name: str, *, main: bool) -> RunDirCheck:
+    """The run directory's checks, reading only, for a run's set-up and a launcher's check of its
+    jobs alike: the checkpoint directory, a record there that the run may resume (the settings a
+    resume may change, a length its schedule allows) and, on the process that writes (``main``),
+    the run directory's record and the journal a resume appends to."""
     path = run_dir(run, name)
     preflight.check_checkpoint_dir(run.trainer, path)
     trains = trained_objective(run, objective)
     recorded = read_record(path)
-    if jax.process_index() == 0:
+    if main:
         prepare_run_dir(run, name, write=False, trains=trains)
         check_journal(tracking_dir(run.trainer) / name / JOURNAL)
     changed = resume_changes(recorded, run.to_dict(), trains)[0] if recorded is not None else []
     extension = check_length(run, recorded, dataset, path) if recorded is not None else None
-    return Setup(name, path, total_steps, eval_every, ckpt_every, trains, changed, stop, extension)
+    return RunDirCheck(path, trains, changed, extension)
 
 
 def check_journal(path: epath.Path) -> None:
