@@ -41,13 +41,15 @@ def is_any(annotation: ast.expr, aliases: set[str]) -> bool:
 
 
 def own_aliases(tree: ast.Module) -> set[str]:
-    """The module-level names ``tree`` binds to ``Any`` (``X = Any``, ``X: TypeAlias = Any``, ``type X = Any``)."""
+    """The module-level names ``tree`` binds to ``Any`` (``X = Any``, ``X: TypeAlias = Any``, ``type X = Any``)
+    or declares ``Any`` (``X: Any = make_dataclass(...)``, then used as a type)."""
     names = set()
     for node in tree.body:
         if isinstance(node, ast.Assign) and ast.unparse(node.value) in ANY:
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and node.value is not None and ast.unparse(node.value) in ANY:
-            if isinstance(node.target, ast.Name):
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            # X: TypeAlias = Any, and X: Any = make_dataclass(...): a name typed Any is Any as a type too
+            if ast.unparse(node.annotation) in ANY or (node.value is not None and ast.unparse(node.value) in ANY):
                 names.add(node.target.id)
         elif isinstance(node, ast.TypeAlias) and ast.unparse(node.value) in ANY:
             names.add(node.name.id)
