@@ -41,12 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from dew.build import build_run
 from dew.commandline.configs import conf_dir
-from dew.contract.config import RunConfig
 from dew.contract.data import Batch, Dataset
 from dew.contract.models import architecture
 from dew.contract.objectives import objectives, summary_name
@@ -58,9 +56,17 @@ from dew.objectives.base import Batch as DeviceBatch
 from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
 from dew.recipe import Recipe
-from dew.training import adapt, sharding
+from dew.training import adapt
 from dew.training.assembly import batch_sharding as lay_out_batches
-from dew.training.assembly import check_batches, compile_eval_step, global_batch, mesh_of
+from dew.training.assembly import (
+    check_batches,
+    compile_eval_step,
+    global_batch,
+    initial_params,
+    laid_out,
+    mesh_of,
+    param_shardings,
+)
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
@@ -120,7 +126,14 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
     counter = byte_counter(objective, dataset)
     metrics: list[Metric] = [*builtin_metrics(objective), *([TargetBytes()] if counter is not None else [])]
     eval_step = compile_eval_step(
-        objective, graphdef, rest, metrics, recipe.trainer, mesh, params_sharding(params, mesh, recipe), batch_sharding
+        objective,
+        graphdef,
+        rest,
+        metrics,
+        recipe.trainer,
+        mesh,
+        param_shardings(params, mesh, recipe.trainer),
+        batch_sharding,
     )
 
     def batches() -> Iterator[Batch]:
@@ -200,21 +213,16 @@ def parameters(
             warmstart.check(recipe, nnx.eval_shape(lambda: adapt.build_model(recipe, objective)))
         except ValueError as err:
             raise EvalError(" ".join(str(err).split())) from None
-        graphdef, params, rest = adapt.init_model(recipe, objective)
-        params, rest = warmstart.load(recipe, params, rest, mesh, resuming=False)
+        graphdef, params, rest = initial_params(recipe, objective, mesh, resuming=False)
         return graphdef, params, rest, None, False
     abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
     graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)  # type: ignore[misc]  # nnx.split's stub returns a variadic tuple
-    laid_out = jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-        abstract_params,
-        params_sharding(abstract_params, mesh, recipe),
-    )
+    placed = laid_out(abstract_params, mesh, recipe.trainer)
     checkpoints = Checkpoints(epath.Path(t.path), keep=recipe.trainer.keep)
     try:
         chosen = restore.choose_step(checkpoints, t.path, step=args.step, latest=args.latest)
         step, ema, read, _ = restore.read_params(
-            checkpoints, t.path, chosen, laid_out, ema=bool(args.ema), asked=args.step is not None, prog="dew-eval"
+            checkpoints, t.path, chosen, placed, ema=bool(args.ema), asked=args.step is not None, prog="dew-eval"
         )
     except restore.SampleError as err:
         raise EvalError(str(err)) from None
@@ -227,17 +235,6 @@ def parameters(
     rest = restore.concrete(recipe, objective, rest)
     _, rest = warmstart.load(recipe, read, rest, None, resuming=True, run_dir=t.path)  # a LoRA run's base
     return graphdef, read, rest, step, ema
-
-
-def params_sharding(params: nnx.State, mesh: Mesh, run: RunConfig) -> Any:
-    """Each parameter's ``NamedSharding``: the layout the trainer gives it (``sharding.state_sharding``)."""
-    specs = sharding.param_specs(params, mesh, run.trainer.layout)
-    shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
-    return jax.tree.map(
-        lambda spec: NamedSharding(mesh, spec),
-        sharding.follow_params(params, specs, shapes),
-        is_leaf=lambda x: isinstance(x, P),
-    )
 
 
 # --------------------------------------------------------------------------------- bits per byte

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from dew.contract.config import RunConfig, TrainerConfig
 from dew.objectives.base import Metric, Objective
@@ -92,6 +92,42 @@ def global_batch(batch: Mapping[str, np.ndarray], batch_sharding: NamedSharding)
     if jax.process_count() == 1:
         return jax.device_put(dict(batch), batch_sharding)
     return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v)) for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------ the parameters
+
+
+def initial_params(
+    run: RunConfig, objective: Objective, mesh: Mesh, *, resuming: bool, run_dir: epath.Path | str | None = None
+) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """(graph, parameters, the rest of the module) of the run's model as its initialisation makes
+    them, with ``trainer.init_from``'s weights loaded onto ``mesh`` for a run that is not
+    ``resuming`` (a warm start; a LoRA run's base on every start)."""
+    graphdef, params, rest = adapt.init_model(run, objective)
+    params, rest = warmstart.load(run, params, rest, mesh, resuming=resuming, run_dir=run_dir)
+    return graphdef, params, rest
+
+
+def param_shardings(params: nnx.State, mesh: Mesh, t: TrainerConfig) -> Any:
+    """Each parameter's ``NamedSharding`` on ``mesh``: the layout the trainer gives it (its logical
+    axes under ``trainer.layout``), for ``params`` or their abstract shapes."""
+    specs = sharding.param_specs(params, mesh, t.layout)
+    shapes = {"/".join(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(params)}
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec),
+        sharding.follow_params(params, specs, shapes),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )
+
+
+def laid_out(abstract_params: nnx.State, mesh: Mesh, t: TrainerConfig) -> Any:
+    """``abstract_params`` as shapes placed on ``mesh`` (``param_shardings``): what a checkpoint is
+    read into, each shard onto its devices."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        abstract_params,
+        param_shardings(abstract_params, mesh, t),
+    )
 
 
 # ------------------------------------------------------------------------------ the compiled steps
@@ -192,8 +228,7 @@ def assemble(
     the compiled step (of the ``optimizer`` built for the parameters) and evaluation."""
     t = run.trainer
     mesh = mesh_of(t)
-    graphdef, params, rest = adapt.init_model(run, objective)
-    params, rest = warmstart.load(run, params, rest, mesh, resuming=resuming, run_dir=run_dir)  # trainer.init_from
+    graphdef, params, rest = initial_params(run, objective, mesh, resuming=resuming, run_dir=run_dir)
     built = optimizer(params)
 
     def init_state(params: Any) -> TrainState:
