@@ -140,7 +140,7 @@ def compile_eval_step(
     metrics: Sequence[Metric],
     t: TrainerConfig,
     mesh: Mesh,
-    params_sharding: Any,
+    params_sharding: object,
     batch_sharding: NamedSharding,
 ) -> Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums]:
     """The evaluation of one batch (``make_eval_step``), jitted over the mesh with the parameters laid
@@ -164,7 +164,9 @@ def compile_train_step(
     so the models' activation constraints (dew.models.axes) apply."""
     graphdef, rest = state_sharding.graphdef, state_sharding.rest
 
-    def step(state: TrainState, batch: Any, inputs: Mapping[str, jax.Array]) -> tuple[TrainState, dict]:
+    def step(
+        state: TrainState, batch: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]
+    ) -> tuple[TrainState, dict]:
         o = optimizer.rebuild(inputs) if inputs and optimizer.rebuild is not None else optimizer
         return make_train_step(
             objective,
@@ -190,7 +192,7 @@ def compile_train_step(
     # every call.
     inputs = {k: jnp.asarray(v) for k, v in optimizer.inputs.items()}
 
-    def train_step(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
+    def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict]:
         return compiled(state, batch, inputs)
 
     return train_step
@@ -231,7 +233,7 @@ def assemble(
     graphdef, params, rest = initial_params(run, objective, mesh, resuming=resuming, run_dir=run_dir)
     built = optimizer(params)
 
-    def init_state(params: Any) -> TrainState:
+    def init_state(params: nnx.State) -> TrainState:
         return TrainState.create(
             params, built.tx, seed=t.seed, ema=objective.ema_decay > 0, dynamic_scale=t.dynamic_scale
         )
