@@ -23,7 +23,7 @@ from tests.cli.test_sweep_launch import finish, in_its_own_group
 from tests.training.conftest import TINY
 from tests.training.test_multiprocess import until
 
-STEPS, CKPT, STOP_AT, TIMEOUT_S = 300, 20, 25, 10
+STEPS, CKPT, STOP_AT, TIMEOUT_S = 100, 20, 22, 10
 LOCAL = [
     "-m",
     "hydra/launcher=local",
