@@ -56,8 +56,11 @@ the run), which is the job's own time, not the slot's idle time. Per command:
   training, evaluating) over the jobs' (the rest is the job's start-up and its samples at the end);
 - trials ``complete``, ``pruned``, ``fail``, and the ``steps`` each trial trained (a pruned trial's
   step where it stopped);
-- ``jobs_in_slots``, ``jobs_sharing_a_slot`` (a job that started while the slot's last one was still
-  tearing down) and ``throttled_s`` (the time the cap held the slots' processes back), with
+- ``jobs_in_slots``, ``jobs_held_for_a_slot`` and ``held_s`` (a job whose process came while every slot's
+  last job was still tearing down, held stopped until one had exited, as a cluster starts a job on a
+  node once the last one's processes there are gone: the wait counts as the slot's gap; formerly it
+  joined the emptiest slot, its 0.45 core shared with the job tearing down) and ``throttled_s``
+  (the time the cap held the slots' processes back), with
   ``--slot-cpus`` above 0;
 - ``dedicated_*``: the same trials (the steps each trained) on slots that share nothing, each taking
   what a lone run of the model takes before the rounds (``lone_run``: its start-up and its time per
@@ -85,6 +88,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -194,8 +198,16 @@ class Slots:
         """Each job process moved: its slot."""
         self.jobs = 0
         """Jobs moved into a slot (a job's processes under its first follow it)."""
-        self.shared = 0
-        """Job processes that found no empty slot (one still tearing down) and joined the emptiest."""
+        self.held = 0
+        """Jobs that found no empty slot (the last job of each still tearing down) and were held,
+        stopped, until one emptied: as a cluster starts a job on a node once the last job's
+        processes there have exited."""
+        self.held_s = 0.0
+        """The time those jobs were held."""
+        self.waiting: list[tuple[int, float]] = []
+        """Jobs held for a slot (pid, since when), in the order they came."""
+        self.followers: dict[int, list[int]] = {}
+        """Each held process: the processes of its job (one list, shared by them all)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -225,19 +237,46 @@ class Slots:
                 if b"submitit.core._submit" not in cmdline or not self._ours(entry.path, cmdline):
                     continue
                 pid = int(entry.name)
+                if pid in self.followers:
+                    continue
                 parent = self._parent(entry.path)
                 if parent in self.placed:  # a job's process under its wrapper (the stand-in's srun): its slot
-                    slot = self.placed[parent]
+                    self._place(pid, self.placed[parent])
+                elif parent in self.followers:  # under a held job: held with it
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)
+                    self.followers[pid] = self.followers[parent]
+                    self.followers[parent].append(pid)
                 else:
-                    counts = [len(self.procs(i)) for i in range(len(self.paths))]
-                    slot = counts.index(min(counts))
                     self.jobs += 1
-                    self.shared += counts[slot] > 0
-                try:
-                    self.enter(slot, pid)
-                except OSError:  # it exited meanwhile
-                    continue
-                self.placed[pid] = slot
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGSTOP)  # until a slot is empty
+                    self.followers[pid] = [pid]
+                    self.waiting.append((pid, time.monotonic()))
+            self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Give each held job, in order, a slot whose processes have all exited."""
+        while self.waiting:
+            empty = [i for i in range(len(self.paths)) if not self.procs(i)]
+            if not empty:
+                return
+            pid, since = self.waiting.pop(0)
+            waited = time.monotonic() - since
+            if waited > 0.1:  # more than the watcher's own look: a slot was still tearing down
+                self.held += 1
+                self.held_s += waited
+            for member in self.followers[pid]:  # the job's processes, its first one's and any under it
+                self._place(member, empty[0])
+                with contextlib.suppress(OSError):
+                    os.kill(member, signal.SIGCONT)
+
+    def _place(self, pid: int, slot: int) -> None:
+        try:
+            self.enter(slot, pid)
+        except OSError:  # it exited meanwhile
+            return
+        self.placed[pid] = slot
 
     @staticmethod
     def _parent(proc: str) -> int | None:
@@ -466,11 +505,12 @@ def one_command(args: argparse.Namespace, launcher: str, mode: str, work: Path, 
     finally:
         if cluster is not None:
             cluster.kill_all()  # none should be left; a command that failed may leave its jobs
-        confined = {"jobs_in_slots": None, "jobs_sharing_a_slot": None, "throttled_s": None}
+        confined = {"jobs_in_slots": None, "jobs_held_for_a_slot": None, "held_s": None, "throttled_s": None}
         if slots is not None:
             confined = {
                 "jobs_in_slots": slots.jobs,
-                "jobs_sharing_a_slot": slots.shared,
+                "jobs_held_for_a_slot": slots.held,
+                "held_s": round(slots.held_s, 2),
                 "throttled_s": round(slots.throttled_s(), 1),
             }
             slots.close()

@@ -33,6 +33,7 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
         assert run["trials"]["pruned"] == run["steps"].count(10)  # the bad rate's, at its first evaluation
         if record["slot_cpus"]:  # each job in a slot of its own, capped (where the machine has cgroups)
             assert run["jobs_in_slots"] == 3 and run["throttled_s"] >= 0
+            assert 0 <= run["jobs_held_for_a_slot"] <= 1 and run["held_s"] >= 0  # the third job, at most
         else:
             assert run["jobs_in_slots"] is None
     assert figures["refill_end_to_submit_s"]["median"] > 0 and figures["submit_to_start_s"] > 0
