@@ -23,9 +23,8 @@ import sys
 from collections.abc import Sequence
 
 from dew.commandline.console import console_script
+from dew.commandline.exits import EXIT_BAD_INPUT, debugging
 from dew.commandline.overrides import not_overrides
-
-EXIT_BAD_INPUT = 2
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -62,7 +61,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cfg:
-        from dew.inference.composing import print_config
+        from dew.inference.composing import print_config  # heavy: Hydra composes the config, --cfg alone
 
         sys.exit(print_config(args.run, args.overrides, "dew-eval"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -70,7 +69,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # orbax reports reading one item as a warning
     # heavy: JAX, orbax and the model load only once the arguments are good (--help and a bad option stay instant)
-    from dew.commandline.exits import debugging
     from dew.contract.typed import ConfigError
     from dew.inference import evaluating
     from dew.inference.composing import EvalError

@@ -22,10 +22,9 @@ import sys
 from collections.abc import Sequence
 
 from dew.commandline.console import console_script
+from dew.commandline.exits import EXIT_BAD_INPUT
 from dew.commandline.overrides import not_overrides
 from dew.contract.typed import ConfigError
-
-EXIT_BAD_INPUT = 2
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -83,7 +82,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.cfg:
-        from dew.inference.composing import print_config
+        from dew.inference.composing import print_config  # heavy: Hydra composes the config, --cfg alone
 
         sys.exit(print_config(args.run_dir, args.overrides, "dew-export"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from dew import compat
 from dew.commandline.configs import conf_dir, register_configs
+from dew.commandline.exits import EXIT_BAD_INPUT
 from dew.commandline.overrides import hydra_form, parse_overrides, unset_record
 from dew.contract.config import NoRunRecord, RunRecord
 from dew.contract.rundir import RUN_RECORD
@@ -109,7 +110,7 @@ def print_config(path: str, overrides: Sequence[str], prog: str) -> int:
         print(shown(target(path, overrides, conf_dir(), prog).recipe), end="", flush=True)
     except (EvalError, ConfigError, ValueError, OSError) as err:
         print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     return 0
 
 
