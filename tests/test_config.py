@@ -115,6 +115,7 @@ def dataclass_strategy(cls: type) -> st.SearchStrategy:
         fields["compilation_cache_dir"] = st.sampled_from([None, "/tmp/cache"])
         fields["name"] = st.sampled_from([None, "run", "sweep/3-lr=1"])
         fields["max_time"] = st.sampled_from([None, "90m", "00:12:00:00", 3600])
+        fields["stall_timeout"] = st.sampled_from([None, "10m", 600, "00:00:30"])
     return st.fixed_dictionaries(fields).map(lambda v: _valid(cls, v)).filter(lambda x: x is not None)
 
 

@@ -6,6 +6,7 @@
     dew-runs diff checkpoints/lr-sweep/0-... checkpoints/lr-sweep/1-...
     dew-runs plot checkpoints/lr-sweep --metric train/loss,eval/loss -o lr-sweep.png
     dew-runs show checkpoints/digits
+    dew-runs goodput checkpoints/lr-sweep -o goodput.png       # where each run's wall time went
     dew-runs checkpoints/digits-sweep-1a2b3c4d5e                # a study (hydra/sweeper=optuna): its trials, best first
     dew-runs plot checkpoints/digits-sweep-1a2b3c4d5e -o study.png
 
@@ -26,6 +27,7 @@ from dew.commandline.exits import EXIT_BAD_INPUT
 from dew.runs import table
 from dew.runs.compare import diff_text
 from dew.runs.discover import RunsError, find_runs
+from dew.runs.goodput import draw_ledgers, ledger, ledger_text
 from dew.runs.plot import draw, plot_data
 from dew.runs.show import show_text
 from dew.runs.status import Run, read_run
@@ -33,7 +35,7 @@ from dew.runs.study import Study, read_study, study_text
 from dew.runs.study_plot import draw_study
 from dew.runs.study_storage import has_study
 
-COMMANDS = ("list", "diff", "plot", "show")
+COMMANDS = ("list", "diff", "plot", "show", "goodput")
 
 
 def load_runs(directories: Sequence[str], tracking: str | None = None) -> list[Run]:
@@ -56,7 +58,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
         prog=prog,
         description=__doc__.split("\n\n")[0] if command == "list" else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="commands: dew-runs [list] DIR..., dew-runs diff A B, dew-runs plot DIR..., dew-runs show RUN"
+        epilog="commands: dew-runs [list] DIR..., dew-runs diff A B, dew-runs plot DIR..., dew-runs show RUN, "
+        "dew-runs goodput DIR..."
         if command == "list"
         else None,
     )
@@ -106,6 +109,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
             help="exponential moving average weight in [0, 1) (0.9 smooths strongly; default 0: raw)",
         )
         p.add_argument("--where", action="append", default=[], metavar="EXPR", help="as for the list")
+    elif command == "goodput":
+        p.add_argument("dirs", nargs="*", default=["checkpoints"], metavar="DIR")
+        p.add_argument("-o", "--output", help="also draw the ledgers to this file (.png or .svg)")
     else:
         p.add_argument("run", metavar="RUN", help="a run directory")
     return p
@@ -144,6 +150,8 @@ def run(argv: Sequence[str]) -> str:
         return diff_text(_one(args.a, args.tracking), _one(args.b, args.tracking), args.metric)
     if command == "show":
         return show_text(_one(args.run, args.tracking))
+    if command == "goodput":
+        return _goodput(args)
     if not 0.0 <= args.smooth < 1.0:
         raise RunsError(f"--smooth {args.smooth}: the weight must lie in [0, 1)")
     if os.path.splitext(args.output)[1].lower() not in (".png", ".svg"):
@@ -168,6 +176,21 @@ def run(argv: Sequence[str]) -> str:
     return f"wrote {args.output} ({width}x{height}): {len(runs)} runs, {', '.join(metrics)}" + (
         f"; final values against {', '.join(data.fields)}" if data.fields else ""
     )
+
+
+def _goodput(args: argparse.Namespace) -> str:
+    """``dew-runs goodput``: each run's ledger (dew.runs.goodput), and the plot with ``-o``."""
+    if args.output and os.path.splitext(args.output)[1].lower() not in (".png", ".svg"):
+        raise RunsError(f"-o {args.output!r}: the file must end in .png or .svg")
+    runs = [r for r in load_runs(args.dirs, args.tracking) if r.journal is not None]
+    if not runs:
+        raise RunsError(f"no run with a journal in {', '.join(args.dirs)}")
+    ledgers = [ledger(r.summary.name, r.journal.written) for r in runs if r.journal is not None]
+    text = ledger_text(ledgers)
+    if args.output:
+        width, height = draw_ledgers(ledgers, args.output)
+        text += f"\nwrote {args.output} ({width}x{height})"
+    return text
 
 
 def _study(directory: str, tracking: str | None) -> Study | None:

@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,9 @@ class Feed:
         """The step whose batch ``next`` hands out next, and the step after the last."""
         self.position: Mapping[str, Any] | None = self._state()
         """The data position after the batches handed out: the one a checkpoint saves."""
+        self.waited_s = 0.0
+        """The time the loop waited in ``next`` for a batch: read and placed there (``depth`` 0), or
+        not yet read ahead (the goodput ledger's ``data``)."""
         self._stop = threading.Event()
         self._queue: queue.Queue[Fed | _Failed] | None = None
         self.thread: threading.Thread | None = None
@@ -131,15 +135,19 @@ class Feed:
         data source raised for this step, with its traceback."""
         if self.step >= self.end:
             raise IndexError(f"the feed holds the batches of steps before {self.end}; step {self.step} was asked for")
+        began = time.perf_counter()
         if self._queue is None:
             host, size, position = self._read(self.step)
             fed = Fed(self.place(host), size, position)
         else:
             item = self._queue.get()
+            self.waited_s += time.perf_counter() - began
             if isinstance(item, _Failed):
                 item.error.add_note(f"(raised in dew's prefetch thread, reading the batch of step {item.step + 1})")
                 raise item.error
             fed = item
+        if self._queue is None:
+            self.waited_s += time.perf_counter() - began  # read and placed here: all of it the loop's wait
         self.step += 1
         self.position = fed.position
         return fed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -33,7 +34,7 @@ from dew.training.preemption import StopSignals
 from dew.training.process import prepare_process
 from dew.training.ramp import run_tokens_seen
 from dew.training.reporting import trackers
-from dew.training.reporting.tracker import tracking_dir
+from dew.training.reporting.tracker import launched, tracking_dir
 from dew.training.run_directory import (
     RunDirError,
     hold,
@@ -69,6 +70,9 @@ class Setup:
     restore is honoured at the first step boundary."""
     extension: Extension | None = None
     """A resume that trains the run further (or less far): its length changed (``dew.training.extension``)."""
+    began: float = 0.0
+    """When this start of the run was launched (``dew.training.reporting.tracker.launched``): the
+    goodput ledger's start of its start-up."""
 
 
 def start_process(t: TrainerConfig) -> None:
@@ -150,14 +154,15 @@ def check_setup(
     name: str,
     stop: StopSignals,
     metrics: Sequence[Metric] | None = None,
+    began: float = 0.0,
 ) -> Setup:
     """Check the run (evaluated with ``metrics``: ``check``) and its run directory (reading only: a
     refused resume changes nothing, the lock included); the process must be started
-    (``start_process``)."""
+    (``start_process``). ``began``: when this start of the run was launched (``Setup.began``)."""
     total_steps, eval_every, ckpt_every = check(run, objective, dataset, metrics=metrics)
     place = check_run_dir(run, objective, dataset, name, main=jax.process_index() == 0)
     return Setup(
-        name, place.path, total_steps, eval_every, ckpt_every, place.trains, place.changed, stop, place.extension
+        name, place.path, total_steps, eval_every, ckpt_every, place.trains, place.changed, stop, place.extension, began
     )
 
 
@@ -245,12 +250,14 @@ def set_up(
     called with this process's error or None; it raises to stop a process whose peer failed), and
     the claim: the run directory's lock and record. The lock and the signal handlers are held until
     ``held`` closes. ``metrics``: the ones the run evaluates (``RunConfig.train``'s; None: dew-train's)."""
+    set_up_at = time.time()
     start_process(trainer)
     stop = listen(held)  # before the checks: a signal from here on stops the run at its first step
     stop.limit(trainer.max_time_seconds())  # trainer.max_time, counted from here: restore and compilation too
     try:
         planned = plan()
-        setup = check_setup(*planned, stop, metrics)  # reads only: a refused resume changes nothing
+        # reads only: a refused resume changes nothing
+        setup = check_setup(*planned, stop, metrics, launched(set_up_at))
     except Exception as err:
         agree(err)
         raise

@@ -209,6 +209,8 @@ def _train(
             evaluates=getattr(dataset, "num_eval_records", None) != 0,
         )
         story.start(mesh=built.mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
+        story.began = tracker.began
+        tracker.ledger = story.ledger  # every stop and end event says where this start's time went
         parts = _parts(
             run,
             objective,
@@ -250,6 +252,7 @@ def _tracker(
         run_record=setup.path / RUN_RECORD,
         is_main=jax.process_index() == 0,
         changed=setup.changed,
+        began=setup.began or None,
     )
 
 
@@ -339,6 +342,7 @@ def _parts(
     # The data position a checkpoint saves is the feed's: that of the batches the steps took, not the
     # iterator's own, which has read ahead (dew.training.prefetch).
     feed = feed_for(t, iterator, built.place, resumable=dataset.resumable, start=latest or 0, end=setup.total_steps)
+    story.data_wait = lambda: feed.waited_s
     saver = Saver(
         checkpoints,
         tracker,

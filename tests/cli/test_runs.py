@@ -271,6 +271,32 @@ def test_show_lists_checkpoints_events_and_record(sweep):
     assert " start " in out and "events (2 evaluations and 2 checkpoints not listed)" in out
 
 
+def test_goodput_splits_each_runs_wall_time_and_draws_it(sweep, tmp_path):
+    """``dew-runs goodput`` on the sweep: a row per run (finished, stopped by a signal, failed,
+    crashed) and one for them all, each run's buckets adding up to its wall time, the goodput the
+    share of it spent training; and the plot."""
+    from dew.runs.goodput import BUCKETS, ledger
+
+    tmp, root, _, names = sweep
+    picture = tmp_path / "goodput.png"
+    result = runs_cli("goodput", str(root), "-o", str(picture), cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    header = lines[0].split()
+    assert header[:2] == ["run", "wall"] and header[-1] == "goodput"
+    assert {"startup", "compile", "train", "eval", "checkpoint"} <= set(header) <= {"run", "wall", "goodput", *BUCKETS}
+    rows = {line.split()[0]: line for line in lines[1:] if line and not line.startswith(" ")}
+    assert set(names.values()) | {"all"} <= set(rows), lines
+    for name in names.values():
+        led = ledger(name, read_journal(tmp / "tracking" / root.name / name / "journal.jsonl", raw=True))
+        assert sum(led.seconds.values()) == pytest.approx(led.wall, rel=0.01), (name, led)
+        assert rows[name].split()[-1] == f"{100 * led.goodput:.1f}%"
+        assert led.seconds["train"] > 0 and led.seconds["startup"] > 0
+    finished = ledger("f", read_journal(tmp / "tracking" / root.name / "1-finished" / "journal.jsonl", raw=True))
+    assert finished.seconds["eval"] > 0 and finished.seconds["checkpoint"] > 0 and finished.seconds["lost"] == 0
+    assert picture.stat().st_size > 5000 and result.stdout.splitlines()[-1].startswith(f"wrote {picture}")
+
+
 def test_damaged_run_directories_are_listed_with_their_problem(sweep, tmp_path):
     _tmp, root, _, _ = sweep
     other = tmp_path / "ck"

@@ -45,7 +45,7 @@ def test_python_and_dew_train_set_a_run_up_through_one_function():
     assert found["start_process"] == {
         ("training/setup.py", "set_up"),
         ("cli/train.py", "check_single_run"),
-        ("cli/evaluating.py", "run"),
+        ("inference/evaluating.py", "run"),
     }
 
 

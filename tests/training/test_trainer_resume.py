@@ -108,3 +108,35 @@ def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
     assert steps_on_disk(run)[-2:] == [STEPS - 2, STEPS]
     assert not [p for p in run.iterdir() if "orbax-checkpoint-tmp" in p.name and p.name.split(".")[0] == str(STEPS)]
     print(f"killed mid-save with {leftovers} on disk; resumed from {max(first)} and {max(second)}")
+    check_the_goodput_ledgers(clean, killed)
+
+
+def check_the_goodput_ledgers(clean: Path, killed: Path) -> None:
+    """``dew-runs goodput``'s ledgers of both runs (dew.runs.goodput): every bucket adds up to the
+    wall time, the clean run lost nothing, and each killed start lost the steps it trained past the
+    checkpoint the next start resumed from, at its median step time (from its own training records,
+    read here independently)."""
+    from dew.runs.goodput import BUCKETS, ledger, starts_of
+
+    for work, starts in ((clean, 1), (killed, 3)):
+        written = read_journal(work / "tracking" / "r" / "journal.jsonl", raw=True)
+        led = ledger("r", written)
+        assert led.starts == starts and led.final_step == STEPS
+        assert sum(led.seconds.values()) == pytest.approx(led.wall, rel=0.01)
+        assert led.wall == pytest.approx(written[-1]["time"] - written[0]["began"], rel=1e-6)
+        assert all(led.seconds[b] > 0 for b in ("startup", "compile", "train", "eval", "checkpoint")), led.seconds
+    clean_led = ledger("r", read_journal(clean / "tracking" / "r" / "journal.jsonl", raw=True))
+    assert clean_led.seconds["lost"] == 0 and clean_led.seconds["unrecorded"] == 0 and clean_led.lost_steps == 0
+    written = read_journal(killed / "tracking" / "r" / "journal.jsonl", raw=True)
+    segments = starts_of(written)
+    expected_steps, expected_s = 0, 0.0
+    for this, after in itertools.pairwise(segments):
+        trained = [(r["step"], r["time"]) for r in this.records if "train/loss" in r]
+        redone = max(s for s, _ in trained) - after.first_step  # past the checkpoint the next start resumed from
+        times = sorted((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in itertools.pairwise(trained))
+        median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+        expected_steps, expected_s = expected_steps + redone, expected_s + redone * median
+    led = ledger("r", written)
+    assert led.lost_steps == expected_steps > 0
+    assert led.seconds["lost"] == pytest.approx(expected_s, rel=0.1)
+    assert set(led.seconds) == set(BUCKETS) and led.seconds["unrecorded"] > 0  # the killed starts wrote no split

@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -88,7 +88,12 @@ class RunReport:
         self.evaluates = evaluates
         """Whether the data holds a held-out split to evaluate on: a run without one says so once, at the start."""
         self.t0 = time.perf_counter()
+        self.t0_wall = time.time()
         self.spent = {"compile": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self.began = self.t0_wall
+        """When this start of the run was launched (``Setup.began``): where its start-up begins."""
+        self.data_wait: Callable[[], float] = lambda: 0.0
+        """The time the loop has waited for batches so far (the feed's ``waited_s``)."""
         self.evals: dict[int, dict[str, float]] = {}
         self._compile_start: float | None = None
         self._first = True
@@ -206,6 +211,24 @@ class RunReport:
             yield
         finally:
             self.spent[kind] += time.perf_counter() - start
+
+    def ledger(self) -> dict[str, float]:
+        """Where this start of the run has spent its wall time so far, in seconds (the journal's
+        ``spent``, written with every ``stop`` and ``end`` event; ``dew-runs goodput`` adds them up):
+        ``startup`` from the launch (``began``: the process's start for a dew command or job) to this
+        report's (the interpreter, composing, the data, the model, the restore), then ``compile``
+        (the first step), ``data`` (waiting for batches), ``eval``, ``checkpoint`` (saves blocking
+        the loop) and ``train``, the rest: the steps and the host's work between them."""
+        since = time.perf_counter() - self.t0
+        data = self.data_wait()
+        timed = {"compile": self.spent["compile"], "data": data, "eval": self.spent["eval"]}
+        timed["checkpoint"] = self.spent["checkpoint"]
+        startup = max(self.t0_wall - self.began, 0.0)
+        return {
+            "startup": round(startup, 3),
+            **{k: round(v, 3) for k, v in timed.items()},
+            "train": round(max(since - sum(timed.values()), 0.0), 3),
+        }
 
     def evaluated(self, step: int, values: Mapping[str, float]) -> None:
         if values:

@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from etils import epath
@@ -101,8 +101,11 @@ class Tracker:
         mlflow_id: str | None = None,
         resume_ids: Mapping[str, str | None] | None = None,
         run_record: epath.Path | None = None,
+        began: float | None = None,
     ) -> None:
+        """``began``: when this start of the run was launched (``launched``); now where not given."""
         self.is_main = is_main
+        self.began = time.time() if began is None else began
         self.total_steps = total_steps
         self.directory = tracking_dir(trainer) / name
         self.journal = Journal(self.directory / JOURNAL) if is_main else None
@@ -118,6 +121,9 @@ class Tracker:
         self._given = {"wandb": wandb_id, "mlflow": mlflow_id, **(resume_ids or {})}
         self.last_event: dict[str, Any] | None = None
         """The last ``stop`` or ``end`` event this segment wrote: how the run ended, for the trackers."""
+        self.ledger: Callable[[], Mapping[str, float]] | None = None
+        """Where this start's wall time went so far (``RunReport.ledger``): every ``stop`` and ``end``
+        event carries it as ``spent``."""
         # The trackers the run turns on (process 0's): each told what the journal is told.
         self.sinks = (
             trackers.open_sinks(
@@ -142,6 +148,7 @@ class Tracker:
             step=resume_step or 0,
             journal=JOURNAL_VERSION,
             total_steps=total_steps,
+            began=round(self.began, 3),  # when this start was launched: the goodput ledger's start of it
             **({"changed": list(changed)} if changed else {}),
         )
 
@@ -164,6 +171,8 @@ class Tracker:
 
     def event(self, kind: str, *, step: int, **fields: Any) -> None:
         if self.journal is not None and not self.complete:
+            if kind in ("stop", "end") and self.ledger is not None and "spent" not in fields:
+                fields["spent"] = self.ledger()  # this start's wall time, by where it went
             record = {"event": kind, "step": step, "time": time.time(), **fields}
             self.journal.write(record)
             if kind in ("stop", "end"):
@@ -266,3 +275,36 @@ class Throughput:
                     out["perf/mfu"] = rate * self.flops_per_example / self.peak_flops
         self.mark = (now, records)
         return out
+
+
+def process_start() -> float:
+    """When this process started (seconds since the epoch): where the goodput ledger starts a run's
+    start-up, the interpreter's own start and its imports included.
+
+    On Linux, from the kernel's own count (``/proc/self/stat``'s start time, in clock ticks since
+    boot, against ``CLOCK_BOOTTIME``): to the clock tick. psutil's ``create_time`` adds that count to
+    the boot time, which Linux gives in whole seconds, so it can be a second off; it is the answer
+    elsewhere (macOS gives the start to the microsecond)."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        import psutil  # a dependency of dew's (pyproject.toml)
+
+        return float(psutil.Process().create_time())
+
+
+def launched(set_up_at: float) -> float:
+    """When this start of a run was launched: its process's start (``process_start``) in a process
+    dew started for it (a dew command, a job a dew launcher submitted), where the interpreter's own
+    start and its imports are the run's start-up; the moment its set-up began (``set_up_at``) in a
+    process that was there before (a notebook, a test), whose earlier life is not the run's."""
+    import sys
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = getattr(spec, "name", "") or ""
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    ours = module.startswith(("dew.", "submitit.")) or script.startswith("dew-")
+    return process_start() if ours else set_up_at
