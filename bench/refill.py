@@ -689,8 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seed",
         default="0",
-        help="the sampler's; 'median': the seed whose draws the model (over seeds 0 to --model-seeds) gives the "
-        "median idle share with refilling",
+        help="the sampler's; 'median': the seed whose draws the model (over seeds 0 to --model-seeds, with this "
+        "machine's lone run) gives the median idle share with refilling: many seeds lie near it, so which one "
+        "varies with the lone run's timing (docs/performance.md names the seed it ran)",
     )
     parser.add_argument("--model-seeds", type=int, default=200, help="the seeds the model is run over")
     parser.add_argument("--smoke", action="store_true", help="3 trials, 2 slots, L=40, one round")
