@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dew.contract.journal import read_journal
+from dew.runs.goodput import ledger
 from dew.training.watchdog import WATCHDOG_DIR, heartbeat_name
 from tests.cli.test_interrupts import Tail
 from tests.cli.test_sweep_launch import finish, in_its_own_group
@@ -52,7 +53,13 @@ def test_a_stopped_process_is_named_ended_and_the_job_requeued_and_finished(work
     proc = in_its_own_group(LOCAL, workdir, workdir / "out.log")
     rank0 = Tail(lambda: list((workdir / "ck").glob("stuck-sweep-*/.submitit/*/*_0_log.*")))
     try:
-        until(lambda: proc.poll() is not None or bool(re.search(rf"step {STOP_AT}/{STEPS}  loss", rank0.read())), 300)
+        # Past step STOP_AT, with the checkpoint of step CKPT committed (both processes' shards and
+        # the metadata after them: a save that one stopped process holds back is never complete).
+        def past_a_checkpoint() -> bool:
+            committed = any((workdir / "ck").glob(f"stuck-sweep-*/*/{CKPT}/_CHECKPOINT_METADATA"))
+            return committed and bool(re.search(rf"step {STOP_AT}/{STEPS}  loss", rank0.read()))
+
+        until(lambda: proc.poll() is not None or past_a_checkpoint(), 300)
         assert proc.poll() is None, (workdir / "out.log").read_text()[-3000:]
         [beats] = (workdir / "ck").glob(f"stuck-sweep-*/*/{WATCHDOG_DIR}")
         until(lambda: (beats / heartbeat_name(1)).exists() and (beats / heartbeat_name(0)).exists(), 60)
@@ -89,3 +96,10 @@ def test_a_stopped_process_is_named_ended_and_the_job_requeued_and_finished(work
     assert resumed % CKPT == 0 and 0 < resumed <= stalled_at  # from a checkpoint saved before the stall
     [stop] = [r for r in journal if r.get("event") == "stop"]
     assert (stop["reason"], stop["stuck"], stop["requeued"]) == ("stalled", [1], True)
+    # The goodput ledger of the 2-process run: its buckets add up to its wall time, the steps past the
+    # checkpoint it resumed from are lost, and the stall itself (no step for the timeout) is train time
+    # its stop event counted.
+    led = ledger("stuck", journal)
+    assert sum(led.seconds.values()) == pytest.approx(led.wall, rel=0.01)
+    assert (led.starts, led.lost_steps, led.final_step) == (2, stalled_at - resumed, STEPS)
+    assert led.seconds["lost"] > 0 and led.seconds["train"] >= TIMEOUT_S
