@@ -354,6 +354,32 @@ def test_one_reader_gives_the_record_as_written_and_typed(tmp_path):
         )
 
 
+def test_a_record_written_before_a_field_was_added_is_read_with_its_default(tmp_path):
+    """A run an older dew wrote lacks the fields added since (``ADDED_FIELDS``): the one reader fills
+    them in with the value such a run behaves as, so it is resumed, evaluated and sampled; a record
+    lacking any other field is still refused, naming it."""
+    from dew.config import RunRecord, RunRecordError
+    from dew.contract.config import ADDED_FIELDS
+
+    recipe = Recipe(trainer=TrainerConfig(steps=7))
+    recipe.save(str(tmp_path))
+    written = json.loads((tmp_path / "run.json").read_text())
+    older = json.loads(json.dumps(written))
+    for dotted in ADDED_FIELDS:
+        *parents, leaf = dotted.split(".")
+        section = older
+        for key in parents:
+            section = section[key]
+        del section[leaf]
+    (tmp_path / "run.json").write_text(json.dumps(older))
+    record = RunRecord.read(tmp_path)
+    assert record.values == written and record.typed(Recipe) == recipe
+    del older["trainer"]["seed"]
+    (tmp_path / "run.json").write_text(json.dumps(older))
+    with pytest.raises(RunRecordError, match=r"trainer\.seed: missing field of TrainerConfig"):
+        RunRecord.read(tmp_path).typed(Recipe)
+
+
 def test_trainer_lengths():
     class Data:
         batch_size, num_records, resumable = 10, 105, True

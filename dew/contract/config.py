@@ -933,7 +933,7 @@ class RunRecord:
             ) from None
         if not isinstance(values, dict) or not isinstance(values.get("trainer"), dict):
             raise RunRecordError(os.fspath(file), "not a dew run record (no trainer section)")
-        return cls(directory, values)
+        return cls(directory, with_added_fields(values))
 
     def typed[C: RunConfig](self, cls: type[C]) -> C:
         """The record as ``cls`` (``RunConfig`` or a subclass such as ``Recipe``); a record ``cls``
@@ -943,6 +943,33 @@ class RunRecord:
             return cls.from_dict(self.values)
         except ConfigError as err:
             raise RunRecordError(self.path, f"{err}{_written_by(cls, self.values, self.directory)}") from None
+
+
+ADDED_FIELDS: dict[str, Any] = {
+    "trainer.max_time": None,
+    "trainer.stall_timeout": None,
+    "trainer.trackers.plugins": {},
+}
+"""Fields a record gained after runs were written without them, each with the value a run written
+before behaves as: ``RunRecord.read`` fills them in where a record lacks them, so a run an older dew
+wrote is resumed, evaluated and sampled by this one (a record lacking any other field is still
+refused by name). Every field added to the record from now on comes here with its default."""
+
+
+def with_added_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a record as written) with ``ADDED_FIELDS`` it lacks filled in; a section the
+    record does not hold is left alone (the typed view names it)."""
+    import copy
+
+    filled = copy.deepcopy(values)
+    for dotted, default in ADDED_FIELDS.items():
+        *parents, leaf = dotted.split(".")
+        section: Any = filled
+        for key in parents:
+            section = section.get(key) if isinstance(section, dict) else None
+        if isinstance(section, dict) and leaf not in section:
+            section[leaf] = copy.deepcopy(default)
+    return filled
 
 
 def _record_file(directory: str) -> epath.Path:
