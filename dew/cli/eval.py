@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from dew.commandline.console import console_script
 from dew.commandline.exits import EXIT_BAD_INPUT, debugging
-from dew.commandline.overrides import not_overrides
+from dew.commandline.overrides import add_override_arguments, not_overrides
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -35,7 +35,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         epilog=__doc__,
     )
     p.add_argument("run", help="the run directory (<trainer.checkpoint_dir>/<name>) or a Hugging Face Llama directory")
-    p.add_argument("overrides", nargs="*", help="dew-train's overrides: key=value, group=option")
+    add_override_arguments(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="evaluate this saved step (default: the best)")
     which.add_argument("--latest", action="store_true", help="evaluate the latest saved step")
@@ -46,11 +46,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="evaluate the EMA of the parameters (default: the parameters, which the trainer's eval/loss measures)",
     )
     p.add_argument("--out", help="the JSON file to write (default: RUN/eval/<step>-<data>.json)")
-    p.add_argument(
-        "--cfg",
-        action="store_true",
-        help="print the run's config with the overrides applied (YAML, as dew-train --cfg job prints one) and exit",
-    )
     args = p.parse_intermixed_args(argv)
     if bad := not_overrides(args.overrides):
         p.error(bad)

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from dew.commandline.console import console_script
 from dew.commandline.exits import EXIT_BAD_INPUT
-from dew.commandline.overrides import not_overrides
+from dew.commandline.overrides import add_override_arguments, not_overrides
 from dew.contract.typed import ConfigError
 
 
@@ -41,16 +41,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         prog="dew-sample", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("run_dir", help="the run directory (<trainer.checkpoint_dir>/<name>)")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        help="dew-train's overrides of the run's record: key=value, +key=value, ~key, group=option",
-    )
-    p.add_argument(
-        "--cfg",
-        action="store_true",
-        help="print the run's config with the overrides applied (YAML, as dew-train --cfg job prints one) and exit",
-    )
+    add_override_arguments(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="sample from this saved step (default: the best)")
     which.add_argument("--latest", action="store_true", help="sample from the latest saved step")

@@ -19,6 +19,7 @@ Also the command lines that print instead of training, rewritten before Hydra re
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -99,6 +100,21 @@ def hydra_form(args: Sequence[str], root: type) -> list[str]:
     every other argument as it was."""
     fields = json_fields(root)
     return set_json_keys(quote_json_overrides(args, fields), fields)
+
+
+def add_override_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments dew-eval, dew-sample and dew-export take after the run: dew-train's overrides
+    of the run's record, and ``--cfg`` to print the result."""
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="dew-train's overrides of the run's record: key=value, +key=value, ~key, group=option",
+    )
+    p.add_argument(
+        "--cfg",
+        action="store_true",
+        help="print the run's config with the overrides applied (YAML, as dew-train --cfg job prints one) and exit",
+    )
 
 
 def not_overrides(overrides: Sequence[str]) -> str | None:
