@@ -359,9 +359,10 @@ def test_a_record_written_before_a_field_was_added_is_read_with_its_default(tmp_
     them in with the value such a run behaves as, so it is resumed, evaluated and sampled; a record
     lacking any other field is still refused, naming it."""
     from dew.config import RunRecord, RunRecordError
-    from dew.contract.config import ADDED_FIELDS
+    from dew.contract.config import ADDED_FIELDS, with_added_fields
+    from dew.data.specs import TokenWindows
 
-    recipe = Recipe(trainer=TrainerConfig(steps=7))
+    recipe = Recipe(trainer=TrainerConfig(steps=7), data=TokenWindows(path="train.bin"))  # data.documents is its
     recipe.save(str(tmp_path))
     written = json.loads((tmp_path / "run.json").read_text())
     older = json.loads(json.dumps(written))
@@ -374,6 +375,8 @@ def test_a_record_written_before_a_field_was_added_is_read_with_its_default(tmp_
     (tmp_path / "run.json").write_text(json.dumps(older))
     record = RunRecord.read(tmp_path)
     assert record.values == written and record.typed(Recipe) == recipe
+    images = {"trainer": {}, "data": {"name": "digits", "eval_fraction": 0.1}}
+    assert with_added_fields(images)["data"] == images["data"]  # a token dataset's field is not given to another
     del older["trainer"]["seed"]
     (tmp_path / "run.json").write_text(json.dumps(older))
     with pytest.raises(RunRecordError, match=r"trainer\.seed: missing field of TrainerConfig"):

@@ -949,6 +949,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "trainer.max_time": None,
     "trainer.stall_timeout": None,
     "trainer.trackers.plugins": {},
+    "data.documents": False,
 }
 """Fields a record gained after runs were written without them, each with the value a run written
 before behaves as: ``RunRecord.read`` fills them in where a record lacks them, so a run an older dew
@@ -967,9 +968,19 @@ def with_added_fields(values: dict[str, Any]) -> dict[str, Any]:
         section: Any = filled
         for key in parents:
             section = section.get(key) if isinstance(section, dict) else None
-        if isinstance(section, dict) and leaf not in section:
+        if isinstance(section, dict) and leaf not in section and declares(parents, section, leaf):
             section[leaf] = copy.deepcopy(default)
     return filled
+
+
+def declares(parents: Sequence[str], section: Mapping[str, Any], leaf: str) -> bool:
+    """Whether ``section`` (at ``parents``) has a field ``leaf`` to fill in. The ``data`` section is
+    one of the registered dataset specs, named by its ``name``: a field added to some of them
+    (``data.documents``, the token datasets') is filled in only where the record's spec declares it."""
+    if list(parents) != ["data"]:
+        return True
+    name = section.get("name")
+    return isinstance(name, str) and name in datasets and leaf in {f.name for f in dataclasses.fields(datasets[name])}
 
 
 def _record_file(directory: str) -> epath.Path:

@@ -88,6 +88,11 @@ class TokenWindowsFields(DataSpec):
     """The tokenizer the ids were made with, for the vocabulary and for decoding samples: a
     ``tokenizer.json`` or a Hugging Face model directory holding one, or a tokens.json sidecar;
     unset reads the sidecar beside the files (or nothing, with ``vocab_size`` set)."""
+    documents: bool = False
+    """Pack whole documents into the windows, split at the tokenizer's end-of-text id, with the
+    batch fields ``segment_ids`` and ``positions``, so a causal model's attention stays within a
+    document and its rotary positions count from 0 in each (docs/data.md, "Documents"). Off: the
+    ids back to back, attention across the boundaries."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -119,6 +124,11 @@ class TextStreamFields(DataSpec):
     val_path: str | None = None
     """UTF-8 text files (a path or a glob) packed once, in order, for evaluation; unset evaluates
     nothing."""
+    documents: bool = False
+    """Pack whole documents into the windows, each file one document, with the
+    batch fields ``segment_ids`` and ``positions``, so a causal model's attention stays within a
+    document and its rotary positions count from 0 in each (docs/data.md, "Documents"). Off: the
+    ids back to back, attention across the boundaries."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -159,6 +169,11 @@ class HFTextFields(DataSpec):
     """Where the token cache is kept; unset reads $DEW_DATA_DIR, else ~/.cache/dew/datasets."""
     format: Literal["auto", "json", "parquet", "csv", "text"] = "auto"
     """How data files are read: auto by their suffix (.jsonl and .json as json)."""
+    documents: bool = False
+    """Pack whole documents into the windows, each record one document, with the
+    batch fields ``segment_ids`` and ``positions``, so a causal model's attention stays within a
+    document and its rotary positions count from 0 in each (docs/data.md, "Documents"). mode=cache only. Off: the
+    ids back to back, attention across the boundaries."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -176,11 +191,54 @@ class HFTextFields(DataSpec):
             chosen.append("val_fraction")
         if len(chosen) > 1:
             raise ValueError(f"data.{' and data.'.join(chosen)} each choose the held-out text: set one")
+        if self.documents and self.mode == "stream":
+            raise ValueError(
+                "data.documents=true packs the records of the token cache: it needs data.mode=cache, not stream"
+            )
         if self.val_fraction and self.mode == "stream":
             raise ValueError(
                 "data.val_fraction holds out windows of the cache: with data.mode=stream give data.val_split "
                 "or data.val_path"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFields(DataSpec):
+    """The fields of ``chat`` (``dew.data.specs.Chat``, which loads them): what its loader reads."""
+
+    kind: ClassVar[str] = "tokens"
+    path: str = ""
+    """The conversations: data files (a path or a glob: .jsonl, .json, .parquet) or a ``save_to_disk``
+    directory, read through ``datasets``."""
+    val_path: str | None = None
+    """Conversations held out for evaluation, in the same form; unset evaluates nothing."""
+    split: str = "train"
+    """A ``save_to_disk`` DatasetDict's split that trains (data files are one split, ``train``)."""
+    format: Literal["auto", "json", "parquet"] = "auto"
+    """How data files are read: auto by their suffix (.jsonl and .json as json)."""
+    style: Literal["messages", "prompt_response"] = "messages"
+    """messages: each record's ``messages_field`` is a list of {role, content} turns rendered by the
+    tokenizer's chat template, the assistant turns trained; prompt_response: two text fields, the
+    response trained."""
+    messages_field: str = "messages"
+    """style=messages: the column of turns."""
+    prompt_field: str = "prompt"
+    """style=prompt_response: the column of prompts (no loss)."""
+    response_field: str = "response"
+    """style=prompt_response: the column of responses (trained)."""
+    tokenizer: str | None = None
+    """A Hugging Face model directory or its ``tokenizer.json`` (its ``chat_template``, beside it, renders
+    style=messages), or a tokens.json sidecar; unset encodes UTF-8 bytes (prompt_response only)."""
+    seq_len: int = 256
+    """Tokens per window (each example holds seq_len + 1 tokens for next-token targets)."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ValueError(f"data.seq_len={self.seq_len} must be >= 1")
+        if self.style not in ("messages", "prompt_response"):
+            raise ValueError(f"data.style={self.style!r} must be messages or prompt_response")
+        if self.format not in ("auto", "json", "parquet"):
+            raise ValueError(f"data.format={self.format!r} must be one of auto, json, parquet")
 
 
 @dataclasses.dataclass(frozen=True)

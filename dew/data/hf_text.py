@@ -13,7 +13,8 @@ Two modes (``data.mode``):
   and one that does not read back whole (a sidecar missing or from another key, a shard whose size
   disagrees with its header) is built again, never half-read. Then it is ``token_windows``: windows
   advancing by ``seq_len`` over the cached ids, shuffled per epoch, every window once per epoch,
-  sharded and resumed by one global position (``dew.data.pipeline``).
+  sharded and resumed by one global position (``dew.data.pipeline``). With ``data.documents``, each
+  record is a document packed whole into the windows (``dew.data.packing``).
 - **stream**: records read, tokenized and packed as the run goes, each process its own share:
   ``dew.data.hf_stream``.
 """
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 from dew.contract.lock import RunLock, RunLockedError
 from dew.data.hf_sources import Source, resolve
 from dew.data.hf_stream import StreamedText
+from dew.data.packing import Framing
 from dew.data.prepare import source_documents, write_token_dir
 from dew.data.token_files import SIDECAR, open_tokens, read_sidecar
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -161,7 +163,8 @@ def cached_windows(spec: HFTextFields, directory: str, batch_size: int, seed: in
     sidecar = read_sidecar([os.path.join(directory, "train.bin")])
     train_ids = open_tokens(os.path.join(directory, "train.bin"), "llmc")
     val_ids = [open_tokens(os.path.join(directory, "val.bin"), "llmc")] if "val.bin" in sidecar["files"] else []
-    train, held_out = split_windows([train_ids], val_ids, spec.seq_len, spec.val_fraction)
+    documents = Framing.of(sidecar["tokenizer"], f"data.path={spec.path!r}") if spec.documents else None
+    train, held_out = split_windows([train_ids], val_ids, spec.seq_len, spec.val_fraction, documents)
     for split, records in (("training", train), ("held-out", held_out)):
         if records is not None and records.num_records < 1:
             raise ValueError(

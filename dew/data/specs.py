@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from dew.contract.data import DataSpec, datasets
 from dew.data.fields import (
+    ChatFields,
     DigitsFields,
     HFImagesFields,
     HFTextFields,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from dew.contract.data import Dataset
 
 __all__ = [
+    "Chat",
     "DataSpec",
     "Digits",
     "HFImages",
@@ -114,6 +116,19 @@ class HFText(HFTextFields):
         from dew.data.hf_text import load_hf_text  # heavy: datasets and grain load only when the data is loaded
 
         return load_hf_text(self, batch_size=batch_size, seed=seed)
+
+
+@datasets.register("chat")
+@dataclasses.dataclass(frozen=True)
+class Chat(ChatFields):
+    """Conversations for fine-tuning: records of chat turns (rendered by the tokenizer's chat
+    template) or of a prompt and a response, each packed whole into windows with a ``loss_mask`` that
+    trains the responses alone (``dew.data.chat``; ``pip install 'dew[data]'``)."""
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.chat import load_chat  # heavy: datasets and grain load only when the data is loaded
+
+        return load_chat(self, batch_size=batch_size, seed=seed)
 
 
 @datasets.register("image_folder")

@@ -7,7 +7,9 @@ A stream has no record count, so a run over it counts in steps (``trainer.epochs
       .to_iter_dataset().map(encode + end-of-text)      # one document per file
       -> ConcatThenSplitIterDataset(tokens: L + 1)      # packed back to back, split into windows
 
-so the read position is grain's own iterator state (the file index and the unread rest of the
+(with ``data.documents``, each file a document, cut into pieces of at most ``seq_len + 1`` and packed
+whole by grain's ``FirstFitPackIterDataset``, ``segment_ids`` and ``positions`` beside the tokens:
+``dew.data.packing``), so the read position is grain's own iterator state (the file index and the unread rest of the
 packing buffer), JSON-safe, and the stream resumes exactly. Windows do not overlap (each holds
 ``seq_len + 1`` tokens; inputs ``[:, :-1]``, targets ``[:, 1:]``).
 
@@ -27,7 +29,8 @@ import grain
 import numpy as np
 
 from dew.contract.data import Batch
-from dew.data.pipeline import padded_eval_batches, shard_bounds
+from dew.data.packing import OPEN_WINDOWS, DocumentWindows, Framing, PackedTable, pieces
+from dew.data.pipeline import Records, padded_eval_batches, shard_bounds
 from dew.data.token_files import expand
 from dew.data.tokenizer import Tokenizer, absolute_record, document, load_tokenizer
 from dew.data.tokens import TokenWindowRecords
@@ -54,6 +57,18 @@ def _encode_document(tokenizer: Tokenizer, path: str) -> np.ndarray:
     return document(tokenizer, tokenizer.encode(_read(path)))
 
 
+class _Pieces(grain.experimental.FlatMapTransform):
+    """A document's pieces of at most ``seq_len + 1`` tokens (``dew.data.packing.pieces``)."""
+
+    max_fan_out = 1 << 30  # a file is one document, of any length (the iterator does not cap it)
+
+    def __init__(self, seq_len: int):
+        self._seq_len = seq_len
+
+    def flat_map(self, element: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        return [{"tokens": p} for p in pieces(element["tokens"], self._seq_len) if len(p) >= 2]
+
+
 class StreamIterator(grain.DatasetIterator):
     """One process's part of the packed stream; its state is grain's packing iterator state."""
 
@@ -72,8 +87,8 @@ class StreamIterator(grain.DatasetIterator):
         """This process's rows of the next global batch of ``batch_size`` windows."""
         size = self._batch_size if batch_size is None else batch_size
         lo, hi = shard_bounds(size, self._process_index, self._process_count)
-        rows = [next(self._windows)["tokens"] for _ in range(size)]
-        return {"tokens": np.stack(rows[lo:hi]).astype(np.int32)}
+        rows = [next(self._windows) for _ in range(size)][lo:hi]
+        return {k: np.stack([r[k] for r in rows]).astype(np.int32) for k in rows[0]}
 
     def __next__(self) -> Batch:
         return self.next()
@@ -114,7 +129,7 @@ class StreamDataset:
         self.tokenizer = absolute_record(self.tokenizer_impl)
 
     def _windows(self) -> grain.IterDataset:
-        tok, files = self.tokenizer_impl, self.files
+        tok, files, width = self.tokenizer_impl, self.files, self.spec.seq_len + 1
         documents = (
             grain.MapDataset.source(files)
             .shuffle(seed=self.seed % 2**32)
@@ -122,10 +137,30 @@ class StreamDataset:
             .to_iter_dataset(_READ)
             .map(lambda path: {"tokens": _encode_document(tok, path)})
         )
-        return grain.experimental.ConcatThenSplitIterDataset(documents, length_struct={"tokens": self.spec.seq_len + 1})
+        if not self.spec.documents:
+            return grain.experimental.ConcatThenSplitIterDataset(documents, length_struct={"tokens": width})
+        # Whole documents (dew.data.packing): a file longer than a window in pieces, then first-fit.
+        # Without a begin-of-text id, a document starts with the end-of-text id, as the sampler does.
+        start = [] if getattr(tok, "bos_id", None) is not None else [tok.eos_id]
+        framed = documents.map(lambda d: {"tokens": np.concatenate([np.array(start, np.int32), d["tokens"]])})
+        packed = grain.experimental.FirstFitPackIterDataset(
+            grain.experimental.FlatMapIterDataset(framed, _Pieces(self.spec.seq_len)),
+            length_struct={"tokens": width},
+            num_packing_bins=OPEN_WINDOWS,
+            shuffle_bins=False,
+            padding_struct={"tokens": tok.eos_id},
+        )
+        return packed.map(
+            lambda w: {
+                "tokens": w["tokens"],
+                "segment_ids": w["tokens_segment_ids"],
+                "positions": w["tokens_positions"],
+            }
+        )
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {"tokens": ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32))}
+        fields = ("tokens", "segment_ids", "positions") if self.spec.documents else ("tokens",)
+        return {k: ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32)) for k in fields}
 
     def model_fields(self) -> Mapping[str, object]:
         return {"vocab_size": self.tokenizer_impl.vocab_size, "seq_len": self.spec.seq_len}
@@ -140,10 +175,13 @@ class StreamDataset:
         )
 
     @functools.cached_property
-    def _held_out_records(self) -> TokenWindowRecords | None:
+    def _held_out_records(self) -> Records | None:
         if not self.val_files:
             return None
         tokens = np.concatenate([_encode_document(self.tokenizer_impl, p) for p in self.val_files])
+        if self.spec.documents:
+            framing = Framing(self.tokenizer_impl.eos_id, getattr(self.tokenizer_impl, "bos_id", None) is not None)
+            return DocumentWindows(PackedTable([tokens], self.spec.seq_len, framing))
         return TokenWindowRecords([tokens], self.spec.seq_len)
 
     @property

@@ -7,6 +7,9 @@ token (each token is a target once) and a file of ``T`` tokens holds ``(T - 1) /
 Windows never cross from one shard into the next. A batch is read with one vectorised gather per
 shard it touches (``tokens[idx[:, None] * L + arange(L + 1)]``), never one Python call per window.
 
+With ``data.documents``, windows hold whole documents instead, with ``segment_ids`` and
+``positions`` beside the tokens (``dew.data.packing``).
+
 The held-out windows are those of ``data.val_path`` or, with ``data.val_fraction``, the last
 ``ceil(val_fraction * windows)`` windows of the (sorted) files; the training windows are the rest.
 """
@@ -21,7 +24,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dew.contract.data import Batch
-from dew.data.pipeline import RecordDataset
+from dew.data.packing import DocumentWindows, Framing, PackedTable
+from dew.data.pipeline import RecordDataset, Records
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
 from dew.data.tokenizer import absolute_record, load_tokenizer
 
@@ -91,11 +95,23 @@ def _open_all(paths: Sequence[str], spec: TokenWindowsFields) -> list[np.ndarray
 
 
 def split_windows(
-    shards: Sequence[np.ndarray], val_shards: Sequence[np.ndarray], seq_len: int, val_fraction: float
-) -> tuple[TokenWindowRecords, TokenWindowRecords | None]:
+    shards: Sequence[np.ndarray],
+    val_shards: Sequence[np.ndarray],
+    seq_len: int,
+    val_fraction: float,
+    documents: Framing | None = None,
+) -> tuple[Records, Records | None]:
     """(training, held-out) windows of ``seq_len`` + 1 tokens over ``shards``: the held-out ones
     those of ``val_shards`` where there are any, else the last ``val_fraction`` of the training
-    windows (rounded up), else none."""
+    windows (rounded up), else none. With ``documents``, the windows hold whole documents
+    (``dew.data.packing``) instead of the ids back to back."""
+    if documents is not None:
+        table = PackedTable(shards, seq_len, documents)
+        held = DocumentWindows(PackedTable(val_shards, seq_len, documents)) if val_shards else None
+        if held is not None or not val_fraction:
+            return DocumentWindows(table), held
+        n_val = math.ceil(val_fraction * table.num_windows)
+        return DocumentWindows(table, 0, table.num_windows - n_val), DocumentWindows(table, table.num_windows - n_val)
     everything = TokenWindowRecords(shards, seq_len)
     if val_shards:
         return everything, TokenWindowRecords(val_shards, seq_len)
@@ -138,7 +154,8 @@ def load_token_windows(spec: TokenWindowsFields, batch_size: int, seed: int) -> 
     for path, shard in zip(paths + val_paths, shards + val_shards):
         check_vocabulary(path, shard, vocab_size)
 
-    train, held_out = split_windows(shards, val_shards, spec.seq_len, spec.val_fraction)
+    documents = Framing.of(tokenizer, f"data.path={spec.path!r}") if spec.documents else None
+    train, held_out = split_windows(shards, val_shards, spec.seq_len, spec.val_fraction, documents)
     if train.num_records < 1:
         lengths = {p: len(s) for p, s in zip(paths, shards)}
         raise ValueError(

@@ -21,6 +21,14 @@ through (causal and padded entries excluded), as float32 of shape ``(num_heads,)
 gradient. It is computed by a separate ``QKᵀ`` under ``stop_gradient`` (XLA usually shares it with
 the xla kernel's own), since the fused cuDNN kernel does not expose its logits.
 
+**Documents.** ``segment_ids`` (int32, ``(B, T)``; one id per document packed into the row, 0 for
+padding) keeps attention within a document: a query attends to a key only where both carry the
+same id (and, causal, only to earlier ones). It reaches ``jax.nn.dot_product_attention`` as its
+boolean ``mask`` of shape ``(B, 1, T, T)``, which both kernels take: xla applies it to the logits;
+cudnn turns it into an additive bias it reads beside its causal mask (jax's public
+``dot_product_attention`` hands cuDNN no segment ids or packed offsets, so the mask is materialised
+per batch row, ``T²`` booleans). The maximum logits exclude the pairs it masks, and padding.
+
 **Precision.** ``jax.nn.dot_product_attention`` takes no ``precision=``; its matmuls are traced under
 ``jax.default_matmul_precision(matmul_precision)``, which is the same request.
 """
@@ -92,6 +100,11 @@ def choose_implementation(impl: str, dtype: DTypeLike, head_dim: int) -> Literal
 # ------------------------------------------------------------------------------------------- the math
 
 
+def same_document(segment_ids_BxT: jax.Array) -> jax.Array:
+    """Boolean ``(B, 1, T, T)``: query ``t`` and key ``s`` belong to one document (one segment id)."""
+    return (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])[:, None]
+
+
 def max_logits(
     q_BxTxNxH: jax.Array,
     k_BxSxKxH: jax.Array,
@@ -99,6 +112,7 @@ def max_logits(
     scale: float,
     causal: bool = False,
     kv_lengths: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
     matmul_precision: str = "default",
 ) -> jax.Array:
     """The largest pre-softmax logit of each query head over the batch and the unmasked pairs.
@@ -124,6 +138,8 @@ def max_logits(
         allowed_BxTxS &= jnp.tril(jnp.ones((T, S), bool))[None]
     if kv_lengths is not None:
         allowed_BxTxS &= (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, None, :]
+    if segment_ids is not None:  # within a document, padding (segment 0) left out
+        allowed_BxTxS &= same_document(segment_ids)[:, 0] & (segment_ids != 0)[:, :, None]
     logits_BxKxGxTxS = jnp.where(allowed_BxTxS[:, None, None], logits_BxKxGxTxS, -jnp.inf)
     return logits_BxKxGxTxS.max(axis=(0, 3, 4)).reshape(N)
 
@@ -136,12 +152,14 @@ def attend(
     scale: float,
     causal: bool = False,
     kv_lengths: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
     impl: str = "auto",
     matmul_precision: str = "default",
 ) -> jax.Array:
     """``softmax(scale · QKᵀ + mask) V`` per head with the kernel ``impl`` resolves to.
 
-    ``kv_lengths`` (int32, ``(B,)``) marks each sequence's valid keys ``[0, length)`` (right padding).
+    ``kv_lengths`` (int32, ``(B,)``) marks each sequence's valid keys ``[0, length)`` (right padding);
+    ``segment_ids`` (int, ``(B, T)``, self-attention) keeps each query within its document.
     """
     implementation = choose_implementation(impl, q_BxTxNxH.dtype, q_BxTxNxH.shape[-1])
     with jax.default_matmul_precision(matmul_precision):
@@ -152,6 +170,7 @@ def attend(
                 k_BxSxKxH,
                 v_BxSxKxH,
                 scale=scale,
+                mask=None if segment_ids is None else same_document(segment_ids),
                 is_causal=causal,
                 key_value_seq_lengths=None if kv_lengths is None else kv_lengths.astype(jnp.int32),
                 implementation=implementation,
@@ -188,15 +207,17 @@ def rope_tables(
     positions_T: jax.Array, head_dim: int, theta: float, scaling: RopeScaling | None = None
 ) -> tuple[jax.Array, jax.Array]:
     """Sine and cosine of rotary position embeddings (Su et al. 2021), ``(T, head_dim // 2)`` each,
-    at the frequencies ``rope_frequencies`` gives."""
+    at the frequencies ``rope_frequencies`` gives; ``(B, T, head_dim // 2)`` for positions ``(B, T)``
+    (packed documents, each counting from 0)."""
     inv_freq = rope_frequencies(head_dim, theta, scaling)
-    angles_TxH2 = positions_T.astype(jnp.float32)[:, None] * inv_freq[None, :]
-    return jnp.sin(angles_TxH2), jnp.cos(angles_TxH2)
+    angles_xH2 = positions_T.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.sin(angles_xH2), jnp.cos(angles_xH2)
 
 
 def apply_rope(x_BxTxNxH: jax.Array, sin_cos: tuple[jax.Array, jax.Array]) -> jax.Array:
-    """Rotate each (first half, second half) pair of features by its position's angle (float32)."""
-    sin, cos = (a[None, :, None, :] for a in sin_cos)
+    """Rotate each (first half, second half) pair of features by its position's angle (float32); the
+    tables are ``(T, head_dim // 2)``, shared by the batch, or ``(B, T, head_dim // 2)``."""
+    sin, cos = (a[None, :, None, :] if a.ndim == 2 else a[:, :, None, :] for a in sin_cos)
     x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x_BxTxNxH.dtype)
@@ -280,6 +301,7 @@ class Attention(nnx.Module):
         causal: bool = False,
         rope: tuple[jax.Array, jax.Array] | None = None,
         kv_lengths: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
         return_max_logits: bool = False,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         q_BxTxNxH = constrain(self.q(x_BxTxD), "batch", "length", "heads", "kv")
@@ -296,6 +318,7 @@ class Attention(nnx.Module):
             scale=self.scale,
             causal=causal,
             kv_lengths=kv_lengths,
+            segment_ids=segment_ids,
             impl=self.impl,
             matmul_precision=self.matmul_precision,
         )
@@ -309,6 +332,7 @@ class Attention(nnx.Module):
             scale=self.scale,
             causal=causal,
             kv_lengths=kv_lengths,
+            segment_ids=segment_ids,
             matmul_precision=self.matmul_precision,
         )
 

@@ -6,6 +6,10 @@ current LM trainers use.
 ``model(tokens, return_max_logits=True) -> (logits, max_logits)``, ``max_logits`` float32
 ``(depth, num_heads)``: each block's largest pre-softmax attention logit per query head over the batch
 and the causal pairs, outside the gradient (``dew.models.attention``), for MuonClip's QK-clip.
+``model(tokens, segment_ids=..., positions=...)`` runs documents packed into each row (both int
+``(B, L)``, from the data's ``segment_ids`` and ``positions``, docs/data.md): attention stays within
+a document (segment id; 0 is padding) and each document's rotary positions count from 0, so a
+document's logits are the ones it has run alone.
 ``model.extend(tokens, cache) -> (logits, cache)`` runs new tokens against a key/value cache from
 ``model.init_cache(batch, size)`` (``dew.models.kv_cache``): the prompt in one call, then one token per
 call, with the logits ``model(all tokens so far)`` gives at the same positions.
@@ -119,10 +123,20 @@ class DecoderBlock(nnx.Module):
         self.residual_multiplier = f.residual_multiplier
 
     def __call__(
-        self, x_BxTxD: jax.Array, rope: tuple[jax.Array, jax.Array], return_max_logits: bool
+        self,
+        x_BxTxD: jax.Array,
+        rope: tuple[jax.Array, jax.Array],
+        return_max_logits: bool,
+        segment_ids_BxT: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
         r = self.residual_multiplier
-        attn = self.attn(self.attn_norm(x_BxTxD), causal=True, rope=rope, return_max_logits=return_max_logits)
+        attn = self.attn(
+            self.attn_norm(x_BxTxD),
+            causal=True,
+            rope=rope,
+            segment_ids=segment_ids_BxT,
+            return_max_logits=return_max_logits,
+        )
         attn_BxTxD, max_logits_N = attn if isinstance(attn, tuple) else (attn, None)  # a pair when asked for
         x_BxTxD = constrain(x_BxTxD + r * attn_BxTxD, "batch", "length", "embed")
         h_BxTxD = self.mlp_norm(x_BxTxD)
@@ -177,18 +191,33 @@ class Transformer(nnx.Module):
             )
         )
 
-    def __call__(self, tokens_BxT: jax.Array, *, return_max_logits: bool = False) -> Any:
+    def __call__(
+        self,
+        tokens_BxT: jax.Array,
+        *,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        return_max_logits: bool = False,
+    ) -> Any:
         f, p = self.fields, self.precision
         if tokens_BxT.ndim != 2 or tokens_BxT.shape[1] > f.seq_len:
             raise ValueError(
                 f"transformer takes (batch, length <= seq_len={f.seq_len}) token ids, got shape {tokens_BxT.shape}"
             )
+        for name, given in (("segment_ids", segment_ids), ("positions", positions)):
+            if given is not None and given.shape != tokens_BxT.shape:
+                raise ValueError(f"transformer: {name} of shape {given.shape}, the tokens' is {tokens_BxT.shape}")
         x_BxTxD = self.embed(tokens_BxT) * jnp.asarray(f.embedding_multiplier, p.dtype)
         x_BxTxD = constrain(x_BxTxD, "batch", "length", "embed")
-        rope = rope_tables(jnp.arange(tokens_BxT.shape[1]), head_dim(f), f.rope_theta, f.rope_scaling)
+        positions_T = jnp.arange(tokens_BxT.shape[1]) if positions is None else positions
+        rope = rope_tables(positions_T, head_dim(f), f.rope_theta, f.rope_scaling)
 
         x_BxTxD, max_logits_LxN = stack.run(
-            self.blocks, lambda block, x: block(x, rope, return_max_logits), x_BxTxD, scan=f.scan_layers, remat=f.remat
+            self.blocks,
+            lambda block, x: block(x, rope, return_max_logits, segment_ids),
+            x_BxTxD,
+            scan=f.scan_layers,
+            remat=f.remat,
         )
 
         logits_BxTxV = self.head(x_BxTxD)

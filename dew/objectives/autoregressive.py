@@ -1,10 +1,11 @@
 """Next-token prediction for a causal language model (``transformer``).
 
 A window of ``seq_len + 1`` tokens gives the inputs ``tokens[:, :-1]`` and the targets
-``tokens[:, 1:]``; the loss is the cross-entropy summed over every target (nats), so ``loss`` is
-nats per token, ``bits_per_token`` is loss / ln 2 and the perplexity is exp(loss). Evaluation
-draws nothing, so it is deterministic. Sampling is autoregressive with temperature and top-k, over a key/value cache
-(``dew.objectives.decoding``).
+``tokens[:, 1:]``; the loss is the cross-entropy summed over every target (nats) that counts (packed
+documents and a ``loss_mask`` leave some out: ``dew.objectives.tokens.next_token_inputs``), over
+their count, so ``loss`` is nats per token, ``bits_per_token`` is loss / ln 2 and the perplexity is
+exp(loss). Evaluation draws nothing, so it is deterministic. Sampling is autoregressive with
+temperature and top-k, over a key/value cache (``dew.objectives.decoding``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dew.contract.data import whole
 from dew.contract.objectives import objective_of
 from dew.objectives.base import Batch, Loss
 from dew.objectives.decoding import generate
-from dew.objectives.tokens import decode
+from dew.objectives.tokens import decode, next_token_inputs
 
 
 class SampleOptions(TypedDict, total=False):
@@ -62,26 +63,29 @@ class NextToken:
         return self.model_config.build(rngs)
 
     def _cross_entropy(
-        self, model: nnx.Module, tokens: jax.Array, max_logits: bool = False
-    ) -> tuple[jax.Array, jax.Array | None]:
-        tokens = tokens.astype(jnp.int32)
-        inputs_BxL, targets_BxL = tokens[:, :-1], tokens[:, 1:]
-        out = model(inputs_BxL, return_max_logits=True) if max_logits else (model(inputs_BxL), None)
+        self, model: nnx.Module, batch: Batch, max_logits: bool = False
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """Per target: the cross-entropy (nats) and its weight (``next_token_inputs``), and the
+        maximum logits when asked for."""
+        inputs_BxL, targets_BxL, weight_BxL, kwargs = next_token_inputs(batch)
+        out = model(inputs_BxL, return_max_logits=True, **kwargs) if max_logits else (model(inputs_BxL, **kwargs), None)
         ce_BxL = optax.softmax_cross_entropy_with_integer_labels(out[0].astype(jnp.float32), targets_BxL)
-        return ce_BxL, out[1]
+        return ce_BxL, weight_BxL, out[1]
 
     def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
+        """The cross-entropy summed over the weighted targets and their count: the trainer's mean is
+        ``sum(weight · nll) / sum(weight)`` over the whole batch, its micro-batches included."""
         del key  # nothing is drawn
-        ce, logits = self._cross_entropy(model, batch["tokens"], max_logits)
-        return Loss(ce.sum(), jnp.asarray(ce.size, jnp.float32), {}, logits)
+        ce, weight, logits = self._cross_entropy(model, batch, max_logits)
+        return Loss((ce * weight).sum(), weight.sum(), {}, logits)
 
     def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
-        """Loss (nats per token) and bits per token over the real records."""
+        """Loss (nats per token) and bits per token over the real records' weighted targets."""
         del key
-        ce, _ = self._cross_entropy(model, batch["tokens"])
-        mask = batch["mask"].astype(jnp.float32)
-        total = (ce.sum(axis=1) * mask).sum()
-        return Loss(total, mask.sum() * ce.shape[1], {"bits_per_token": total / math.log(2)})
+        ce, weight, _ = self._cross_entropy(model, batch)
+        weight = weight * batch["mask"].astype(jnp.float32)[:, None]
+        total = (ce * weight).sum()
+        return Loss(total, weight.sum(), {"bits_per_token": total / math.log(2)})
 
     @staticmethod
     def derived_metrics(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -35,6 +35,7 @@ from flax import nnx
 
 from dew.contract.objectives import objectives, summary_name
 from dew.objectives.base import Batch, Metric, Objective
+from dew.objectives.tokens import next_token_inputs
 
 
 def masked_sum(per_position_BxL: jax.Array, mask_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -48,7 +49,8 @@ def masked_sum(per_position_BxL: jax.Array, mask_B: jax.Array) -> tuple[jax.Arra
 @dataclasses.dataclass(frozen=True)
 class NextTokenAccuracy:
     """The fraction of held-out tokens whose most likely next token (argmax of the logits) is the
-    true one: ``tokens[:, 1:]`` given ``tokens[:, :-1]``, as next_token trains."""
+    true one: ``tokens[:, 1:]`` given ``tokens[:, :-1]``, over the targets next_token trains
+    (``next_token_inputs``: packed documents' and a loss mask's weights)."""
 
     name: str = "accuracy"
     best: bool = False
@@ -56,10 +58,11 @@ class NextTokenAccuracy:
 
     def __call__(self, model: nnx.Module, batch: Batch, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         del key
-        tokens = batch["tokens"].astype(jnp.int32)
-        logits_BxLxV = model(tokens[:, :-1])
-        hit_BxL = jnp.argmax(logits_BxLxV, axis=-1) == tokens[:, 1:]
-        return masked_sum(hit_BxL, batch["mask"])
+        inputs_BxL, targets_BxL, weight_BxL, kwargs = next_token_inputs(batch)
+        logits_BxLxV = model(inputs_BxL, **kwargs)
+        hit_BxL = (jnp.argmax(logits_BxLxV, axis=-1) == targets_BxL).astype(jnp.float32)
+        weight_BxL = weight_BxL * batch["mask"].astype(jnp.float32)[:, None]
+        return (hit_BxL * weight_BxL).sum(), weight_BxL.sum()
 
 
 def builtin_metrics(objective: Objective) -> tuple[Metric, ...]:

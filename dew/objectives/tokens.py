@@ -1,14 +1,43 @@
-"""What the token objectives share: shaping logits before a draw, and samples as text."""
+"""What the token objectives share: a batch's next-token inputs and weights, shaping logits before a
+draw, and samples as text."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from dew.data.tokenizer import from_record
+
+
+def next_token_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, Any]]:
+    """``(inputs_BxL, targets_BxL, weight_BxL, model keywords)`` of a batch of ``tokens`` ``(B, L + 1)``:
+    the inputs ``tokens[:, :-1]``, the targets ``tokens[:, 1:]``, and each target's weight in the
+    loss (float32, 0 or 1), from the batch's optional fields (docs/data.md):
+
+    - ``segment_ids`` ``(B, L + 1)`` (packed documents; 0 is padding): a target counts only inside
+      the document of its input, so neither padding nor the first token of the next document
+      predicted from the last of the one before is trained (a document run alone has no such
+      target); the model gets ``segment_ids`` and ``positions`` of the inputs;
+    - ``loss_mask`` ``(B, L + 1)``: token ``i`` counts as a target only where it is 1 (a chat's
+      response tokens, not its prompt's).
+    """
+    tokens = batch["tokens"].astype(jnp.int32)
+    inputs_BxL, targets_BxL = tokens[:, :-1], tokens[:, 1:]
+    weight_BxL = jnp.ones(targets_BxL.shape, jnp.float32)
+    kwargs: dict[str, Any] = {}
+    if "segment_ids" in batch:
+        seg = batch["segment_ids"].astype(jnp.int32)
+        weight_BxL *= ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(jnp.float32)
+        kwargs["segment_ids"] = seg[:, :-1]
+    if "positions" in batch:
+        kwargs["positions"] = batch["positions"][:, :-1].astype(jnp.int32)
+    if "loss_mask" in batch:
+        weight_BxL *= batch["loss_mask"][:, 1:].astype(jnp.float32)
+    return inputs_BxL, targets_BxL, weight_BxL, kwargs
 
 
 def shape_logits(logits_BxLxV: jax.Array, temperature: float | jax.Array, top_k: int) -> jax.Array:
