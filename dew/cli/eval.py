@@ -5,9 +5,12 @@
     dew-eval RUN data.val_path=other.bin           another file as the held-out split
     dew-eval RUN data=token_windows data.path=...  another dataset, in dew-train's config groups
     dew-eval HF_DIR data=token_windows data.path=...   a Hugging Face Llama directory
+    dew-eval RUN --tasks-only 'trainer.evals={tasks: [{name: hs, path: hs.jsonl}]}'   downstream tasks alone
+    dew-eval RUN --follow --tasks-only             every new checkpoint once, until the run ends
 
 The values are the trainer's evaluation (the objective's loss and the metrics dew-train evaluates it
-with; for a next-token model on text, the perplexity and bits per byte too), printed as a table and
+with; for a next-token model on text, the perplexity and bits per byte too; the downstream tasks of
+trainer.evals, scored as lm-evaluation-harness scores them: docs/eval.md), printed as a table and
 written as JSON to RUN/eval/step<N>[-ema]-<data>[-<digest of the overrides>].json (--out to choose).
 Nothing else of the run is touched. A bad input ends with one line and exit status 2
 (DEW_DEBUG=1 shows the traceback). Across processes and on a mesh as training runs (trainer.mesh,
@@ -46,9 +49,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="evaluate the EMA of the parameters (default: the parameters, which the trainer's eval/loss measures)",
     )
     p.add_argument("--out", help="the JSON file to write (default: RUN/eval/<step>-<data>.json)")
+    p.add_argument(
+        "--tasks-only",
+        action="store_true",
+        help="score the downstream tasks of trainer.evals alone, not the held-out split",
+    )
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="evaluate every checkpoint of RUN once as it appears, until the run ends (resumable)",
+    )
+    p.add_argument("--poll", type=float, default=30.0, help="--follow: seconds between looks for new checkpoints")
     args = p.parse_intermixed_args(argv)
     if bad := not_overrides(args.overrides):
         p.error(bad)
+    if args.follow and (args.step is not None or args.latest or args.out):
+        p.error("--follow evaluates every step, each into its own file: it takes no --step, --latest or --out")
+    if args.poll <= 0:
+        p.error(f"--poll {args.poll}: must be a positive number of seconds")
     return args
 
 
@@ -69,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from dew.inference.composing import EvalError
 
     try:
+        if args.follow:
+            from dew.inference import following
+
+            following.follow(args)
+            return
         result, written = evaluating.run(args)
     except (EvalError, ConfigError, ValueError, OSError) as err:  # a bad input, as dew-train reads one
         if debugging():  # HYDRA_FULL_ERROR=1 or DEW_DEBUG=1: the traceback

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 from dew.contract import duration
 from dew.contract.axes import LOGICAL_AXES
 from dew.contract.data import DataSpec, datasets
+from dew.contract.evals import Evals, EvalTask
 from dew.contract.models import architecture, resolve_fields
 from dew.contract.models import build as build_architecture
 from dew.contract.registry import AttentionImpl, DtypeName, MatmulPrecision
@@ -45,6 +46,8 @@ __all__ = [
     "ConfigError",
     "DataSpec",
     "EarlyStopping",
+    "EvalTask",
+    "Evals",
     "HookSpec",
     "JsonDict",
     "Layout",
@@ -671,6 +674,10 @@ class TrainerConfig:
     compilation) and the first evaluation and save are not timed; every later step, data read,
     evaluation and save is, so set it above the longest of them. Unset: no watchdog."""
 
+    evals: Evals | None = None
+    """Downstream tasks (multiple choice, log-likelihood: ``dew.contract.evals``) scored during the
+    run beside the held-out evaluation, as ``eval/<task>/<value>`` (docs/eval.md); unset scores none."""
+
     def max_time_seconds(self) -> float | None:
         """``max_time`` in seconds, None for no limit."""
         return None if self.max_time is None else duration.seconds(self.max_time, "trainer.max_time")
@@ -950,6 +957,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "trainer.stall_timeout": None,
     "trainer.trackers.plugins": {},
     "data.documents": False,
+    "trainer.evals": None,
 }
 """Fields a record gained after runs were written without them, each with the value a run written
 before behaves as: ``RunRecord.read`` fills them in where a record lacks them, so a run an older dew

@@ -56,7 +56,7 @@ from dew.objectives.base import Batch as DeviceBatch
 from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
 from dew.recipe import Recipe
-from dew.training import adapt
+from dew.training import adapt, task_evals
 from dew.training.assembly import batch_sharding as lay_out_batches
 from dew.training.assembly import (
     check_batches,
@@ -90,8 +90,10 @@ class Result:
     overrides: Sequence[str]
     values: Mapping[str, float]
     records: int | None
-    """The held-out records evaluated (None where the dataset does not say)."""
+    """The held-out records evaluated (None where the dataset does not say, or with ``--tasks-only``)."""
     seconds: float
+    tasks: Mapping[str, Sequence[Mapping[str, object]]] = dataclasses.field(default_factory=dict)
+    """Each downstream task's examples as scored (``trainer.evals``; empty without)."""
 
     def record(self) -> dict[str, object]:
         return {
@@ -107,6 +109,7 @@ class Result:
             "devices": jax.device_count(),
             "seconds": round(self.seconds, 3),
             "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            **({"tasks": {k: list(v) for k, v in self.tasks.items()}} if self.tasks else {}),
         }
 
 
@@ -116,13 +119,54 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
     t = target(args.run, args.overrides, conf_dir())
     start_process(t.recipe.trainer)  # the flags, the cache and the pool, before any backend opens
     recipe, objective, dataset = rebuild(t)
+    tasks_only = bool(getattr(args, "tasks_only", False))
+    if tasks_only and recipe.trainer.evals is None:
+        raise EvalError(
+            "--tasks-only: the run names no downstream tasks (trainer.evals); name them: "
+            "'trainer.evals={tasks: [{name: NAME, path: FILE.jsonl}]}'"
+        )
     mesh = mesh_of(recipe.trainer)
     try:  # the run's batch divides over this pool's mesh, and no row sits on two processes' devices
-        check_batches(recipe.trainer, mesh, [(recipe.trainer.batch_size, "trainer.batch_size")], accumulation=1)
+        batches = [(recipe.trainer.batch_size, "trainer.batch_size")]
+        if recipe.trainer.evals is not None:
+            batches.append((recipe.trainer.evals.batch_size, "trainer.evals.batch_size"))
+        check_batches(recipe.trainer, mesh, batches, accumulation=1)
     except ValueError as err:
         raise EvalError(str(err)) from None
-    batch_sharding = lay_out_batches(mesh, recipe.trainer)
     graphdef, params, rest, step, ema = parameters(t, recipe, objective, mesh, args)
+    values = {} if tasks_only else held_out(recipe, objective, dataset, mesh, graphdef, params, rest)
+    scored = scored_tasks(recipe, objective, mesh, graphdef, params, rest)
+    if scored is not None:
+        values.update(scored[0])
+    result = Result(
+        t.path,
+        t.kind,
+        step,
+        ema,
+        recipe.to_dict()["data"],
+        list(args.overrides),
+        values,
+        None if tasks_only else getattr(dataset, "num_eval_records", None),
+        time.monotonic() - started,
+        {} if scored is None else scored[1],
+    )
+    if jax.process_index() != 0:
+        return result, None
+    return result, write(result, args.out or os.path.join(t.path, EVAL_DIR, file_name(result)))
+
+
+def held_out(
+    recipe: Recipe,
+    objective: Objective,
+    dataset: Dataset,
+    mesh: Mesh,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    rest: nnx.State,
+) -> dict[str, float]:
+    """The trainer's evaluation of ``params`` on the dataset's held-out split (bits per byte beside,
+    for text)."""
+    batch_sharding = lay_out_batches(mesh, recipe.trainer)
     counter = byte_counter(objective, dataset)
     metrics: list[Metric] = [*builtin_metrics(objective), *([TargetBytes()] if counter is not None else [])]
     eval_step = compile_eval_step(
@@ -151,24 +195,32 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
     if not values:
         raise EvalError(
             f"data={getattr(recipe.data, 'name', '?')}: the data holds no held-out split to evaluate on; "
-            "name one (data.val_path=FILE, data.val_fraction=...)"
+            "name one (data.val_path=FILE, data.val_fraction=...), or score the tasks alone (--tasks-only)"
         )
     if counter is not None and values.get("eval/bytes_per_token"):
         values["eval/bits_per_byte"] = values["eval/loss"] / math.log(2) / values["eval/bytes_per_token"]
-    result = Result(
-        t.path,
-        t.kind,
-        step,
-        ema,
-        recipe.to_dict()["data"],
-        list(args.overrides),
-        values,
-        getattr(dataset, "num_eval_records", None),
-        time.monotonic() - started,
-    )
-    if jax.process_index() != 0:
-        return result, None
-    return result, write(result, args.out or os.path.join(t.path, EVAL_DIR, file_name(result)))
+    return values
+
+
+def scored_tasks(
+    recipe: Recipe, objective: Objective, mesh: Mesh, graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State
+) -> tuple[dict[str, float], dict[str, list[dict[str, object]]]] | None:
+    """The downstream tasks (``trainer.evals``) scored on ``params`` as the trainer scores them:
+    their values, and each task's examples (each choice's log-likelihood and greedy flag, the gold
+    choice and the predictions); None when the run names none."""
+    evals = recipe.trainer.evals
+    if evals is None:
+        return None
+    try:
+        tasks = task_evals.load(evals, objective)
+        _, seq_len = task_evals.encoding_of(objective)
+    except ValueError as err:
+        raise EvalError(" ".join(str(err).split())) from None
+    shardings = param_shardings(params, mesh, recipe.trainer)
+    evaluator = task_evals.evaluator(tasks, evals.batch_size, seq_len, graphdef, rest, recipe.trainer, mesh, shardings)
+    examples = evaluator.examples(params)
+    per_example = {name: [dataclasses.asdict(e) for e in scored] for name, scored in examples.items()}
+    return evaluator.values(examples), per_example
 
 
 # ------------------------------------------------------------------------------ the run rebuilt
@@ -284,7 +336,9 @@ def file_name(result: Result) -> str:
     """``step<N>[-ema]-<data>[-<digest of the overrides>].json`` (``hf-...`` for a Hugging Face
     directory): the same evaluation again replaces its file, another one takes its own."""
     head = "hf" if result.step is None else f"step{result.step}"
-    name = f"{head}{'-ema' if result.ema else ''}-{result.data.get('name', 'data')}"
+    tasks_only = result.tasks and "eval/loss" not in result.values
+    scored = "tasks" if tasks_only else result.data.get("name", "data")
+    name = f"{head}{'-ema' if result.ema else ''}-{scored}"
     if result.overrides:
         name += "-" + hashlib.sha256(" ".join(result.overrides).encode()).hexdigest()[:8]
     return name + ".json"
@@ -307,6 +361,9 @@ def table(result: Result) -> str:
     params = "" if result.step is None else (" (EMA)" if result.ema else " (parameters)")
     records = "" if result.records is None else f" ({result.records} records)"
     split = f"the held-out split of {result.data.get('name', 'the data')}{records}"
+    if result.tasks:
+        tasks = f"the tasks {', '.join(result.tasks)}"
+        split = tasks if "eval/loss" not in result.values else f"{split} and {tasks}"
     lines = [f"{result.target}: {what}{params}, on {split}"]
     width = max(len(k) for k in result.values)
     lines += [f"  {k:<{width}}  {v:.6g}" for k, v in sorted(result.values.items())]

@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
 from dew.contract.config import RunConfig, TrainerConfig
+from dew.objectives import continuations
 from dew.objectives.base import Metric, Objective
 from dew.training import adapt, sharding
 from dew.training.checkpointing import warmstart
@@ -148,6 +149,30 @@ def compile_eval_step(
     return jax.jit(
         sharding.under_rules(mesh, t.layout, make_eval_step(objective, graphdef, rest, metrics)),
         in_shardings=(params_sharding, batch_sharding, None),
+        compiler_options=COMPILER_OPTIONS or None,
+    )
+
+
+def compile_scorer(
+    graphdef: nnx.GraphDef,
+    rest: nnx.State,
+    t: TrainerConfig,
+    mesh: Mesh,
+    params_sharding: object,
+    batch_sharding: NamedSharding,
+) -> Callable[[nnx.State, dict[str, jax.Array]], tuple[jax.Array, jax.Array]]:
+    """A downstream task's rows scored (``dew.objectives.continuations.loglikelihoods``), jitted over
+    the mesh with the parameters laid out as ``params_sharding`` says (the evaluation's layout); the
+    scores come back whole on every process. One program per row length (``trainer.evals``)."""
+
+    def score(params: nnx.State, rows: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        return continuations.loglikelihoods(nnx.merge(graphdef, params, rest), rows)
+
+    whole = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(
+        sharding.under_rules(mesh, t.layout, score),
+        in_shardings=(params_sharding, batch_sharding),
+        out_shardings=(whole, whole),
         compiler_options=COMPILER_OPTIONS or None,
     )
 

@@ -51,7 +51,9 @@ def not_reported(metric: str, values: Sequence[str]) -> EarlyStoppingMetricError
     )
 
 
-def check(rule: EarlyStopping | None, objective: Objective, metrics: Sequence[Metric]) -> None:
+def check(
+    rule: EarlyStopping | None, objective: Objective, metrics: Sequence[Metric], *, tasks: Sequence[str] = ()
+) -> None:
     """Refuse, before the run writes or trains anything, a ``rule.metric`` that the evaluations of
     ``objective`` with ``metrics`` do not report (``dew.training.evaluate.reported``: the objective's
     own declaration). An objective that declares nothing is left to the hook's check at the first
@@ -59,17 +61,21 @@ def check(rule: EarlyStopping | None, objective: Objective, metrics: Sequence[Me
     if rule is None or rule.metric is None:
         return  # the best checkpoint's metric: eval/loss or a metric of the run's own
     values = reported(objective, metrics)
-    if values is not None and rule.metric not in values:
-        raise not_reported(rule.metric, values)
+    if values is not None and rule.metric not in values and rule.metric not in tasks:  # tasks: trainer.evals
+        raise not_reported(rule.metric, [*values, *tasks])
 
 
-def watched(rule: EarlyStopping, metrics: Sequence[Metric], best: tuple[str, bool]) -> tuple[str, bool]:
+def watched(
+    rule: EarlyStopping, metrics: Sequence[Metric], best: tuple[str, bool], tasks: Mapping[str, bool] | None = None
+) -> tuple[str, bool]:
     """The evaluation value the rule watches and whether higher is better: ``rule.metric`` or the
     best checkpoint's metric ``best`` (a key and its direction), in ``rule.mode`` or the metric's own
-    direction."""
+    direction (a downstream task's value's from ``tasks``, ``trainer.evals``: key -> higher is better)."""
     name = rule.metric or best[0]
     if name == best[0]:
         higher = best[1]
+    elif tasks and name in tasks:
+        higher = tasks[name]
     else:
         higher = next((m.higher_is_better for m in metrics if f"eval/{m.name}" == name), False)
     return name, (rule.mode == "max") if rule.mode is not None else higher
@@ -80,9 +86,14 @@ class EarlyStop(Hook):
 
     state_key = "early_stopping"
 
-    def __init__(self, rule: EarlyStopping, metric: str, higher_is_better: bool) -> None:
+    def __init__(
+        self, rule: EarlyStopping, metric: str, higher_is_better: bool, tasks: Mapping[str, bool] | None = None
+    ) -> None:
         super().__init__(every=None)
         self.rule, self.metric, self.higher_is_better = rule, metric, higher_is_better
+        self.tasks = frozenset(tasks or ())
+        """The downstream tasks' values (``trainer.evals``): scored at their own cadence, so an
+        evaluation may hold them alone, or lack them."""
         self.best: float | None = None
         """The best value so far (None before a finite one)."""
         self.best_step: int | None = None
@@ -115,8 +126,10 @@ class EarlyStop(Hook):
 
     def observe(self, step: int, values: Mapping[str, float]) -> StopRequest | None:
         """Count the evaluation at ``step``; the stop request when the rule says to stop there."""
-        if self.metric not in values:  # checked before the run (``check``) where the objective declares its values
-            raise not_reported(self.metric, list(values))
+        if self.metric not in values and not self.other_cadence(values):
+            raise not_reported(self.metric, list(values))  # checked before the run where the objective declares them
+        if self.metric not in values:
+            return None  # an evaluation of the other cadence: not counted
         value = float(values[self.metric])
         self.evaluations += 1
         if self.improves(value):
@@ -132,6 +145,14 @@ class EarlyStop(Hook):
             f"(patience {self.rule.patience}); best {best}",
             {"metric": self.metric, "best": self.best, "best_step": self.best_step, "waited": self.waited},
         )
+
+    def other_cadence(self, values: Mapping[str, float]) -> bool:
+        """Whether ``values`` come from an evaluation at the other cadence than the watched value's:
+        the tasks' alone for a held-out value, or none of the tasks' for a task's value."""
+        if not self.tasks:
+            return False
+        scored = self.tasks & set(values)
+        return not scored if self.metric in self.tasks else bool(values) and scored == set(values)
 
     def improves(self, value: float) -> bool:
         if not math.isfinite(value):

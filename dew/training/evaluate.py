@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from flax import nnx
 
     from dew.contract.data import Batch
+    from dew.contract.evals import Evals
     from dew.objectives.base import Metric, Objective
 
 Sums = tuple[Any, Any, dict[str, Any], dict[str, tuple[Any, Any]]]
@@ -97,10 +98,18 @@ class Evaluator:
         return {**values, **self.derive(values)} if values else {}
 
 
-def best_criterion(metrics: Sequence[Metric]) -> tuple[str, bool]:
+def best_criterion(metrics: Sequence[Metric], evals: Evals | None = None) -> tuple[str, bool]:
     """The key that chooses the best checkpoint and whether higher is better: the metric marked
-    ``best``, else ``eval/loss``. Names must be unique, and at most one metric is marked."""
+    ``best``, else a task's value ``trainer.evals.best`` names, else ``eval/loss``. Names must be
+    unique, and at most one metric is marked (and not beside ``trainer.evals.best``)."""
     names = [m.name for m in metrics]
+    if evals is not None and evals.best is not None:
+        if marked := [m.name for m in metrics if m.best]:
+            raise ValueError(
+                f"trainer.evals.best={evals.best!r} and metric {marked[0]!r} marked best: one value chooses "
+                "the best checkpoint"
+            )
+        return evals.best, evals.values()[evals.best]
     if len(set(names)) != len(names) or "loss" in names:
         raise ValueError(f"metrics: names must be unique and not 'loss' (eval/loss is the objective's); got {names}")
     best = [m for m in metrics if m.best]

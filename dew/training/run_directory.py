@@ -82,6 +82,7 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.max_time",
     "trainer.stall_timeout",
     "trainer.name",
+    "trainer.evals",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
 reports, how the process starts, how long one start of it may run and how long it may stall, never
@@ -92,7 +93,7 @@ after the moment it started and resumed with ``trainer.name=run-<that moment>``.
 is best, not any parameter.) The mesh and the layout decide where each shard of the same
 computation lives: the checkpoint restores into the new layout (tests/training/mesh_runs.py), and
 only the order of floating-point reductions changes. How far ahead the batches are read (prefetch)
-changes when a batch is read, not which."""
+changes when a batch is read, not which. The downstream tasks (``trainer.evals``) are evaluations."""
 
 LENGTH: tuple[str, ...] = ("trainer.steps", "trainer.epochs")
 """The run's length: a resume may change it where the learning rate of every step already trained

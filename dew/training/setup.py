@@ -25,7 +25,7 @@ from dew.contract.models import of
 from dew.contract.rundir import JOURNAL
 from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
-from dew.training import adapt, assembly, early_stopping, preflight, sharding
+from dew.training import adapt, assembly, early_stopping, preflight, sharding, task_evals
 from dew.training.checkpointing import warmstart
 from dew.training.extension import Extension, check_length, record_length
 from dew.training.hooks import from_config
@@ -117,7 +117,12 @@ def check(
         )
     preflight.check_attention(run)
     from_config(t.hooks)  # each named hook is registered and takes its options
-    early_stopping.check(t.early_stopping, objective, builtin_metrics(objective) if metrics is None else metrics)
+    early_stopping.check(
+        t.early_stopping,
+        objective,
+        builtin_metrics(objective) if metrics is None else metrics,
+        tasks=list(t.evals.values()) if t.evals is not None else [],
+    )
     trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)
@@ -129,6 +134,7 @@ def check(
         [(batch, "trainer.batch_size" if batch == t.batch_size else "trainer.batch_ramp") for batch, _ in t.stages()],
         process_count=process_count,
     )
+    task_evals.check(t, objective, mesh, process_count)  # trainer.evals: read, tokenized, its batch split
     abstract = nnx.eval_shape(lambda: adapt.build_model(run, objective))
     warmstart.check(run, abstract)  # trainer.init_from: the source fits, before anything is written
     sharding.param_specs(nnx.state(abstract, nnx.Param), mesh, t.layout)  # each split divides

@@ -37,6 +37,7 @@ from dew.contract.objectives import can_sample
 from dew.contract.rundir import EARLY_STOP, EXTEND, RUN_RECORD
 from dew.data.overfit import OverfitBatches
 from dew.objectives.base import Metric, Objective
+from dew.training import task_evals
 from dew.training.assembly import Assembled, assemble
 from dew.training.checkpointing.checkpoints import Checkpoints, Fallback
 from dew.training.checkpointing.resume_check import ResumeCheck
@@ -58,6 +59,7 @@ from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 from dew.training.reporting.trackers import takes_samples
 from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState
+from dew.training.task_evals import TaskEvaluator
 from dew.training.watchdog import Watchdog
 
 __all__ = [
@@ -94,7 +96,7 @@ def train(
 
     ``setup`` is what ``dew-train`` checked and prepared (``dew.training.setup``); without it, the
     run is set up here, its lock and signal handlers held until it ends."""
-    criterion = best_criterion(metrics)  # before anything is written
+    criterion = best_criterion(metrics, run.trainer.evals)  # before anything is written
     run = with_mup_groups(run, objective)  # muP's groups, for a run built in Python too (dew.training.optim.mup)
     with contextlib.ExitStack() as held:
         # (1) The set-up: checks, the process, the stop signals, the run directory's lock and record.
@@ -129,9 +131,19 @@ class Evaluate(Hook):
 
     phase = "eval"
 
-    def __init__(self, evaluator: Evaluator, story: RunReport, tracker: Tracker, every: int | None) -> None:
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        story: RunReport,
+        tracker: Tracker,
+        every: int | None,
+        tasks: TaskEvaluator | None = None,
+        tasks_every: int | None = None,
+    ) -> None:
         super().__init__(every)
         self.evaluator, self.story, self.tracker = evaluator, story, tracker
+        self.tasks, self.tasks_every = tasks, tasks_every
+        """The downstream tasks (``trainer.evals``), scored every ``tasks_every`` steps (and at the last)."""
         self.told: Callable[[int, Mapping[str, float], TrainState], None] = lambda step, values, state: None
         """Tells the hooks of each evaluation (``Hooks.evaluated``)."""
         self.last: dict[str, float] = {}
@@ -139,14 +151,23 @@ class Evaluate(Hook):
         self.step: int | None = None
         """The step of the last evaluation."""
 
+    def due(self, step: int, last: bool) -> bool:
+        return super().due(step, last) or (self.tasks is not None and _every(self.tasks_every, step))
+
     def on_step(self, at: At) -> None:
-        values = self.evaluator(at.state.params)
+        values = self.evaluator(at.state.params) if at.last or _every(self.every, at.step) else {}
+        if self.tasks is not None and (at.last or _every(self.tasks_every, at.step)):
+            values = {**values, **self.tasks(at.state.params)}  # the same evaluation: one event, one report
         self.told(at.step, values, at.state)  # per-evaluation hooks: the samples
         self.story.evaluated(at.step, values)
         self.tracker.metrics(at.step, values)
         self.tracker.event("eval", step=at.step, **values)
         at.evaluation = self.last = values
         self.step = at.step
+
+
+def _every(every: int | None, step: int) -> bool:
+    return every is not None and step % every == 0
 
 
 class Samples(Hook):
@@ -353,7 +374,8 @@ def _parts(
         every=setup.ckpt_every,
         unnamed=None if t.name or "/" in setup.name else setup.name,  # unnamed (a sweep's job: sweep/job)
     )
-    evaluate = Evaluate(evaluator, story, tracker, setup.eval_every)
+    tasks = task_evals.in_loop(t, objective, built.state.graphdef, built.state.rest, built.mesh, built.state.params)
+    evaluate = Evaluate(evaluator, story, tracker, setup.eval_every, tasks, task_evals.due(t, setup.eval_every))
     watchdog, phase = _watchdog(t, setup.path, story.phase)  # trainer.stall_timeout
     own: list[Hook] = [*watchdog, *([Profiler(t.profile)] if t.profile is not None else [])]
     progress = [Progress(t.log_every, setup.total_steps)] if tracker.is_main else []  # the console's lines
@@ -361,7 +383,10 @@ def _parts(
     if takes_samples(t):
         own.append(Samples(tracker, objective, t.seed))
     if t.early_stopping is not None:
-        own.append(EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion)))
+        tasks_reported = t.evals.values() if t.evals is not None else {}
+        own.append(
+            EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion, tasks_reported), tasks_reported)
+        )
     # The checkpoint comes last at a step, so that it holds what every hook decided there.
     last: list[Hook] = (
         [saver, ResumeCheck(saver, dataset.iterator, every=setup.ckpt_every)] if t.check_resume else [saver]

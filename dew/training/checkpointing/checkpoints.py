@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -100,8 +101,10 @@ def describe_damage(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _metric(key: str, metrics: Mapping[str, float]) -> float:
-    return float(metrics[key])
+def _metric(key: str, worst: float, metrics: Mapping[str, float]) -> float:
+    """A checkpoint's ``key``; ``worst`` for one saved before the run reported it (a resume that
+    chose another best metric), which then ranks below every other."""
+    return float(metrics.get(key, worst))
 
 
 def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
@@ -135,7 +138,8 @@ class Checkpoints:
         """``best_metric`` (an evaluation key, ``eval/loss`` by default, or a run's metric marked
         best) chooses the best checkpoint, the lowest unless ``higher_is_better``."""
         self.directory = directory
-        metric = functools.partial(_metric, best_metric)
+        self.best_metric = best_metric
+        metric = functools.partial(_metric, best_metric, -math.inf if higher_is_better else math.inf)
         options = ocp.CheckpointManagerOptions(
             preservation_policy=policies.AnyPreservationPolicy(
                 [
@@ -164,7 +168,11 @@ class Checkpoints:
         return list(self.manager.all_steps())
 
     def save(self, step: int, state: object, meta: dict[str, Any], metrics: dict[str, float] | None) -> None:
-        """Start an asynchronous save; returns once the arrays are copied off the step's buffers."""
+        """Start an asynchronous save; returns once the arrays are copied off the step's buffers.
+        ``metrics`` without the best metric (an evaluation of only the held-out data, or only the
+        downstream tasks: ``trainer.evals``) rank nothing: the step is kept as one of the latest."""
+        if metrics is not None and self.best_metric not in metrics:
+            metrics = None
         self.manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),

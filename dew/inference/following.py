@@ -1,0 +1,121 @@
+"""``dew-eval RUN --follow``: every checkpoint of a run evaluated once, as it appears, until the run
+ends (docs/eval.md, "Following a run").
+
+The follower polls the run directory every ``--poll`` seconds for finished steps (a step directory
+orbax has finalised: ``rundir.STEP_FINISHED``), evaluates each new one as ``dew-eval RUN --step N``
+does (the same overrides, ``--tasks-only`` too) and writes its results file, then notes the step in
+its record, ``RUN/eval/follow-<digest of the overrides>.json``, written whole (a temporary file
+renamed over it). It ends once the run's journal says the run ended (the last of its ``start``,
+``resume``, ``stop`` and ``end`` events is an ``end``) and every step saved before is evaluated. A
+run stopped or killed and resumed is followed on: a stop is not an end.
+
+Resumable: a follower started again (the same command) reads its record and evaluates only the
+steps it does not note, so each checkpoint is noted once, with its values. (A follower killed in the
+moment between a step's results file and its note evaluates that step again when started again,
+replacing the file with the same values.) A step deleted before its turn (the run keeps
+``trainer.keep`` latest steps and the best) is noted as skipped, with why. Nothing of the run is
+written but ``RUN/eval/``. One process follows: the steps appear to each process at its own moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from etils import epath
+
+from dew.contract.journal import JournalError, read
+from dew.contract.rundir import RUN_RECORD, STEP_FINISHED, is_step
+from dew.inference import evaluating
+from dew.inference.composing import EvalError
+from dew.runs.discover import find_journal
+
+ENDS = ("start", "resume", "stop", "end")
+"""The journal's events that say whether a run is going on: it has ended when the last is ``end``."""
+
+
+def record_path(run: str, overrides: list[str], tasks_only: bool) -> str:
+    """Where the follower of ``run`` with these ``overrides`` notes the steps it evaluated."""
+    key = " ".join([*overrides, *(["--tasks-only"] if tasks_only else [])])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    return os.path.join(run, evaluating.EVAL_DIR, f"follow-{digest}.json")
+
+
+def finished_steps(run: str) -> list[int]:
+    """The run's steps orbax has finished saving, oldest first."""
+    if not os.path.isdir(run):
+        return []
+    return sorted(int(n) for n in os.listdir(run) if is_step(n) and os.path.exists(os.path.join(run, n, STEP_FINISHED)))
+
+
+def ended(run: str) -> bool:
+    """Whether the run's journal says it ended (its last lifecycle event an ``end``)."""
+    journal = find_journal(epath.Path(run))
+    if journal is None:
+        return False
+    try:
+        events = [e["event"] for e in read(journal).events if e.get("event") in ENDS]
+    except JournalError:
+        return False  # a line still being written: read it at the next poll
+    return bool(events) and events[-1] == "end"
+
+
+def read_record(path: str) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        return {"steps": {}}
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """``record`` at ``path``, whole: a temporary file beside it, renamed."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.tmp-{os.getpid()}"
+    with open(partial, "w") as fh:
+        json.dump(record, fh, indent=2)
+        fh.write("\n")
+    os.replace(partial, path)
+
+
+def follow(
+    args: argparse.Namespace, *, sleep: Callable[[float], None] = time.sleep, out: Any = sys.stdout
+) -> dict[str, Any]:
+    """Evaluate every checkpoint of ``args.run`` once until the run ends; the follower's record."""
+    run = os.path.abspath(args.run)
+    tasks_only = bool(getattr(args, "tasks_only", False))
+    path = record_path(run, list(args.overrides), tasks_only)
+    record = read_record(path)
+    record.update(run=run, overrides=list(args.overrides), tasks_only=tasks_only)
+    while not os.path.isfile(os.path.join(run, RUN_RECORD)):  # the run has not started yet
+        sleep(args.poll)
+    while True:
+        over = ended(run)  # read first: once the run has ended, every step it saved is on disk
+        for step in finished_steps(run):
+            if str(step) not in record["steps"]:
+                record["steps"][str(step)] = evaluate_step(args, step, out)
+                write_record(path, record)
+        if over:
+            print(f"dew-eval: {run} ended; {len(record['steps'])} steps evaluated (record: {path})", file=out)
+            return record
+        sleep(args.poll)
+
+
+def evaluate_step(args: argparse.Namespace, step: int, out: Any) -> dict[str, Any]:
+    """Evaluate saved ``step``: its note (the results file and the values)."""
+    one = argparse.Namespace(**{**vars(args), "step": step, "latest": False, "out": None, "follow": False})
+    try:
+        result, written = evaluating.run(one)
+    except EvalError as err:
+        if step not in finished_steps(os.path.abspath(args.run)):  # the run deleted it meanwhile
+            print(f"dew-eval: step {step} skipped: {err}", file=out, flush=True)
+            return {"skipped": " ".join(str(err).split())}
+        raise
+    values = " ".join(f"{k}={v:.6g}" for k, v in sorted(result.values.items()))
+    print(f"dew-eval: step {step} evaluated: {values}", file=out, flush=True)
+    return {"results": written, "metrics": dict(result.values)}
