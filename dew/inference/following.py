@@ -98,24 +98,29 @@ def follow(
         over = ended(run)  # read first: once the run has ended, every step it saved is on disk
         for step in finished_steps(run):
             if str(step) not in record["steps"]:
-                record["steps"][str(step)] = evaluate_step(args, step, out)
+                note = record["steps"][str(step)] = evaluate_step(args, step)
                 write_record(path, record)
+                print(f"dew-eval: step {step} {describe(note)}", file=out, flush=True)
         if over:
             print(f"dew-eval: {run} ended; {len(record['steps'])} steps evaluated (record: {path})", file=out)
             return record
         sleep(args.poll)
 
 
-def evaluate_step(args: argparse.Namespace, step: int, out: Any) -> dict[str, Any]:
+def evaluate_step(args: argparse.Namespace, step: int) -> dict[str, Any]:
     """Evaluate saved ``step``: its note (the results file and the values)."""
     one = argparse.Namespace(**{**vars(args), "step": step, "latest": False, "out": None, "follow": False})
     try:
         result, written = evaluating.run(one)
     except EvalError as err:
         if step not in finished_steps(os.path.abspath(args.run)):  # the run deleted it meanwhile
-            print(f"dew-eval: step {step} skipped: {err}", file=out, flush=True)
             return {"skipped": " ".join(str(err).split())}
         raise
-    values = " ".join(f"{k}={v:.6g}" for k, v in sorted(result.values.items()))
-    print(f"dew-eval: step {step} evaluated: {values}", file=out, flush=True)
     return {"results": written, "metrics": dict(result.values)}
+
+
+def describe(note: dict[str, Any]) -> str:
+    """A step's note in one line: its values, or why it was skipped."""
+    if "skipped" in note:
+        return f"skipped: {note['skipped']}"
+    return "evaluated: " + " ".join(f"{k}={v:.6g}" for k, v in sorted(note["metrics"].items()))

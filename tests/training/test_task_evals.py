@@ -207,11 +207,10 @@ def test_the_config_is_checked_naming_the_field():
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"]
 
 
-def _lm(root: Path, *overrides: str):
-    """A tiny next-token run on byte tokens with two tasks (``mc``, ``ll``), composed as dew-train does."""
+def task_data(root: Path) -> str:
+    """Byte tokens of random words in ``root/bytes`` and two tasks beside (``mc``, ``ll``): the
+    tasks as ``trainer.evals.tasks`` lists them."""
     from dew.data.prepare import prepare
-    from tests.conftest import SUITE_CACHE
-    from tests.training.mesh_runs import compose
 
     if not (root / "bytes").exists():
         rng = np.random.default_rng(0)
@@ -222,7 +221,15 @@ def _lm(root: Path, *overrides: str):
         (root / "mc.jsonl").write_text("".join(json.dumps(e) + "\n" for e in mc))
         ll = [{"context": "the lazy", "continuation": " dog"}, {"context": "jumps", "continuation": " over the fox"}]
         (root / "ll.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ll))
-    tasks = f"{{name: mc, path: {root / 'mc.jsonl'}}}, {{name: ll, path: {root / 'll.jsonl'}, kind: loglikelihood}}"
+    return f"{{name: mc, path: {root / 'mc.jsonl'}}}, {{name: ll, path: {root / 'll.jsonl'}, kind: loglikelihood}}"
+
+
+def _lm(root: Path, *overrides: str):
+    """A tiny next-token run on byte tokens with two tasks (``mc``, ``ll``), composed as dew-train does."""
+    from tests.conftest import SUITE_CACHE
+    from tests.training.mesh_runs import compose
+
+    tasks = task_data(root)
     return compose(
         "data=token_windows",
         f"data.path={root / 'bytes' / 'train.bin'}",
