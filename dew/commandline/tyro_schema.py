@@ -152,8 +152,8 @@ def _cli_type(tp: Any, default: object) -> Any:
         return _subcommands(tp, default, optional=False)
     if origin is tuple and args and _is_record(args[0]):  # records in a list: trainer.hooks
         return Annotated[tp, _json_argument(tp)]
-    if origin is dict and len(args) == 2 and args[1] is Any:  # an open dict: a hook's options
-        return Annotated[tp, _json_argument(tp)]
+    if origin is dict and len(args) == 2 and (args[1] is Any or _is_record(args[1])):
+        return Annotated[tp, _json_argument(tp)]  # an open dict (a hook's options), records by name (components)
     return tp
 
 

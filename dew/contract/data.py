@@ -100,6 +100,26 @@ class Dataset(Protocol):
         ...
 
 
+@runtime_checkable
+class SourcedDataset(Protocol):
+    """A dataset whose held-out data comes from named sources (``mixture``'s components), each
+    evaluated on its own: the trainer reports ``eval/<source>/loss`` (and each value beside it) for
+    every source, besides the values over all of them (``eval_batches``, the sources one after the
+    other)."""
+
+    eval_sources: tuple[str, ...]
+    """The sources that hold data out, in the order ``eval_batches`` reads them."""
+
+    def source_eval_batches(self, process_index: int = 0, process_count: int = 1) -> Mapping[str, Iterator[Batch]]:
+        """Each source's held-out pass by name, as ``eval_batches`` gives it (padded, with ``mask``)."""
+        ...
+
+
+def eval_sources(dataset: object) -> tuple[str, ...]:
+    """The named held-out sources of ``dataset`` (none for a dataset of one source)."""
+    return tuple(dataset.eval_sources) if isinstance(dataset, SourcedDataset) else ()
+
+
 def whole(value: object, what: str) -> int:
     """``value`` (one of ``Dataset.model_fields``, say) as an int; a ValueError naming ``what`` when it
     is not a whole number (a numpy integer is one)."""

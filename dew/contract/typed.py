@@ -178,6 +178,9 @@ def with_defaults(tp: object, value: object) -> object:
 
     For a JSON string a user typed (``optim.param_groups='[{"pattern": "bias"}]'``), not for a
     record: a run record must carry every field, so ``from_json`` still refuses one that lacks any.
+    The records inside are completed too: a dict's values, a record's fields, and a registered
+    member named by its ``name`` (a mixture's components, ``{"web": {"data": {"name":
+    "token_windows", "path": ...}}}``).
     """
     origin = typing.get_origin(tp)
     if origin is Annotated:
@@ -187,14 +190,23 @@ def with_defaults(tp: object, value: object) -> object:
         if len(args) == 2 and args[1] is Ellipsis:
             return [with_defaults(args[0], v) for v in value]
         return [with_defaults(a, v) for a, v in zip(args, value)] + value[len(args) :]
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and registry_of(tp) is None and isinstance(value, Mapping):
-        out = dict(value)
-        for f in dataclasses.fields(tp):
-            if f.init and f.name not in out:
-                if f.default is not dataclasses.MISSING:
-                    out[f.name] = to_json(f.default)
-                elif f.default_factory is not dataclasses.MISSING:
-                    out[f.name] = to_json(f.default_factory())
+    if origin is dict and isinstance(value, Mapping) and len(typing.get_args(tp)) == 2:
+        return {k: with_defaults(typing.get_args(tp)[1], v) for k, v in value.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+        registry, kind = registry_of(tp), value.get(NAME_KEY)
+        cls = tp if registry is None else registry.get(kind) if isinstance(kind, str) else None
+        if cls is None:
+            return value  # an unknown name: from_json names it
+        types_, out = hints(cls), dict(value)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            if f.name in out:
+                out[f.name] = with_defaults(types_[f.name], out[f.name])
+            elif f.default is not dataclasses.MISSING:
+                out[f.name] = to_json(f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = to_json(f.default_factory())
         return out
     return value
 

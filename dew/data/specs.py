@@ -22,6 +22,7 @@ from dew.data.fields import (
     TextStreamFields,
     TokenWindowsFields,
 )
+from dew.data.mixture_fields import MixtureFields
 
 if TYPE_CHECKING:
     from dew.contract.data import Dataset
@@ -33,6 +34,7 @@ __all__ = [
     "HFImages",
     "HFText",
     "ImageFolder",
+    "Mixture",
     "OxfordFlowers102",
     "TextStream",
     "TokenWindows",
@@ -116,6 +118,22 @@ class HFText(HFTextFields):
         from dew.data.hf_text import load_hf_text  # heavy: datasets and grain load only when the data is loaded
 
         return load_hf_text(self, batch_size=batch_size, seed=seed)
+
+
+@datasets.register("mixture")
+@dataclasses.dataclass(frozen=True)
+class Mixture(MixtureFields):
+    """Several token datasets mixed at given weights: each training sequence comes from one
+    component, drawn from the run's seed and the step so that each component's share of the
+    sequences follows its weight; weights may change at given steps (``stages``). Every component
+    reads windows of one length with one vocabulary; each one's held-out split is evaluated on its
+    own (``eval/<name>/loss``) besides the mixture's ``eval/loss`` over all of them (docs/data.md).
+    """
+
+    def load(self, batch_size: int, seed: int) -> Dataset:
+        from dew.data.mixture import load_mixture  # heavy: the components' loaders load only when the data is loaded
+
+        return load_mixture(self, batch_size=batch_size, seed=seed)
 
 
 @datasets.register("chat")

@@ -52,15 +52,21 @@ def not_reported(metric: str, values: Sequence[str]) -> EarlyStoppingMetricError
 
 
 def check(
-    rule: EarlyStopping | None, objective: Objective, metrics: Sequence[Metric], *, tasks: Sequence[str] = ()
+    rule: EarlyStopping | None,
+    objective: Objective,
+    metrics: Sequence[Metric],
+    sources: Sequence[str] = (),
+    *,
+    tasks: Sequence[str] = (),
 ) -> None:
     """Refuse, before the run writes or trains anything, a ``rule.metric`` that the evaluations of
     ``objective`` with ``metrics`` do not report (``dew.training.evaluate.reported``: the objective's
-    own declaration). An objective that declares nothing is left to the hook's check at the first
-    evaluation, as is a dataset without evaluation batches."""
+    own declaration, each value also per held-out source of the data, ``eval/<source>/loss``). An
+    objective that declares nothing is left to the hook's check at the first evaluation, as is a
+    dataset without evaluation batches."""
     if rule is None or rule.metric is None:
         return  # the best checkpoint's metric: eval/loss or a metric of the run's own
-    values = reported(objective, metrics)
+    values = reported(objective, metrics, sources)
     if values is not None and rule.metric not in values and rule.metric not in tasks:  # tasks: trainer.evals
         raise not_reported(rule.metric, [*values, *tasks])
 

@@ -3,17 +3,19 @@ summed on the devices and divided once at the end, so every batch weighs by its 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
 
+from dew.contract.data import SourcedDataset
 from dew.training.checkpointing.checkpoints import BEST_METRIC
 
 if TYPE_CHECKING:
     from flax import nnx
 
-    from dew.contract.data import Batch
+    from dew.contract.data import Batch, Dataset
     from dew.contract.evals import Evals
     from dew.objectives.base import Metric, Objective
 
@@ -28,17 +30,25 @@ def derived_metrics(objective: Objective, values: Mapping[str, float]) -> dict[s
     return dict(derive(values)) if derive is not None else {}
 
 
-def reported(objective: Objective, metrics: Sequence[Metric]) -> list[str] | None:
+def reported(objective: Objective, metrics: Sequence[Metric], sources: Sequence[str] = ()) -> list[str] | None:
     """The values an evaluation of ``objective`` with ``metrics`` reports, known before anything is
     compiled: ``eval/loss``, the objective's own sums (its declared ``eval_sums``), each metric's and
-    what the objective derives from those (``derived_metrics``, asked of placeholder values). None
-    for an objective that does not declare its sums: its evaluation says what it reports when it
-    runs. (A dataset without evaluation batches reports nothing, which only its evaluation shows.)"""
+    what the objective derives from those (``derived_metrics``, asked of placeholder values), and each
+    of them again as ``eval/<source>/...`` for every named held-out source of the data (a mixture's
+    components: ``dew.contract.data.eval_sources``). None for an objective that does not declare its
+    sums: its evaluation says what it reports when it runs. (A dataset without evaluation batches
+    reports nothing, which only its evaluation shows.)"""
     sums = getattr(objective, "eval_sums", None)
     if sums is None:
         return None
     values = [BEST_METRIC, *(f"eval/{k}" for k in sums), *(f"eval/{m.name}" for m in metrics)]
-    return sorted({*values, *derived_metrics(objective, dict.fromkeys(values, 1.0))})
+    overall = {*values, *derived_metrics(objective, dict.fromkeys(values, 1.0))}
+    return sorted(overall | {per_source(source, key) for source in sources for key in overall})
+
+
+def per_source(source: str, key: str) -> str:
+    """``eval/<name>`` of the held-out source ``source``: ``eval/<source>/<name>``."""
+    return f"eval/{source}/{key.removeprefix('eval/')}"
 
 
 def add(a: Sums | None, b: Sums) -> Sums:
@@ -66,7 +76,10 @@ def means(sums: Sums) -> dict[str, float]:
 
 class Evaluator:
     """The evaluation of a state's parameters: ``evaluator(params)`` is ``{"eval/loss": ..., ...}``
-    (empty when the dataset has no evaluation batches)."""
+    (empty when the dataset has no evaluation batches). With ``sources`` (a mixture's held-out data,
+    by component), each source's values come too, as ``eval/<source>/loss``, ...: one pass over the
+    sources one after the other, the values over all of them the sums of theirs, so ``eval/loss`` is
+    the one a pass over ``eval_batches`` gives (dew-eval's)."""
 
     def __init__(
         self,
@@ -76,6 +89,7 @@ class Evaluator:
         *,
         seed: int,
         derive: Callable[[Mapping[str, float]], dict[str, float]],
+        sources: Callable[[], Mapping[str, Iterable[Batch]]] | None = None,
     ) -> None:
         self.eval_step = eval_step
         """The compiled evaluation of one batch: (params, batch, key) -> its sums."""
@@ -87,11 +101,46 @@ class Evaluator:
         """Batch i's key is this folded with i: every evaluation draws the same noise."""
         self.derive = derive
         """The objective's derived metrics from the means."""
+        self.sources = sources
+        """This process's evaluation batches by held-out source, from the start, each time it is
+        called (None: ``batches`` alone)."""
+
+    @classmethod
+    def over(
+        cls,
+        dataset: Dataset,
+        eval_step: Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums],
+        place: Callable[[Batch], dict[str, jax.Array]],
+        *,
+        seed: int,
+        derive: Callable[[Mapping[str, float]], dict[str, float]],
+    ) -> Evaluator:
+        """The evaluation of this process's part of ``dataset``'s held-out data (``eval_batches``),
+        and of each of its held-out sources on its own where it names them (a mixture's components:
+        ``dew.contract.data.SourcedDataset``)."""
+        where = (jax.process_index(), jax.process_count())
+        sources = None
+        if isinstance(dataset, SourcedDataset):
+            sources = functools.partial(dataset.source_eval_batches, *where)
+        return cls(eval_step, lambda: dataset.eval_batches(*where), place, seed=seed, derive=derive, sources=sources)
 
     def __call__(self, params: nnx.State) -> dict[str, float]:
-        sums: Sums | None = None
-        for i, batch in enumerate(self.batches()):
-            sums = add(sums, self.eval_step(params, self.place(batch), jax.random.fold_in(self.key, i)))
+        parts = self.sources() if self.sources is not None else {"": self.batches()}
+        total: Sums | None = None
+        by_source: dict[str, Sums] = {}
+        i = 0  # the batch's number over all the sources: its key is the one a single pass gives it
+        for source, batches in parts.items():
+            for batch in batches:
+                sums = self.eval_step(params, self.place(batch), jax.random.fold_in(self.key, i))
+                total, i = add(total, sums), i + 1
+                if source:
+                    by_source[source] = add(by_source.get(source), sums)
+        values = self._values(total)
+        for source, sums in by_source.items():
+            values.update({per_source(source, k): v for k, v in self._values(sums).items()})
+        return values
+
+    def _values(self, sums: Sums | None) -> dict[str, float]:
         if sums is None:
             return {}
         values = means(jax.device_get(sums))

@@ -19,7 +19,7 @@ from etils import epath
 from flax import nnx
 
 from dew.contract.config import STEP_LIMIT, RunConfig, TrainerConfig
-from dew.contract.data import Dataset
+from dew.contract.data import Dataset, eval_sources
 from dew.contract.journal import JournalError, read
 from dew.contract.models import of
 from dew.contract.rundir import JOURNAL
@@ -121,6 +121,7 @@ def check(
         t.early_stopping,
         objective,
         builtin_metrics(objective) if metrics is None else metrics,
+        eval_sources(dataset),
         tasks=list(t.evals.values()) if t.evals is not None else [],
     )
     trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes

@@ -349,13 +349,7 @@ def _parts(
     (``saved``: the hooks' states in the checkpoint resumed from)."""
     t = run.trainer
     derive = functools.partial(derived_metrics, objective)
-    evaluator = Evaluator(
-        built.eval_step,
-        lambda: dataset.eval_batches(jax.process_index(), jax.process_count()),
-        built.place,
-        seed=t.seed,
-        derive=derive,
-    )
+    evaluator = Evaluator.over(dataset, built.eval_step, built.place, seed=t.seed, derive=derive)
     meter = Throughput(
         flops_per_example=flops_per_example_of(run),
         peak_flops=peak_flops(jax.devices()[0].device_kind, run.model.dtype, jax.device_count()),
