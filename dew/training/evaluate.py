@@ -51,6 +51,16 @@ def per_source(source: str, key: str) -> str:
     return f"eval/{source}/{key.removeprefix('eval/')}"
 
 
+def check_sources(sources: Sequence[str], tasks: Sequence[str]) -> None:
+    """Refuse a held-out source (a mixture's component) named as a downstream task (``trainer.evals``):
+    both would report ``eval/<name>/...``, one over the other."""
+    if shared := sorted(set(sources) & set(tasks)):
+        raise ValueError(
+            f"data.components and trainer.evals.tasks both name {', '.join(shared)}: each reports "
+            "eval/<name>/...; rename the component or the task"
+        )
+
+
 def add(a: Sums | None, b: Sums) -> Sums:
     """Two batches' sums added (on the devices: nothing is fetched)."""
     if a is None:

@@ -27,6 +27,7 @@ from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
 from dew.training import adapt, assembly, early_stopping, preflight, sharding, task_evals
 from dew.training.checkpointing import warmstart
+from dew.training.evaluate import check_sources
 from dew.training.extension import Extension, check_length, record_length
 from dew.training.hooks import from_config
 from dew.training.optim.build import Optimizer, build_optimizer
@@ -124,6 +125,7 @@ def check(
         eval_sources(dataset),
         tasks=list(t.evals.values()) if t.evals is not None else [],
     )
+    check_sources(eval_sources(dataset), [task.name for task in t.evals.tasks] if t.evals is not None else [])
     trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes
     eval_every = t.eval_interval(dataset)
     ckpt_every = t.checkpoint_interval(dataset)

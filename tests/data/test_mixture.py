@@ -221,3 +221,11 @@ def test_bad_fields_are_refused_by_name(fields, message):
 def test_a_mixture_without_components_is_refused_at_load():
     with pytest.raises(ValueError, match="data.components is empty: a mixture needs at least one source"):
         Mixture().load(batch_size=4, seed=0)
+
+
+def test_a_source_named_as_a_downstream_task_is_refused():
+    from dew.training.evaluate import check_sources
+
+    check_sources(("web", "books"), ("hellaswag",))
+    with pytest.raises(ValueError, match="data.components and trainer.evals.tasks both name books: each reports"):
+        check_sources(("web", "books"), ("books", "arc"))
