@@ -172,8 +172,9 @@ class HFTextFields(DataSpec):
     documents: bool = False
     """Pack whole documents into the windows, each record one document, with the
     batch fields ``segment_ids`` and ``positions``, so a causal model's attention stays within a
-    document and its rotary positions count from 0 in each (docs/data.md, "Documents"). mode=cache only. Off: the
-    ids back to back, attention across the boundaries."""
+    document and its rotary positions count from 0 in each (docs/data.md, "Documents"): the token
+    cache's records packed once (mode=cache), or each process's records as they are read (mode=stream,
+    grain's first-fit packer). Off: the ids back to back, attention across the boundaries."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -191,10 +192,6 @@ class HFTextFields(DataSpec):
             chosen.append("val_fraction")
         if len(chosen) > 1:
             raise ValueError(f"data.{' and data.'.join(chosen)} each choose the held-out text: set one")
-        if self.documents and self.mode == "stream":
-            raise ValueError(
-                "data.documents=true packs the records of the token cache: it needs data.mode=cache, not stream"
-            )
         if self.val_fraction and self.mode == "stream":
             raise ValueError(
                 "data.val_fraction holds out windows of the cache: with data.mode=stream give data.val_split "

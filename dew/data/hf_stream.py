@@ -7,13 +7,18 @@ else every ``P``-th record), so the processes together read each record exactly 
 the stored order every epoch; each packs its records, framed by the tokenizer's begin/end ids, back
 to back into non-overlapping windows of ``seq_len + 1`` and keeps ``B / P`` of them per global
 batch. The read position is, per process, the epoch, ``datasets``' own iterator state and the ids
-packed but not yet in a window; ``get_state`` gathers every process's (a ``jax`` all-gather when
+packed but not yet in a window. With ``data.documents``, each record is packed whole instead
+(``dew.data.stream.packed_documents``: grain's first-fit over the records as they are read,
+``segment_ids`` and ``positions`` beside), and the position is grain's packing state: the records'
+position where the windows being handed out were packed from, and how many of them were handed out.
+``get_state`` gathers every process's (a ``jax`` all-gather when
 there are several, at a checkpoint, where every process saves), so a resume on the same process
 count continues exactly.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -25,8 +30,10 @@ import numpy as np
 
 from dew.contract.data import Batch
 from dew.data.hf_sources import Source, text_of
-from dew.data.pipeline import padded_eval_batches, shard_bounds
+from dew.data.packing import DocumentWindows, Framing, PackedTable
+from dew.data.pipeline import Records, padded_eval_batches, shard_bounds
 from dew.data.prepare import source_documents
+from dew.data.stream import packed_documents
 from dew.data.tokenizer import Tokenizer, absolute_record, encode_documents
 from dew.data.tokens import TokenWindowRecords
 
@@ -52,22 +59,23 @@ def _gather(local: dict[str, Any], process_count: int) -> list[dict[str, Any]]:
     return [json.loads(bytes(row[:n]).decode()) for row, n in zip(every, lengths)]
 
 
-class RecordStream:
-    """One process's share of the records, tokenized and packed into windows as they are read."""
+class RecordReader(grain.DatasetIterator):
+    """One process's share of the records, each read, tokenized and framed as a document
+    (``{"tokens": ids}``), epoch after epoch; grain's iterator protocol, so that grain's packer reads it
+    and saves its place (``data.documents``)."""
 
     def __init__(
         self,
         make: Callable[[], datasets.IterableDataset],
         source: Source,
         tokenizer: Tokenizer,
-        seq_len: int,
         process_index: int,
     ):
+        super().__init__()
         self._make, self._source, self._tokenizer = make, source, tokenizer
-        self._width, self._process_index = seq_len + 1, process_index
+        self._process_index = process_index
         self._epoch = 0
         self._read = 0  # records read this epoch
-        self._buffer = np.zeros(0, np.int32)
         self._start(None)
 
     def _start(self, source_state: Mapping[str, Any] | None) -> None:
@@ -81,7 +89,7 @@ class RecordStream:
         self._restored = None if source_state is None else dict(source_state)
         self._iterator = iter(self._records)
 
-    def _pull(self) -> np.ndarray:
+    def __next__(self) -> dict[str, np.ndarray]:
         """The next record's ids, framed as a document; the next epoch begins after the last record."""
         for _ in range(2):
             try:
@@ -96,39 +104,87 @@ class RecordStream:
                 continue
             self._read += 1
             self._restored = None
-            return encode_documents(self._tokenizer, [text_of(self._source, record, self._read - 1)])[0]
+            return {"tokens": encode_documents(self._tokenizer, [text_of(self._source, record, self._read - 1)])[0]}
         raise AssertionError("unreachable: an epoch that ended has records")
 
-    def windows(self, n: int) -> np.ndarray:
-        """The next ``n`` windows of ``seq_len + 1`` ids, int32 ``(n, seq_len + 1)``."""
+    def get_state(self) -> dict[str, Any]:
+        source = self._restored if self._restored is not None else self._records.state_dict()
+        return {"epoch": self._epoch, "read": self._read, "source": copy.deepcopy(source)}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self._epoch, self._read = int(state["epoch"]), int(state["read"])
+        self._start(state["source"])
+
+
+class RecordStream:
+    """The records packed back to back into non-overlapping windows of ``seq_len + 1`` ids."""
+
+    def __init__(self, reader: RecordReader, seq_len: int):
+        self._reader, self._width = reader, seq_len + 1
+        self._buffer = np.zeros(0, np.int32)
+
+    def windows(self, n: int) -> Batch:
+        """The next ``n`` windows: ``tokens`` int32 ``(n, seq_len + 1)``."""
         need = n * self._width
         parts, have = [self._buffer], len(self._buffer)
         while have < need:
-            ids = self._pull()
+            ids = next(self._reader)["tokens"]
             parts.append(ids)
             have += len(ids)
         ids = np.concatenate(parts)
         self._buffer = ids[need:]
-        return ids[:need].reshape(n, self._width)
+        return {"tokens": ids[:need].reshape(n, self._width)}
 
     def state(self) -> dict[str, Any]:
-        return {
-            "epoch": self._epoch,
-            "read": self._read,
-            "source": self._restored if self._restored is not None else self._records.state_dict(),
-            "buffer": self._buffer.tolist(),
-        }
+        return {**self._reader.get_state(), "buffer": self._buffer.tolist()}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        self._epoch, self._read = int(state["epoch"]), int(state["read"])
+        self._reader.set_state(state)
         self._buffer = np.asarray(state["buffer"], np.int32)
-        self._start(state["source"])
+
+
+class _Reading(grain.IterDataset):
+    """A ``RecordReader`` as the source of a grain pipeline (iterated once)."""
+
+    def __init__(self, reader: RecordReader):
+        super().__init__()
+        self._reader = reader
+
+    def __iter__(self) -> RecordReader:
+        return self._reader
+
+
+class DocumentStream:
+    """The records packed whole into windows (``data.documents``: ``dew.data.stream.packed_documents``,
+    grain's first-fit), ``segment_ids`` and ``positions`` beside the tokens; the position is grain's
+    packing state over the reader's."""
+
+    def __init__(self, reader: RecordReader, seq_len: int, tokenizer: Tokenizer):
+        self._windows = iter(packed_documents(_Reading(reader), seq_len, tokenizer))
+
+    def windows(self, n: int) -> Batch:
+        rows = [next(self._windows) for _ in range(n)]
+        return {k: np.stack([r[k] for r in rows]).astype(np.int32) for k in ("tokens", "segment_ids", "positions")}
+
+    def state(self) -> dict[str, Any]:
+        return copy.deepcopy(self._windows.get_state())
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self._windows.set_state(copy.deepcopy(dict(state)))
 
 
 class StreamIterator(grain.DatasetIterator):
     """One process's part of each global batch of the stream (see the module docstring)."""
 
-    def __init__(self, stream: RecordStream, *, name: str, batch_size: int, process_index: int, process_count: int):
+    def __init__(
+        self,
+        stream: RecordStream | DocumentStream,
+        *,
+        name: str,
+        batch_size: int,
+        process_index: int,
+        process_count: int,
+    ):
         super().__init__()
         shard_bounds(batch_size, process_index, process_count)  # fail at creation, not at next()
         self._stream, self._name = stream, name
@@ -139,7 +195,7 @@ class StreamIterator(grain.DatasetIterator):
         lo, hi = shard_bounds(
             self._batch_size if batch_size is None else batch_size, self._process_index, self._process_count
         )
-        return {"tokens": self._stream.windows(hi - lo)}
+        return self._stream.windows(hi - lo)
 
     def __next__(self) -> Batch:
         return self.next()
@@ -199,7 +255,8 @@ class StreamedText:
         _ = self._held_out_records  # the held-out text is read whole once: its errors too, here
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {"tokens": ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32))}
+        fields = ("tokens", "segment_ids", "positions") if self.spec.documents else ("tokens",)
+        return {k: ((self.batch_size, self.spec.seq_len + 1), np.dtype(np.int32)) for k in fields}
 
     def model_fields(self) -> Mapping[str, object]:
         return {"vocab_size": self.tokenizer_impl.vocab_size, "seq_len": self.spec.seq_len}
@@ -210,7 +267,12 @@ class StreamedText:
         def make() -> datasets.IterableDataset:
             return split_dataset_by_node(self._base, rank=process_index, world_size=process_count)
 
-        stream = RecordStream(make, self.source, self.tokenizer_impl, self.spec.seq_len, process_index)
+        reader = RecordReader(make, self.source, self.tokenizer_impl, process_index)
+        stream: RecordStream | DocumentStream = (
+            DocumentStream(reader, self.spec.seq_len, self.tokenizer_impl)
+            if self.spec.documents
+            else RecordStream(reader, self.spec.seq_len)
+        )
         return StreamIterator(
             stream,
             name=self.spec.name,
@@ -220,11 +282,14 @@ class StreamedText:
         )
 
     @functools.cached_property
-    def _held_out_records(self) -> TokenWindowRecords | None:
+    def _held_out_records(self) -> Records | None:
         if self.val is None:
             return None
         tokens = np.concatenate(list(source_documents(self.val, self.tokenizer_impl)))
-        records = TokenWindowRecords([tokens], self.spec.seq_len)
+        records: Records = TokenWindowRecords([tokens], self.spec.seq_len)
+        if self.spec.documents:  # each record a document packed whole, as mode=cache packs them
+            framing = Framing(self.tokenizer_impl.eos_id, getattr(self.tokenizer_impl, "bos_id", None) is not None)
+            records = DocumentWindows(PackedTable([tokens], self.spec.seq_len, framing))
         if records.num_records < 1:
             raise ValueError(f"{self.val}: holds no window of data.seq_len={self.spec.seq_len} + 1 tokens")
         return records
@@ -236,7 +301,8 @@ class StreamedText:
 
     def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
         """The held-out records encoded in order, as windows advancing by ``seq_len`` (as
-        ``token_windows``), padded with ``mask``."""
+        ``token_windows``; with ``data.documents``, packed whole as mode=cache packs them), padded
+        with ``mask``."""
         held_out = self._held_out_records
         if held_out is None:
             return iter(())

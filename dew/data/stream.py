@@ -69,6 +69,26 @@ class _Pieces(grain.experimental.FlatMapTransform):
         return [{"tokens": p} for p in pieces(element["tokens"], self._seq_len) if len(p) >= 2]
 
 
+def packed_documents(documents: grain.IterDataset, seq_len: int, tokenizer: Tokenizer) -> grain.IterDataset:
+    """``documents`` (``{"tokens": ids}``, each framed by ``dew.data.tokenizer.document``) packed whole into
+    windows of ``seq_len + 1`` (``dew.data.packing``): one longer than a window in pieces, then grain's
+    first-fit over ``OPEN_WINDOWS`` windows, ``segment_ids`` and ``positions`` beside the tokens. Without
+    a begin-of-text id, a document starts with the end-of-text id, as the sampler does. Its state is
+    grain's: the source's position where the windows being handed out began, and how many were."""
+    start = np.array([] if getattr(tokenizer, "bos_id", None) is not None else [tokenizer.eos_id], np.int32)
+    framed = documents.map(lambda d: {"tokens": np.concatenate([start, d["tokens"]])})
+    packed = grain.experimental.FirstFitPackIterDataset(
+        grain.experimental.FlatMapIterDataset(framed, _Pieces(seq_len)),
+        length_struct={"tokens": seq_len + 1},
+        num_packing_bins=OPEN_WINDOWS,
+        shuffle_bins=False,
+        padding_struct={"tokens": tokenizer.eos_id},
+    )
+    return packed.map(
+        lambda w: {"tokens": w["tokens"], "segment_ids": w["tokens_segment_ids"], "positions": w["tokens_positions"]}
+    )
+
+
 class StreamIterator(grain.DatasetIterator):
     """One process's part of the packed stream; its state is grain's packing iterator state."""
 
@@ -139,24 +159,7 @@ class StreamDataset:
         )
         if not self.spec.documents:
             return grain.experimental.ConcatThenSplitIterDataset(documents, length_struct={"tokens": width})
-        # Whole documents (dew.data.packing): a file longer than a window in pieces, then first-fit.
-        # Without a begin-of-text id, a document starts with the end-of-text id, as the sampler does.
-        start = [] if getattr(tok, "bos_id", None) is not None else [tok.eos_id]
-        framed = documents.map(lambda d: {"tokens": np.concatenate([np.array(start, np.int32), d["tokens"]])})
-        packed = grain.experimental.FirstFitPackIterDataset(
-            grain.experimental.FlatMapIterDataset(framed, _Pieces(self.spec.seq_len)),
-            length_struct={"tokens": width},
-            num_packing_bins=OPEN_WINDOWS,
-            shuffle_bins=False,
-            padding_struct={"tokens": tok.eos_id},
-        )
-        return packed.map(
-            lambda w: {
-                "tokens": w["tokens"],
-                "segment_ids": w["tokens_segment_ids"],
-                "positions": w["tokens_positions"],
-            }
-        )
+        return packed_documents(documents, self.spec.seq_len, tok)
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         fields = ("tokens", "segment_ids", "positions") if self.spec.documents else ("tokens",)

@@ -114,10 +114,47 @@ def test_text_stream_packs_each_file_whole_and_resumes(tmp_path: Path):
         np.testing.assert_array_equal(got_next[k], want[k])
 
 
-def test_hf_text_documents_need_the_cache_mode():
+def test_hf_text_stream_packs_each_record_whole_once_and_resumes_exactly(tmp_path: Path, monkeypatch):
+    """mode=stream with documents: each process's windows hold its own records, each one segment,
+    whole (one longer than a window in pieces), and each once per epoch (over several epochs the
+    counts of any two differ by at most the epoch the packer is in); a resume mid-stream, from the
+    state's JSON, gives the same windows bit for bit, across the end of an epoch."""
+    import collections
+
+    import datasets as hf
+
     from dew.data.specs import HFText
 
-    with pytest.raises(
-        ValueError, match="data.documents=true packs the records of the token cache: it needs data.mode=cache"
-    ):
-        HFText(path="x.jsonl", documents=True, mode="stream")
+    monkeypatch.setattr(hf.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    texts = [f"doc {i}: " + "xyz"[i % 3] * (i % 7 * 3) for i in range(30)] + ["L" * 40]  # the last > a window
+    path = tmp_path / "part.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    data = HFText(path=str(path), seq_len=16, mode="stream", documents=True).load(batch_size=4, seed=0)
+    assert set(data.batch_spec()) == {"tokens", "segment_ids", "positions"}
+    for p in (0, 1):
+        framed = [[EOS, *t.encode(), EOS] for t in texts[p::2]]  # the byte tokenizer has no begin-of-text id
+        want = [tuple(f[j * 16 : j * 16 + 17]) for f in framed for j in range(max(1, -(-(len(f) - 1) // 16)))]
+        it = data.iterator(p, 2)
+        got = collections.Counter(tuple(s) for _ in range(40) for s in segments(it.next()))
+        assert set(got) == set(want)  # whole records (and pieces) and nothing else
+        assert min(got.values()) >= 3 and max(got.values()) - min(got.values()) <= 1  # each once per epoch
+    it = data.iterator()
+    for _ in range(3):
+        it.next()
+    state = json.loads(json.dumps(it.get_state()))
+    want_batches = [it.next() for _ in range(12)]  # past the end of the first epoch
+    again = data.iterator()
+    again.set_state(state)
+    for want_batch in want_batches:
+        got_batch = again.next()
+        for k in want_batch:
+            np.testing.assert_array_equal(got_batch[k], want_batch[k])
+    held = HFText(path=str(path), val_path=str(path), seq_len=16, mode="stream", documents=True).load(4, 0)
+    held_docs = [
+        s for b in held.eval_batches() for s in segments({k: v[b["mask"] == 1] for k, v in b.items() if k != "mask"})
+    ]
+    assert sorted(map(tuple, held_docs)) == sorted(
+        tuple(f[j * 16 : j * 16 + 17])
+        for f in ([EOS, *t.encode(), EOS] for t in texts)
+        for j in range(max(1, -(-(len(f) - 1) // 16)))
+    )
