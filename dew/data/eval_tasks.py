@@ -261,8 +261,8 @@ def row_batches(
     lengths = buckets(seq_len)
     by_bucket: dict[int, list[int]] = {}
     built = [row(c, t, seq_len) for c, t in requests]
-    for i, (inputs, _, _) in enumerate(built):
-        by_bucket.setdefault(next(b for b in lengths if b >= len(inputs)), []).append(i)
+    for i, (ids, _, _) in enumerate(built):
+        by_bucket.setdefault(next(b for b in lengths if b >= len(ids)), []).append(i)
     batches = []
     for length in sorted(by_bucket):
         members = by_bucket[length]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import AbstractMesh, Mesh
 
 from dew.contract.config import TrainerConfig
 from dew.contract.evals import Evals
@@ -36,7 +36,7 @@ def encoding_of(objective: Objective, field: str = "trainer.evals") -> tuple[Har
     model's length; an objective whose model is not a causal language model, or data without a
     tokenizer, is refused naming ``field``."""
     name = summary_name(objective)
-    if name not in objectives or objectives[name].role != ROLE:
+    if name is None or name not in objectives or objectives[name].role != ROLE:
         raise ValueError(
             f"{field}: the tasks score a causal language model's continuations (objective next_token); "
             f"this run trains objective {name!r}"
@@ -59,7 +59,7 @@ def load(evals: Evals, objective: Objective, field: str = "trainer.evals") -> li
     return eval_tasks.load_tasks(evals.tasks, encoding, seq_len, f"{field}.tasks")
 
 
-def check(t: TrainerConfig, objective: Objective, mesh: object, process_count: int | None = None) -> None:
+def check(t: TrainerConfig, objective: Objective, mesh: Mesh | AbstractMesh, process_count: int | None = None) -> None:
     """Refuse, before the run writes anything, tasks that cannot be scored: read and tokenized here,
     and their batch split over the mesh as an evaluation's."""
     if t.evals is None:
