@@ -235,6 +235,6 @@ def load_chat(spec: ChatFields, batch_size: int, seed: int) -> TokenDataset:
         batch_size=batch_size,
         seed=seed,
         fields={"vocab_size": tokenizer.vocab_size, "seq_len": spec.seq_len},
-        tokens_per_record=spec.seq_len,
+        tokens_per_record=train.targets_per_record,
         tokenizer=absolute_record(tokenizer),
     )

@@ -30,7 +30,7 @@ import numpy as np
 
 from dew.contract.data import Batch
 from dew.data.hf_sources import Source, text_of
-from dew.data.packing import DocumentWindows, Framing, PackedTable
+from dew.data.packing import SAMPLED_WINDOWS, DocumentWindows, Framing, PackedTable, sampled_targets_per_record
 from dew.data.pipeline import Records, padded_eval_batches, shard_bounds
 from dew.data.prepare import source_documents
 from dew.data.stream import packed_documents
@@ -241,17 +241,22 @@ class StreamedText:
     num_records: int | None = None
     """None: a stream has no record count."""
     resumable: bool = True
-    tokens_per_record: int = dataclasses.field(init=False)
-    """Tokens a record contributes to the loss: ``seq_len``."""
+    tokens_per_record: float = dataclasses.field(init=False)
+    """Tokens a record contributes to the loss (its targets that count): ``seq_len``; with
+    ``data.documents``, the mean over the stream's first ``SAMPLED_WINDOWS`` windows (an estimate:
+    a stream has no table to count)."""
     tokenizer: Mapping[str, object] = dataclasses.field(init=False)
     """The tokenizer record (as in a tokens.json sidecar, ``file`` absolute), for decoding samples."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
-        self.tokens_per_record = self.spec.seq_len
+        self.tokens_per_record = float(self.spec.seq_len)
         self.tokenizer = absolute_record(self.tokenizer_impl)
         self._base = self.source.stream()  # a missing field fails at load, before any step
+        if self.spec.documents:
+            sample = self.iterator().next(SAMPLED_WINDOWS)["segment_ids"]
+            self.tokens_per_record = sampled_targets_per_record(sample)
         _ = self._held_out_records  # the held-out text is read whole once: its errors too, here
 
     def batch_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:

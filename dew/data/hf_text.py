@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from dew.contract.lock import RunLock, RunLockedError
 from dew.data.hf_sources import Source, resolve
 from dew.data.hf_stream import StreamedText
-from dew.data.packing import Framing
+from dew.data.packing import Framing, targets_per_record
 from dew.data.prepare import source_documents, write_token_dir
 from dew.data.token_files import SIDECAR, open_tokens, read_sidecar
 from dew.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -178,7 +178,7 @@ def cached_windows(spec: HFTextFields, directory: str, batch_size: int, seed: in
         batch_size=batch_size,
         seed=seed,
         fields={"vocab_size": sidecar["vocab_size"], "seq_len": spec.seq_len},
-        tokens_per_record=spec.seq_len,
+        tokens_per_record=targets_per_record(train, spec.seq_len),
         tokenizer=sidecar["tokenizer"],
     )
 

@@ -39,6 +39,27 @@ OPEN_WINDOWS = 16
 """Windows that take pieces at once; more fill windows better and cost more per piece."""
 
 
+SAMPLED_WINDOWS = 64
+"""Windows a stream of packed documents reads at load to estimate its ``tokens_per_record``."""
+
+
+def targets_per_record(records: object, seq_len: int) -> float:
+    """A token dataset's ``tokens_per_record``: the targets that carry loss per training window,
+    which is what the power schedule's "tokens seen" counts (docs/optimizers.md): ``seq_len`` for
+    windows of ids back to back, the mean over the windows of packed documents
+    (``DocumentWindows.targets_per_record``), whose padding and first tokens are no targets."""
+    return records.targets_per_record if isinstance(records, DocumentWindows) else float(seq_len)
+
+
+def sampled_targets_per_record(segment_ids: np.ndarray) -> float:
+    """The mean targets per window of packed documents (no loss mask), from windows' ``segment_ids``
+    ``(n, seq_len + 1)``: a row of ``k`` documents holding ``t`` real tokens holds ``t - k`` targets.
+    A stream has no table to count: it estimates its ``tokens_per_record`` from its first
+    ``SAMPLED_WINDOWS`` windows this way."""
+    segment_ids = np.asarray(segment_ids)
+    return float(np.count_nonzero(segment_ids) - segment_ids.max(axis=1).sum()) / max(1, len(segment_ids))
+
+
 @dataclasses.dataclass(frozen=True)
 class Framing:
     """How documents lie in token files: the id that ends each, and whether each begins with an id
@@ -169,6 +190,24 @@ class PackedTable:
     def num_windows(self) -> int:
         return len(self.window_start) - 1
 
+    def targets_per_window(self) -> np.ndarray:
+        """Each window's targets that carry loss (``dew.objectives.tokens.target_weights``): a piece of
+        ``n`` tokens holds ``n - 1`` (its first token is no target: the one before it is another
+        document's, or padding), those its ``loss_mask`` trains where the shards have one. Float64,
+        one per window."""
+        size = self.length + self.lead
+        if self.loss_masks is None:
+            counted = (size - 1).astype(np.float64)
+        else:  # the targets are the piece's tokens after its first: of the shard, [start + !lead, start + length)
+            counted = np.zeros(len(size), np.float64)
+            for s, mask in enumerate(self.loss_masks):
+                at = np.flatnonzero(self.shard == s)
+                sums = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])
+                first = self.start[at] + (~self.lead[at]).astype(np.int64)
+                counted[at] = sums[self.start[at] + self.length[at]] - sums[first]
+        window = np.repeat(np.arange(self.num_windows), np.diff(self.window_start))
+        return np.bincount(window, weights=counted, minlength=self.num_windows)
+
     def real_fraction(self) -> float:
         """Real (not padding) tokens over every window's ``seq_len + 1``."""
         return float((self.length + self.lead).sum()) / max(1, self.num_windows * (self.seq_len + 1))
@@ -220,6 +259,13 @@ class DocumentWindows:
     @property
     def num_records(self) -> int:
         return self.table.num_windows - self.first if self.count is None else self.count
+
+    @property
+    def targets_per_record(self) -> float:
+        """The mean targets that carry loss per window (``PackedTable.targets_per_window``): the
+        dataset's ``tokens_per_record``, exact over an epoch, which reads every window once."""
+        counted = self.table.targets_per_window()[self.first : self.first + self.num_records]
+        return float(counted.mean()) if len(counted) else 0.0
 
     def gather(self, indices: np.ndarray) -> Batch:
         return self.table.gather(np.asarray(indices, np.int64) + self.first)

@@ -29,7 +29,15 @@ import grain
 import numpy as np
 
 from dew.contract.data import Batch
-from dew.data.packing import OPEN_WINDOWS, DocumentWindows, Framing, PackedTable, pieces
+from dew.data.packing import (
+    OPEN_WINDOWS,
+    SAMPLED_WINDOWS,
+    DocumentWindows,
+    Framing,
+    PackedTable,
+    pieces,
+    sampled_targets_per_record,
+)
 from dew.data.pipeline import Records, padded_eval_batches, shard_bounds
 from dew.data.token_files import expand
 from dew.data.tokenizer import Tokenizer, absolute_record, document, load_tokenizer
@@ -137,16 +145,21 @@ class StreamDataset:
     num_records: int | None = None
     """None: a stream has no record count."""
     resumable: bool = True
-    tokens_per_record: int = dataclasses.field(init=False)
-    """Tokens a record contributes to the loss: ``seq_len``."""
+    tokens_per_record: float = dataclasses.field(init=False)
+    """Tokens a record contributes to the loss (its targets that count): ``seq_len``; with
+    ``data.documents``, the mean over the stream's first ``SAMPLED_WINDOWS`` windows (an estimate:
+    a stream has no table to count)."""
     tokenizer: Mapping[str, object] = dataclasses.field(init=False)
     """The tokenizer record (as in a tokens.json sidecar), for decoding samples."""
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size={self.batch_size} must be >= 1")
-        self.tokens_per_record = self.spec.seq_len
+        self.tokens_per_record = float(self.spec.seq_len)
         self.tokenizer = absolute_record(self.tokenizer_impl)
+        if self.spec.documents:
+            sample = self.iterator().next(SAMPLED_WINDOWS)["segment_ids"]
+            self.tokens_per_record = sampled_targets_per_record(sample)
 
     def _windows(self) -> grain.IterDataset:
         tok, files, width = self.tokenizer_impl, self.files, self.spec.seq_len + 1

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dew.contract.data import Batch
-from dew.data.packing import DocumentWindows, Framing, PackedTable
+from dew.data.packing import DocumentWindows, Framing, PackedTable, targets_per_record
 from dew.data.pipeline import RecordDataset, Records
 from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
 from dew.data.tokenizer import absolute_record, load_tokenizer
@@ -82,8 +82,9 @@ class TokenWindowRecords:
 class TokenDataset(RecordDataset):
     """A ``RecordDataset`` of token windows, with what a language model and its sampler need."""
 
-    tokens_per_record: int = 0
-    """Tokens a training record contributes to the loss (its targets): ``seq_len``."""
+    tokens_per_record: float = 0.0
+    """Tokens a training record contributes to the loss (its targets that count): ``seq_len``, the mean
+    over the windows with ``data.documents`` (``dew.data.packing.targets_per_record``)."""
     tokenizer: Mapping[str, object] | None = None
     """The sidecar's ``tokenizer`` record (``{"kind": "byte", ...}`` or ``{"kind": "bpe", "file":
     <absolute path>}``), for decoding samples; None when the vocabulary came from
@@ -174,6 +175,6 @@ def load_token_windows(spec: TokenWindowsFields, batch_size: int, seed: int) -> 
         batch_size=batch_size,
         seed=seed,
         fields={"vocab_size": vocab_size, "seq_len": spec.seq_len},
-        tokens_per_record=spec.seq_len,
+        tokens_per_record=targets_per_record(train, spec.seq_len),
         tokenizer=tokenizer,
     )

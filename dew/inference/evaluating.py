@@ -15,7 +15,9 @@ trainer's journal recorded there.
 For a next-token model on data with a tokenizer, the bytes the targets stand for are counted beside
 (each batch carries them in a ``bytes`` field: the byte tokenizer's targets are one byte each, any
 other tokenizer's are the UTF-8 bytes of the decoded targets), and bits per byte is the loss in bits
-over the bytes per token.
+over the bytes per token. Both count only the targets that carry loss (packed documents' padding and
+the targets across their boundaries, a chat's prompt, are in neither), as the loss and the perplexity
+do.
 
 Process 0 prints a table and writes the values as JSON (a temporary file renamed into place) in
 ``<run>/eval/``; nothing else in the run directory is written, its checkpoints and journal included.
@@ -55,6 +57,7 @@ from dew.inference.composing import EvalError, Target, target
 from dew.objectives.base import Batch as DeviceBatch
 from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
+from dew.objectives.tokens import target_weights
 from dew.recipe import Recipe
 from dew.training import adapt, task_evals
 from dew.training.assembly import batch_sharding as lay_out_batches
@@ -198,7 +201,7 @@ def held_out(
             "name one (data.val_path=FILE, data.val_fraction=...), or score the tasks alone (--tasks-only)"
         )
     if counter is not None and values.get("eval/bytes_per_token"):
-        values["eval/bits_per_byte"] = values["eval/loss"] / math.log(2) / values["eval/bytes_per_token"]
+        values["eval/bits_per_byte"] = bits_per_byte(values["eval/loss"], values["eval/bytes_per_token"])
     return values
 
 
@@ -294,8 +297,10 @@ def parameters(
 
 @dataclasses.dataclass
 class TargetBytes:
-    """The bytes of text each target token stands for, on average over the held-out targets: the
-    ``bytes`` field ``with_bytes`` adds to a batch (each record's), over the records' targets."""
+    """The bytes of text each target token stands for, on average over the held-out targets that carry
+    loss: the ``bytes`` field ``with_bytes`` adds to a batch (each record's), over those targets
+    (``target_weights``: packed documents' padding, the targets across their boundaries and a chat's
+    prompt are neither bytes nor tokens here, as they are not in the loss)."""
 
     name: str = "bytes_per_token"
     best: bool = False
@@ -304,29 +309,45 @@ class TargetBytes:
     def __call__(self, model: nnx.Module, batch: DeviceBatch, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         del model, key
         mask = batch["mask"].astype(jnp.float32)
-        targets = batch["tokens"].shape[1] - 1
-        return (batch["bytes"].astype(jnp.float32) * mask).sum(), mask.sum() * targets
+        return (batch["bytes"].astype(jnp.float32) * mask).sum(), (target_weights(batch).sum(axis=1) * mask).sum()
 
 
-def byte_counter(objective: Objective, dataset: Dataset) -> Callable[[np.ndarray], np.ndarray] | None:
-    """Each record's byte count from its targets (``[records, targets]`` ids), for a next-token
-    objective on data with a tokenizer; None where bytes mean nothing (images, a vocabulary given by
-    ``data.vocab_size`` alone, a loss that is not nats per token)."""
+def byte_counter(objective: Objective, dataset: Dataset) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+    """Each record's byte count from its targets and their weights (``[records, targets]`` each), for a
+    next-token objective on data with a tokenizer; None where bytes mean nothing (images, a vocabulary
+    given by ``data.vocab_size`` alone, a loss that is not nats per token)."""
     name = summary_name(objective)
     record = getattr(dataset, "tokenizer", None)
     if name is None or name not in objectives or objectives[name].loss_unit != "nats/token" or not record:
         return None
     if record.get("kind") == "byte":  # each id is one byte (the end-of-text id stands for one too)
-        return lambda targets: np.full(len(targets), targets.shape[1], np.float32)
+        return lambda targets, weights: weights.sum(axis=1).astype(np.float32)
     tokenizer = from_record(record)
-    return lambda targets: np.array(
-        [len(tokenizer.decode(row.tolist()).encode("utf-8")) for row in targets], np.float32
-    )
+
+    def count(targets: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        # Each run of counted targets (a document's, a chat's response) decoded on its own, as its text.
+        edges = np.diff(np.pad(weights > 0, ((0, 0), (1, 1))).astype(np.int8), axis=1)
+        return np.array(
+            [
+                sum(len(tokenizer.decode(row[a:b].tolist()).encode("utf-8")) for a, b in zip(*runs))
+                for row, runs in zip(targets, ((np.flatnonzero(e == 1), np.flatnonzero(e == -1)) for e in edges))
+            ],
+            np.float32,
+        )
+
+    return count
 
 
-def with_bytes(batches: Iterator[Batch], count: Callable[[np.ndarray], np.ndarray]) -> Iterator[Batch]:
+def with_bytes(batches: Iterator[Batch], count: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Iterator[Batch]:
     for batch in batches:
-        yield {**batch, "bytes": count(np.asarray(batch["tokens"])[:, 1:])}
+        host = {k: np.asarray(v) for k, v in batch.items()}
+        yield {**batch, "bytes": count(host["tokens"][:, 1:], target_weights(host))}
+
+
+def bits_per_byte(loss: float, bytes_per_token: float) -> float:
+    """Bits per byte of text: the loss (nats per counted target) in bits, over the bytes per counted
+    target."""
+    return loss / math.log(2) / bytes_per_token
 
 
 # ------------------------------------------------------------------------------------ the report

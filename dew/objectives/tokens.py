@@ -13,6 +13,20 @@ import numpy as np
 from dew.data.tokenizer import from_record
 
 
+def target_weights[A: (np.ndarray, jax.Array)](batch: Mapping[str, A]) -> A:
+    """Each target's weight in the loss, ``(B, L)`` float32 0 or 1, of a batch of ``tokens`` ``(B, L + 1)``
+    (``next_token_inputs`` says which count). NumPy arrays in, NumPy out (what dew-eval counts bytes
+    over, on the host); JAX arrays in, JAX out."""
+    xp: Any = np if isinstance(batch["tokens"], np.ndarray) else jnp
+    weight = xp.ones(batch["tokens"][:, 1:].shape, xp.float32)
+    if "segment_ids" in batch:
+        seg = batch["segment_ids"].astype(xp.int32)
+        weight = weight * ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(xp.float32)
+    if "loss_mask" in batch:
+        weight = weight * batch["loss_mask"][:, 1:].astype(xp.float32)
+    return weight
+
+
 def next_token_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, Any]]:
     """``(inputs_BxL, targets_BxL, weight_BxL, model keywords)`` of a batch of ``tokens`` ``(B, L + 1)``:
     the inputs ``tokens[:, :-1]``, the targets ``tokens[:, 1:]``, and each target's weight in the
@@ -27,17 +41,12 @@ def next_token_inputs(batch: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Ar
     """
     tokens = batch["tokens"].astype(jnp.int32)
     inputs_BxL, targets_BxL = tokens[:, :-1], tokens[:, 1:]
-    weight_BxL = jnp.ones(targets_BxL.shape, jnp.float32)
     kwargs: dict[str, Any] = {}
     if "segment_ids" in batch:
-        seg = batch["segment_ids"].astype(jnp.int32)
-        weight_BxL *= ((seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)).astype(jnp.float32)
-        kwargs["segment_ids"] = seg[:, :-1]
+        kwargs["segment_ids"] = batch["segment_ids"][:, :-1].astype(jnp.int32)
     if "positions" in batch:
         kwargs["positions"] = batch["positions"][:, :-1].astype(jnp.int32)
-    if "loss_mask" in batch:
-        weight_BxL *= batch["loss_mask"][:, 1:].astype(jnp.float32)
-    return inputs_BxL, targets_BxL, weight_BxL, kwargs
+    return inputs_BxL, targets_BxL, target_weights(batch), kwargs
 
 
 def shape_logits(logits_BxLxV: jax.Array, temperature: float | jax.Array, top_k: int) -> jax.Array:

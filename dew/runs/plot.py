@@ -22,6 +22,7 @@ UNITS = {
     "train/lr": "learning rate",
     "train/grad_norm": "global L2 norm",
     "perf/examples_per_sec": "examples/s",
+    "perf/tokens_per_sec": "tokens/s",
     "perf/flops_per_sec": "FLOP/s",
     "perf/mfu": "fraction of peak FLOP/s",
     "eval/bits_per_token": "bits/token",

@@ -353,6 +353,7 @@ def _parts(
     meter = Throughput(
         flops_per_example=flops_per_example_of(run),
         peak_flops=peak_flops(jax.devices()[0].device_kind, run.model.dtype, jax.device_count()),
+        tokens_per_example=getattr(dataset, "tokens_per_record", None),
     )
     # The data position a checkpoint saves is the feed's: that of the batches the steps took, not the
     # iterator's own, which has read ahead (dew.training.prefetch).

@@ -250,15 +250,22 @@ def peak_flops(device_kind: str, dtype: str, devices: int) -> float | None:
 
 
 class Throughput:
-    """Examples/s, FLOP/s and MFU between two fetched log steps.
+    """Examples/s, tokens/s (token data), FLOP/s and MFU between two fetched log steps.
+
+    Tokens are the targets that carry loss: ``tokens_per_example``, the dataset's
+    ``tokens_per_record`` (``seq_len``; with packed documents or a chat's loss mask, the mean that
+    count per window, padding and prompts left out: ``dew.data.packing.targets_per_record``).
 
     Fetching a step's metrics waits for that step, so the time between two fetches is the time the
     devices took for the records between them. The first window (compilation) is not reported, and
     ``restart`` after an evaluation or a checkpoint leaves their time out.
     """
 
-    def __init__(self, *, flops_per_example: float | None, peak_flops: float | None) -> None:
+    def __init__(
+        self, *, flops_per_example: float | None, peak_flops: float | None, tokens_per_example: float | None = None
+    ) -> None:
         self.flops_per_example, self.peak_flops = flops_per_example, peak_flops
+        self.tokens_per_example = tokens_per_example
         self.mark: tuple[float, int] | None = None
 
     def restart(self, records: int) -> None:
@@ -269,6 +276,8 @@ class Throughput:
         if self.mark is not None and now > self.mark[0] and records > self.mark[1]:
             rate = (records - self.mark[1]) / (now - self.mark[0])
             out["perf/examples_per_sec"] = rate
+            if self.tokens_per_example:
+                out["perf/tokens_per_sec"] = rate * self.tokens_per_example
             if self.flops_per_example:
                 out["perf/flops_per_sec"] = rate * self.flops_per_example
                 if self.peak_flops:
