@@ -14,9 +14,17 @@ from typing import Any
 from dew.contract.config import RunConfig
 from dew.contract.data import Dataset
 from dew.contract.models import architecture
-from dew.contract.objectives import ObjectiveSpec, check_objective, natural_objective, objectives, pairs
+from dew.contract.objectives import (
+    ObjectiveSpec,
+    check_batch_fields,
+    check_objective,
+    natural_objective,
+    objectives,
+    pairs,
+)
 from dew.contract.typed import ConfigError
 from dew.recipe import with_data_fields
+from dew.training.checkpointing.hf_config import with_checkpoint_fields
 
 
 def data_kind(run: RunConfig, dataset: Dataset) -> str:
@@ -44,8 +52,13 @@ def objective_spec(run: RunConfig, kind: str) -> type[ObjectiveSpec]:
 
 def build_objective(run: RunConfig, dataset: Dataset) -> Any:
     """The objective ``run`` names (or the natural one) for ``dataset``; ``run`` is resolved (its
-    model fields filled in by ``resolve``)."""
-    return objective_spec(run, data_kind(run, dataset)).build(run, dataset)
+    model fields filled in by ``resolve``). Batch fields it would ignore (packed documents' segments,
+    a chat's loss mask) are refused naming both (``check_batch_fields``)."""
+    spec = objective_spec(run, data_kind(run, dataset))
+    name = getattr(run.data, "name", "?")
+    data = f"data={name} with data.documents=true" if getattr(run.data, "documents", False) else f"data={name}"
+    check_batch_fields(spec, dataset.batch_spec(), data)
+    return spec.build(run, dataset)
 
 
 def resolve[R: RunConfig](run: R, dataset: Dataset) -> R:
@@ -63,9 +76,11 @@ def resolve[R: RunConfig](run: R, dataset: Dataset) -> R:
 
 
 def build_run[R: RunConfig](run: R) -> tuple[R, Any, Dataset]:
-    """Load the dataset at the trainer's batch, fill in the model fields that follow from it, and
+    """Fill in the model fields a Hugging Face ``trainer.init_from`` gives (``with_checkpoint_fields``),
+    load the dataset at the trainer's batch, fill in the model fields that follow from it, and
     build the objective. Returns the resolved run (what run.json records): with muP on, its
     optimizer groups are muP's (``dew.training.optim.mup``)."""
+    run = with_checkpoint_fields(run)  # trainer.init_from's config.json, before the data's fields
     dataset = run.data.load(batch_size=run.trainer.batch_size, seed=run.trainer.seed)
     run = resolve(run, dataset)
     objective = build_objective(run, dataset)

@@ -11,7 +11,7 @@ An objective pairs with an architecture through the architecture's ``role``, nev
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dew.contract.registry import Registry
@@ -39,6 +39,10 @@ class ObjectiveSpec:
     per pair)."""
     loss_unit: ClassVar[str] = "loss"
     """What ``train/loss`` and ``eval/loss`` measure, for plots (``dew-runs plot``)."""
+    batch_fields: ClassVar[tuple[str, ...]] = ()
+    """The optional batch fields (``OPTIONAL_BATCH_FIELDS``) it honours. A dataset whose batches carry
+    one it does not is refused before the first step (``check_batch_fields``), never silently
+    trained across documents, on padding or on prompts."""
 
     @classmethod
     def knobs(cls, run: RunConfig) -> Any:
@@ -72,6 +76,23 @@ objectives: Registry[type[ObjectiveSpec]] = Registry(
     builtins=("dew.objectives.flow_matching", "dew.objectives.masked_diffusion", "dew.objectives.next_token"),
 )
 """Objective name -> its class."""
+
+
+OPTIONAL_BATCH_FIELDS = ("segment_ids", "positions", "loss_mask")
+"""Fields a token dataset's batches may carry beside ``tokens`` (docs/data.md): packed documents'
+``segment_ids`` and ``positions`` (``data.documents=true``), a chat's ``loss_mask`` (``data=chat``)."""
+
+
+def check_batch_fields(spec: type[ObjectiveSpec], fields: Iterable[str], data: str) -> None:
+    """Raise naming the objective, the data and the fields when the batches carry an optional field
+    (``OPTIONAL_BATCH_FIELDS``) the objective does not honour (``ObjectiveSpec.batch_fields``)."""
+    ignored = [f for f in OPTIONAL_BATCH_FIELDS if f in fields and f not in spec.batch_fields]
+    if ignored:
+        raise ValueError(
+            f"objective={spec.name!r} does not read the batch fields {', '.join(ignored)} that {data} gives "
+            f"(packed documents: data.documents=true; prompts without loss: data=chat): it would attend across "
+            f"documents and train on padding and prompts; it honours {list(spec.batch_fields) or 'none of them'}"
+        )
 
 
 def natural_objective(role: str, data_kind: str) -> str:

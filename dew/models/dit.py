@@ -15,7 +15,10 @@ Image mode: ``model(x, t, y) -> out``
 
 Token mode (``vocab_size`` set): ``model(tokens, t, y=None) -> logits``, ``tokens`` int ``(B, L)`` with
 ``L <= input_size``, ``logits`` ``(B, L, vocab_size)``. A token embedding replaces the patch embedding,
-attention is bidirectional; this is the network of the masked-diffusion language model.
+attention is bidirectional; this is the network of the masked-diffusion language model. Documents
+packed into a row (docs/data.md) come as ``segment_ids=`` and ``positions=`` (int ``(B, L)``): each
+token attends to its own document alone (padding, id 0, to padding), and its position embedding is
+its place in the document, so a document's outputs are the ones it has alone.
 
 Both modes take ``return_max_logits=True`` and then return ``(out, max_logits)``, ``max_logits``
 float32 ``(depth, num_heads)``: each block's largest pre-softmax attention logit per head over the
@@ -155,11 +158,15 @@ class DiTBlock(nnx.Module):
         )
 
     def __call__(
-        self, x_BxTxD: jax.Array, c_BxD: jax.Array, return_max_logits: bool
+        self, x_BxTxD: jax.Array, c_BxD: jax.Array, return_max_logits: bool, segment_ids: jax.Array | None = None
     ) -> tuple[jax.Array, jax.Array | None]:
         mod = jnp.split(self.adaLN_modulation(jax.nn.silu(c_BxD)), 6, axis=-1)
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mod
-        attn = self.attn(modulate(self.norm1(x_BxTxD), shift_msa, scale_msa), return_max_logits=return_max_logits)
+        attn = self.attn(
+            modulate(self.norm1(x_BxTxD), shift_msa, scale_msa),
+            segment_ids=segment_ids,
+            return_max_logits=return_max_logits,
+        )
         attn_BxTxD, max_logits_N = attn if isinstance(attn, tuple) else (attn, None)  # a tuple when asked for
         x_BxTxD = constrain(x_BxTxD + gate_msa[:, None] * attn_BxTxD, "batch", "length", "embed")
         h_BxTxH = constrain(self.mlp_in(modulate(self.norm2(x_BxTxD), shift_mlp, scale_mlp)), "batch", "length", "mlp")
@@ -242,9 +249,18 @@ class SimpleDiT(nnx.Module):
         return sincos_2d(self.fields.hidden_size, self.fields.input_size // self.fields.patch_size)
 
     def __call__(
-        self, x: jax.Array, t_B: jax.Array, y_B: jax.Array | None = None, *, return_max_logits: bool = False
+        self,
+        x: jax.Array,
+        t_B: jax.Array,
+        y_B: jax.Array | None = None,
+        *,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        return_max_logits: bool = False,
     ) -> Any:
         f = self.fields
+        if (segment_ids is not None or positions is not None) and not self.tokens:
+            raise ValueError("simple_dit takes segment_ids and positions in token mode (vocab_size set) alone")
         if self.tokens:
             if x.ndim != 2 or x.shape[1] > f.input_size:
                 raise ValueError(
@@ -260,7 +276,11 @@ class SimpleDiT(nnx.Module):
                     f"{expected[1]}, {expected[2]}) (NHWC), got {x.shape}"
                 )
             h_BxTxD = self.x_embedder(patchify(x, f.patch_size).astype(self.dtype))
-        h_BxTxD = h_BxTxD + jnp.asarray(self.position_embedding(h_BxTxD.shape[1]), self.dtype)
+        if positions is None:
+            h_BxTxD = h_BxTxD + jnp.asarray(self.position_embedding(h_BxTxD.shape[1]), self.dtype)
+        else:  # each token at its place in its document (the table's rows, 0 .. input_size - 1)
+            table = jnp.asarray(self.position_embedding(f.input_size), self.dtype)
+            h_BxTxD = h_BxTxD + table[positions.astype(jnp.int32)]
         h_BxTxD = constrain(h_BxTxD, "batch", "length", "embed")
 
         c_BxD = self.t_embedder(t_B)
@@ -270,7 +290,11 @@ class SimpleDiT(nnx.Module):
             c_BxD = c_BxD + self.y_embedder(y_B)
 
         h_BxTxD, max_logits_LxN = stack.run(
-            self.blocks, lambda block, h: block(h, c_BxD, return_max_logits), h_BxTxD, scan=f.scan_layers, remat=f.remat
+            self.blocks,
+            lambda block, h: block(h, c_BxD, return_max_logits, segment_ids),
+            h_BxTxD,
+            scan=f.scan_layers,
+            remat=f.remat,
         )
         out = constrain(self.final_layer(h_BxTxD, c_BxD), "batch", "length", "vocab" if self.tokens else "features")
         if not self.tokens:

@@ -55,6 +55,7 @@ class MaskedDiffusionSpec(ObjectiveSpec):
     Knobs = MaskedDiffusionKnobs
     role = "denoiser"
     data_kind = "tokens"
+    batch_fields = ("segment_ids", "positions", "loss_mask")
     loss_unit = "nats/token (NELBO)"
 
     @classmethod

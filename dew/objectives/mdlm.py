@@ -15,6 +15,14 @@ contribute log 1 = 0. Times are drawn on [eps, 1], antithetically (§3.5). At in
 simple_dit outputs zero logits, so every masked token costs log V and E[1{masked}/t] = 1: the loss
 is log V per token.
 
+Packed documents and loss masks (docs/data.md): a batch's ``segment_ids`` and ``positions`` reach the
+denoiser (attention within each document, positions from 0 in each: ``dew.models.dit``), and each
+token's weight is ``next_token``'s rule at the token itself: 0 on padding (segment 0) and where a
+``loss_mask`` is 0 (a chat's prompt), else 1. A weighted-out token is never masked (LLaDA's fine-tuning,
+Nie et al. 2025 §2.3: the prompt stays clean and conditions the response) and adds nothing; the loss
+is ``sum(w · NELBO integrand) / sum(w)``. Without those fields every weight is 1, as before. A row's
+documents share its time t.
+
 Sampler (§3.2.2, Eq. 7): ancestral steps from t to s < t on a grid from 1 to 0; a masked token stays
 masked with probability s/t, else it is drawn from p_θ(x_0 | z_t); unmasked tokens never change. The
 last step reaches s = 0, where no token can stay masked.
@@ -96,36 +104,58 @@ class MaskedDiffusion:
             u = (u / n + jnp.arange(n) / n) % 1.0
         return self.knobs.eps + (1.0 - self.knobs.eps) * u
 
-    def corrupt(self, key: jax.Array, x0_BxL: jax.Array, t_B: jax.Array) -> jax.Array:
-        """z_t: each token masked with probability 1 - α_t = t."""
+    def corrupt(
+        self, key: jax.Array, x0_BxL: jax.Array, t_B: jax.Array, weight_BxL: jax.Array | None = None
+    ) -> jax.Array:
+        """z_t: each token masked with probability 1 - α_t = t (none whose weight is 0)."""
         masked = jax.random.uniform(key, x0_BxL.shape) < t_B[:, None]
+        if weight_BxL is not None:
+            masked = masked & (weight_BxL > 0)
         return jnp.where(masked, self.mask_id, x0_BxL)
 
+    def inputs(self, batch: Batch) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """``(x_0, weight, model keywords)`` of a batch: the window's first ``seq_len`` tokens, each
+        token's weight (module docstring) and the documents' ``segment_ids``/``positions``."""
+        x0_BxL = batch["tokens"][:, : self.seq_len].astype(jnp.int32)
+        weight_BxL = jnp.ones(x0_BxL.shape, jnp.float32)
+        kwargs = {k: batch[k][:, : self.seq_len].astype(jnp.int32) for k in ("segment_ids", "positions") if k in batch}
+        if "segment_ids" in kwargs:
+            weight_BxL = weight_BxL * (kwargs["segment_ids"] != 0).astype(jnp.float32)
+        if "loss_mask" in batch:
+            weight_BxL = weight_BxL * batch["loss_mask"][:, : self.seq_len].astype(jnp.float32)
+        return x0_BxL, weight_BxL, kwargs
+
     def per_token(
-        self, model: nnx.Module, x0_BxL: jax.Array, t_B: jax.Array, z_BxL: jax.Array, max_logits: bool = False
+        self,
+        model: nnx.Module,
+        x0_BxL: jax.Array,
+        t_B: jax.Array,
+        z_BxL: jax.Array,
+        max_logits: bool = False,
+        **kwargs: jax.Array,
     ) -> tuple[jax.Array, jax.Array | None]:
         """The NELBO's integrand per token, -log p_θ(x_0 | z_t) / t (0 where z_t is unmasked)."""
-        out = model(z_BxL, t_B, return_max_logits=True) if max_logits else (model(z_BxL, t_B), None)
+        out = model(z_BxL, t_B, return_max_logits=True, **kwargs) if max_logits else (model(z_BxL, t_B, **kwargs), None)
         logp = subs_log_probs(out[0], z_BxL, self.mask_id)
         logp_x0 = jnp.take_along_axis(logp, x0_BxL[..., None], axis=-1)[..., 0]
         return -logp_x0 / t_B[:, None], out[1]
 
     def loss(self, model: nnx.Module, batch: Batch, key: jax.Array, *, max_logits: bool = False) -> Loss:
-        x0 = batch["tokens"][:, : self.seq_len].astype(jnp.int32)
+        x0, weight, kwargs = self.inputs(batch)
         k_t, k_mask = jax.random.split(key)
         t = self.times(k_t, x0.shape[0], antithetic=self.knobs.antithetic)
-        per_token, logits = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t), max_logits)
-        return Loss(per_token.sum(), jnp.asarray(x0.size, jnp.float32), {}, logits)
+        per_token, logits = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t, weight), max_logits, **kwargs)
+        return Loss((per_token * weight).sum(), weight.sum(), {}, logits)
 
     def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
         """The NELBO per token (nats) and in bits, with antithetic times and masks fixed by ``key``."""
-        x0 = batch["tokens"][:, : self.seq_len].astype(jnp.int32)
-        mask = batch["mask"].astype(jnp.float32)
+        x0, weight, kwargs = self.inputs(batch)
+        weight = weight * batch["mask"].astype(jnp.float32)[:, None]
         k_t, k_mask = jax.random.split(key)
         t = self.times(k_t, x0.shape[0], antithetic=True)
-        per_token, _ = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t))
-        total = (per_token.sum(axis=1) * mask).sum()
-        return Loss(total, mask.sum() * x0.shape[1], {"bits_per_token": total / math.log(2)})
+        per_token, _ = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t, weight), **kwargs)
+        total = (per_token * weight).sum()
+        return Loss(total, weight.sum(), {"bits_per_token": total / math.log(2)})
 
     # ------------------------------------------------------------------------------- sampling
 

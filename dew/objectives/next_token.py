@@ -40,6 +40,7 @@ class NextTokenSpec(ObjectiveSpec):
     Knobs = NextTokenKnobs
     role = "causal_lm"
     data_kind = "tokens"
+    batch_fields = ("segment_ids", "positions", "loss_mask")
     loss_unit = "nats/token"
 
     @classmethod

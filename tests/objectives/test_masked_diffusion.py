@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -158,3 +159,85 @@ def test_knobs_are_checked():
         MaskedDiffusionKnobs(eps=0.0)
     with pytest.raises(ValueError, match=r"masked_diffusion.top_k=-1"):
         MaskedDiffusionKnobs(top_k=-1)
+
+
+def randomised(seed: int = 3) -> nnx.Module:
+    """simple_dit (tokens) with every parameter drawn at random: adaLN-Zero's zero layers would make
+    every output 0, whatever attends to what."""
+    m = objective().build(nnx.Rngs(0))
+    state = nnx.state(m, nnx.Param)
+    keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(state))))
+    nnx.update(m, jax.tree.map(lambda p: 0.3 * jax.random.normal(next(keys), p.shape, p.dtype), state))
+    return m
+
+
+@pytest.mark.slow
+def test_packed_documents_are_denoised_as_each_alone():
+    """Three documents and padding in one row: with segment_ids and positions, each document's
+    logits are those of the document run alone (attention within it, positions from 0), to 1e-5."""
+    m = randomised()
+    rng = np.random.default_rng(4)
+    lengths = (5, 7, 2)
+    z = jnp.asarray(rng.integers(0, V + 1, (1, L)), jnp.int32)  # masks among the ids
+    seg = np.zeros((1, L), np.int32)
+    pos = np.zeros((1, L), np.int32)
+    at = 0
+    for d, n in enumerate(lengths, start=1):
+        seg[0, at : at + n], pos[0, at : at + n] = d, np.arange(n)
+        at += n
+    t = jnp.asarray([0.4])
+    bounds = np.cumsum((0, *lengths))
+
+    def logits(model, z, t, seg, pos):  # one compiled program: packed, each document alone, unpacked
+        alone = [model(z[:, a:b], t) for a, b in itertools.pairwise(bounds)]
+        return model(z, t, segment_ids=seg, positions=pos), alone, model(z, t)
+
+    packed, alone, plain = jitted(logits, m)(z, t, jnp.asarray(seg), jnp.asarray(pos))
+    for (a, b), own in zip(itertools.pairwise(bounds), alone, strict=True):
+        np.testing.assert_allclose(np.asarray(packed[:, a:b]), np.asarray(own), atol=1e-5, rtol=1e-5)
+    assert float(jnp.abs(plain[:, 5:14] - packed[:, 5:14]).max()) > 1e-3  # the mask is what made them so
+
+
+@pytest.mark.slow
+def test_padding_and_prompts_are_never_masked_and_weigh_nothing():
+    """With segment_ids and a loss_mask, a token of weight 0 (padding, a prompt) is never masked, the
+    loss counts the weighted tokens alone, and evaluation weighs the same way over the real records."""
+    o = objective()
+    m = randomised()
+    batch = {
+        "tokens": tokens(4),
+        "segment_ids": np.ones((4, L + 1), np.int32),
+        "loss_mask": np.ones((4, L + 1), np.int32),
+    }
+    batch["segment_ids"][:, 12:] = 0  # padding
+    batch["loss_mask"][:, :5] = 0  # the prompt
+    batch["positions"] = np.broadcast_to(np.arange(L + 1, dtype=np.int32), (4, L + 1)).copy()
+    x0, weight, kwargs = o.inputs({k: jnp.asarray(v) for k, v in batch.items()})
+    assert set(kwargs) == {"segment_ids", "positions"} and float(weight.sum()) == 4 * 7
+    for i in range(20):
+        z = o.corrupt(jax.random.key(i), x0, jnp.full((4,), 0.99), weight)
+        assert bool((z[weight == 0] == x0[weight == 0]).all()) and bool((z[weight == 1] == V).any())
+    out = jitted(o.loss, m)({k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(0))
+    assert float(out.count) == 4 * 7 and float(out.total) > 0
+    held = {**batch, "mask": np.array([1, 1, 0, 1], np.int32)}
+    ev = jitted(o.evaluate, m)({k: jnp.asarray(v) for k, v in held.items()}, jax.random.key(0))
+    assert float(ev.count) == 3 * 7
+
+
+def test_an_objective_that_ignores_the_fields_is_refused_naming_both():
+    from dew.contract.objectives import ObjectiveSpec, check_batch_fields, objectives
+
+    class Plain(ObjectiveSpec):
+        name = "plain_tokens"
+        data_kind = "tokens"
+
+    fields = {"tokens": None, "segment_ids": None, "positions": None, "loss_mask": None}
+    with pytest.raises(
+        ValueError,
+        match=r"objective='plain_tokens' does not read the batch fields segment_ids, "
+        r"positions, loss_mask that data=chat gives",
+    ):
+        check_batch_fields(Plain, fields, "data=chat")
+    check_batch_fields(Plain, {"tokens": None}, "data=token_windows")  # nothing to ignore
+    for name in ("next_token", "masked_diffusion"):
+        check_batch_fields(objectives[name], fields, "data=chat")
