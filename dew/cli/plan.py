@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 
 def plan_from_hydra(cfg: DictConfig) -> Plan:
     # heavy: JAX loads only once Hydra has composed the config (--help and a bad override stay quick)
+    from dew.training.checkpointing.hf_config import with_checkpoint_fields
     from dew.training.plan import plan
 
     try:
-        recipe = Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True))
+        recipe = with_checkpoint_fields(Recipe.from_dict(OmegaConf.to_container(cfg, resolve=True)))
         result = plan(recipe)
     except (ConfigError, ValueError) as err:
         print(f"dew-plan: error: {err}", file=sys.stderr)

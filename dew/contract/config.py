@@ -626,10 +626,12 @@ class TrainerConfig:
     initialises it; unset trains in the compute dtype."""
     init_from: str | None = None
     """Start from these parameters instead of the seed's (docs/weights.md): a dew run directory
-    (its latest intact step), ``<run>/<step>``, or a Hugging Face Llama directory (``dew-export``'s
-    layout). Parameters only: the optimizer, the step and the schedule start fresh. With ``lora``
-    the loaded parameters are the frozen base. A local path is recorded absolute. Unset starts
-    from the seed."""
+    (its latest intact step), ``<run>/<step>``, or a Hugging Face Llama, Qwen2, Qwen3 or Mistral
+    directory (``dew-export``'s layout), whose ``config.json`` fills the ``model.config`` fields the
+    run does not set; or such a model's hub name (``owner/name``), read from the local Hugging Face
+    cache. Parameters only: the optimizer, the step and the schedule start fresh. With ``lora``
+    the loaded parameters are the frozen base. A local path is recorded absolute, a hub name as it
+    is. Unset starts from the seed."""
     init_skip: tuple[str, ...] = ()
     """Regular expressions over parameter paths (``head/kernel``) that init_from leaves as the seed
     initialised them: the parameters whose shape must differ from the source's (a new vocabulary
@@ -693,7 +695,7 @@ class TrainerConfig:
                 object.__setattr__(self, field, str(value))  # a number of seconds, from Python
         self.max_time_seconds()  # a bad value is refused here, naming the field
         self.stall_timeout_seconds()
-        if self.init_from is not None and "://" not in self.init_from:
+        if self.init_from is not None and "://" not in self.init_from and not hub_name(self.init_from):
             object.__setattr__(self, "init_from", os.path.abspath(os.path.expanduser(self.init_from)))
         for pattern in self.init_skip:
             try:
@@ -840,6 +842,16 @@ def records_to_steps(trainer: TrainerConfig, records: int) -> int:
         if left < batch:
             break
     return max(steps, 1)
+
+
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""A Hugging Face hub repository id, ``owner/name``."""
+
+
+def hub_name(value: str) -> bool:
+    """Whether ``value`` reads as a hub id (``Qwen/Qwen2.5-0.5B``) and names no local path: a
+    ``trainer.init_from`` kept as it is, read from the local Hugging Face cache."""
+    return bool(HUB_NAME.match(value)) and not os.path.exists(os.path.expanduser(value))
 
 
 def _check_run_name(name: str) -> None:

@@ -1,6 +1,6 @@
 """What ``dew-eval``, ``dew-sample`` and ``dew-export`` read: a run's record (or, for dew-eval, a
-Hugging Face Llama directory's model) with the command line's overrides, composed in dew-train's config
-groups, as the typed ``Recipe``.
+Hugging Face Llama, Qwen2, Qwen3 or Mistral directory's model) with the command line's overrides,
+composed in dew-train's config groups, as the typed ``Recipe``.
 
 The overrides are read as dew-train reads them (``dew.commandline.overrides.hydra_form`` and
 ``parse_overrides``: the one parser): plain values, quoted strings, lists, a JSON object or list for
@@ -16,9 +16,11 @@ alone. The presets that set a whole run (``experiment``, ``debug``, ``hparams_se
 the run is what it recorded; so are a sweep and Hydra's own settings (these commands run one
 configuration, and no Hydra job).
 
-A Hugging Face Llama directory has no record: the run is dew-train's composition of the command line
-(which must choose token data), its model the ``transformer`` whose fields ``config.json`` gives, its
-parameters the directory's (``trainer.init_from``, read by ``dew.training.checkpointing.warmstart``).
+A Hugging Face directory (or a hub name in the local cache) has no record: the run is dew-train's
+composition of the command line (which must choose token data), its model the ``transformer`` whose
+fields ``config.json`` gives (``hf_config.with_checkpoint_fields``: a ``model.config`` field the
+command line sets otherwise is refused by name), its parameters the directory's (``trainer.init_from``,
+read by ``dew.training.checkpointing.warmstart``).
 
 No JAX: a bad command line is answered before anything heavy loads.
 """
@@ -37,7 +39,7 @@ from dew import compat
 from dew.commandline.configs import conf_dir, register_configs
 from dew.commandline.exits import EXIT_BAD_INPUT
 from dew.commandline.overrides import hydra_form, parse_overrides, unset_record
-from dew.contract.config import NoRunRecord, RunRecord
+from dew.contract.config import NoRunRecord, RunRecord, hub_name
 from dew.contract.rundir import RUN_RECORD
 from dew.contract.typed import ConfigError
 from dew.recipe import Recipe
@@ -50,8 +52,9 @@ GROUPS = ("data", "model", "optim", "optim/schedule", "trainer")
 WHOLE_RUN = ("experiment", "debug", "hparams_search")
 """Presets of a whole run, refused: the run is what it recorded."""
 HF_CONFIG = "config.json"
-HF_ARCHITECTURE = "LlamaForCausalLM"
-"""The Hugging Face architecture (``config.json``'s ``architectures``) dew reads: a Llama."""
+HF_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+"""The Hugging Face architectures (``config.json``'s ``architectures``) dew reads
+(``dew.training.checkpointing.hf_config.FAMILIES``, which a test holds to this list)."""
 
 
 class EvalError(Exception):
@@ -60,12 +63,12 @@ class EvalError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What is evaluated: a run directory or a Hugging Face Llama directory, and its composed recipe."""
+    """What is evaluated: a run directory or a Hugging Face directory, and its composed recipe."""
 
     path: str
     """The directory named on the command line, absolute."""
     kind: str
-    """``run`` (a dew run directory) or ``hf`` (a Hugging Face Llama directory)."""
+    """``run`` (a dew run directory) or ``hf`` (a Hugging Face directory)."""
     recipe: Recipe
     recorded: Recipe | None
     """The run's record as written (None for a Hugging Face directory)."""
@@ -74,6 +77,13 @@ class Target:
 def target(path: str, overrides: Sequence[str], conf: str, prog: str = "dew-eval") -> Target:
     """The run (or Hugging Face directory) at ``path`` with ``overrides`` applied, as a ``Recipe``."""
     parsed = read_overrides(overrides, prog)
+    if hub_name(path):  # a model in the local Hugging Face cache
+        from dew.training.checkpointing.hf_config import local_directory  # reads the cache: huggingface_hub
+
+        try:
+            path = local_directory(path, prog) or path
+        except ValueError as err:
+            raise EvalError(str(err)) from None
     where = os.path.abspath(path)
     if os.path.isfile(os.path.join(where, RUN_RECORD)):
         recipe, recorded = on_record(where, parsed, conf, prog)
@@ -82,7 +92,10 @@ def target(path: str, overrides: Sequence[str], conf: str, prog: str = "dew-eval
         return Target(where, "hf", hf_recipe(where, parsed, conf), None)
     if not os.path.exists(where):
         raise EvalError(f"{path}: no such run directory")
-    raise EvalError(f"{path}: neither a dew run directory (run.json) nor a Hugging Face Llama directory (config.json)")
+    raise EvalError(
+        f"{path}: neither a dew run directory (run.json), a Hugging Face model directory (config.json) nor "
+        "a hub name in the local cache"
+    )
 
 
 def on_record(where: str, parsed: Sequence[Override], conf: str, prog: str) -> tuple[Recipe, Recipe]:
@@ -210,23 +223,14 @@ def compose_config(overrides: Sequence[str], conf: str) -> Any:
 # ------------------------------------------------------------------------ a Hugging Face directory
 
 
-def hf_model_config(directory: str) -> dict[str, Any]:
-    """The ``transformer`` fields a Llama ``config.json`` gives (the sequence length comes from the
-    data, and data of another vocabulary is refused by the data's fields); what dew's reader refuses
-    (a tied head, biases) it refuses by name when it reads the weights."""
-    from dew.training.checkpointing import hf_llama  # heavy: JAX
-
-    try:
-        fields = hf_llama.model_config(directory)
-    except ValueError as err:
-        raise EvalError(" ".join(str(err).split())) from None
+def hf_vocab_size(directory: str) -> int:
+    """``config.json``'s ``vocab_size``: the data must give it (``rebuild`` refuses other data)."""
     with open(os.path.join(directory, HF_CONFIG)) as fh:
-        fields["vocab_size"] = json.load(fh)["vocab_size"]
-    return fields
+        return int(json.load(fh)["vocab_size"])
 
 
 def hf_architecture(directory: str) -> None:
-    """Refuse, in one line, a Hugging Face directory that holds another model than a Llama, naming
+    """Refuse, in one line, a Hugging Face directory that holds another model than dew reads, naming
     what it holds (``config.json``'s ``architectures`` and ``model_type``) and what dew reads."""
     try:
         with open(os.path.join(directory, HF_CONFIG)) as fh:
@@ -234,19 +238,20 @@ def hf_architecture(directory: str) -> None:
     except (OSError, json.JSONDecodeError) as err:
         raise EvalError(f"{directory}/{HF_CONFIG}: cannot read it ({err})") from None
     held = (config.get("architectures") or []) if isinstance(config, dict) else []
-    if HF_ARCHITECTURE in held:
+    if set(HF_ARCHITECTURES) & set(held):
         return
     kind = config.get("model_type") if isinstance(config, dict) else None
     what = ", ".join(map(str, held)) or "no architecture named"
     raise EvalError(
-        f"{directory} holds a {what} (model_type {kind!r}); dew reads Hugging Face Llama directories "
-        f"({HF_ARCHITECTURE}, model_type 'llama') and dew run directories (run.json)"
+        f"{directory} holds a {what} (model_type {kind!r}); dew reads Hugging Face directories of "
+        f"{', '.join(HF_ARCHITECTURES)} and dew run directories (run.json)"
     )
 
 
 def hf_recipe(directory: str, parsed: Sequence[Override], conf: str) -> Recipe:
     """dew-train's composition of the ``parsed`` overrides with the directory's model: its fields from
-    ``config.json`` over the command line's ``model.config``, its parameters the directory's."""
+    ``config.json`` where the command line's ``model.config`` sets none (one it sets otherwise is
+    refused by name), its parameters the directory's."""
     from omegaconf import OmegaConf
 
     hf_architecture(directory)
@@ -254,17 +259,20 @@ def hf_recipe(directory: str, parsed: Sequence[Override], conf: str) -> Recipe:
     values = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(values, dict)
     model = values["model"]
-    from dew.training.checkpointing.hf_llama import ARCHITECTURE  # heavy: JAX
+    from dew.training.checkpointing.hf_config import ARCHITECTURE, with_checkpoint_fields  # reads config.json
 
     if model.get("architecture") != ARCHITECTURE:
         raise EvalError(
-            f"{directory} holds a Llama ({HF_ARCHITECTURE}): evaluate it on token data "
+            f"{directory} holds a Hugging Face causal LM: evaluate it on token data "
             f"(data=token_windows data.path=... or data=text_stream ...); the command line composes a "
             f"{model.get('architecture')!r} model"
         )
     given = model.get("config") or {}
     given = json.loads(given) if isinstance(given, str) else given  # a JSON field, as the composition holds it
-    model["config"] = {**given, **hf_model_config(directory)}
+    model["config"] = {**given, "vocab_size": hf_vocab_size(directory)}
     values["trainer"]["init_from"] = directory
     values["trainer"]["name"] = os.path.basename(directory.rstrip("/")) or "hf"
-    return _typed({str(k): v for k, v in values.items()})
+    try:
+        return with_checkpoint_fields(_typed({str(k): v for k, v in values.items()}))
+    except (ConfigError, ValueError) as err:
+        raise EvalError(" ".join(str(err).split())) from None

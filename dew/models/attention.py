@@ -29,6 +29,12 @@ cudnn turns it into an additive bias it reads beside its causal mask (jax's publ
 ``dot_product_attention`` hands cuDNN no segment ids or packed offsets, so the mask is materialised
 per batch row, ``T²`` booleans). The maximum logits exclude the pairs it masks, and padding.
 
+**Sliding window.** ``window`` (causal self-attention only) lets query ``t`` see keys
+``t - window + 1 .. t`` (Mistral's ``sliding_window``). Both kernels take it as
+``jax.nn.dot_product_attention``'s ``local_window_size=(window - 1, 0)`` (xla as a mask; cudnn as
+its causal sliding window); the cached decoding path (``dew.models.kv_cache.attend_cached``) and the
+maximum logits apply it in their own masks.
+
 **Precision.** ``jax.nn.dot_product_attention`` takes no ``precision=``; its matmuls are traced under
 ``jax.default_matmul_precision(matmul_precision)``, which is the same request.
 """
@@ -113,6 +119,7 @@ def max_logits(
     causal: bool = False,
     kv_lengths: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    window: int | None = None,
     matmul_precision: str = "default",
 ) -> jax.Array:
     """The largest pre-softmax logit of each query head over the batch and the unmasked pairs.
@@ -136,6 +143,8 @@ def max_logits(
     allowed_BxTxS = jnp.ones((B, T, S), bool)
     if causal:
         allowed_BxTxS &= jnp.tril(jnp.ones((T, S), bool))[None]
+    if window is not None:
+        allowed_BxTxS &= jnp.triu(jnp.ones((T, S), bool), 1 - window)[None]
     if kv_lengths is not None:
         allowed_BxTxS &= (jnp.arange(S)[None, :] < kv_lengths[:, None])[:, None, :]
     if segment_ids is not None:  # within a document, padding (segment 0) left out
@@ -153,13 +162,15 @@ def attend(
     causal: bool = False,
     kv_lengths: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
+    window: int | None = None,
     impl: str = "auto",
     matmul_precision: str = "default",
 ) -> jax.Array:
     """``softmax(scale · QKᵀ + mask) V`` per head with the kernel ``impl`` resolves to.
 
     ``kv_lengths`` (int32, ``(B,)``) marks each sequence's valid keys ``[0, length)`` (right padding);
-    ``segment_ids`` (int, ``(B, T)``, self-attention) keeps each query within its document.
+    ``segment_ids`` (int, ``(B, T)``, self-attention) keeps each query within its document;
+    ``window`` (with ``causal``) keeps it to the ``window`` latest positions, its own included.
     """
     implementation = choose_implementation(impl, q_BxTxNxH.dtype, q_BxTxNxH.shape[-1])
     with jax.default_matmul_precision(matmul_precision):
@@ -173,6 +184,7 @@ def attend(
                 mask=None if segment_ids is None else same_document(segment_ids),
                 is_causal=causal,
                 key_value_seq_lengths=None if kv_lengths is None else kv_lengths.astype(jnp.int32),
+                local_window_size=None if window is None else (window - 1, 0),
                 implementation=implementation,
             ),
             "context",
@@ -239,7 +251,9 @@ class Attention(nnx.Module):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         use_bias: bool = True,
+        out_bias: bool | None = None,
         qk_norm: bool = False,
+        window: int | None = None,
         norm_eps: float = 1e-6,
         scale: float | None = None,
         impl: str = "auto",
@@ -252,7 +266,7 @@ class Attention(nnx.Module):
             raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-        self.impl, self.matmul_precision = impl, precision.matmul
+        self.impl, self.matmul_precision, self.window = impl, precision.matmul, window
         kw = dict(use_bias=use_bias, rngs=rngs, **precision.linear_kwargs)
         # Megatron's split: q, k, v by heads (column parallel), o by heads (row parallel).
         zeros = nnx.initializers.zeros_init()
@@ -281,7 +295,7 @@ class Attention(nnx.Module):
             (num_heads, head_dim),
             hidden_size,
             axis=(-2, -1),
-            **kw,
+            **(kw | {"use_bias": use_bias if out_bias is None else out_bias}),
             kernel_init=param(out_init or kernel_init, "heads", "kv", "embed"),
             bias_init=param(zeros, "embed"),
         )
@@ -319,6 +333,7 @@ class Attention(nnx.Module):
             causal=causal,
             kv_lengths=kv_lengths,
             segment_ids=segment_ids,
+            window=self.window if causal else None,
             impl=self.impl,
             matmul_precision=self.matmul_precision,
         )
@@ -333,6 +348,7 @@ class Attention(nnx.Module):
             causal=causal,
             kv_lengths=kv_lengths,
             segment_ids=segment_ids,
+            window=self.window if causal else None,
             matmul_precision=self.matmul_precision,
         )
 
@@ -355,6 +371,12 @@ class Attention(nnx.Module):
             q_BxTxNxH, k_BxTxKxH = apply_rope(q_BxTxNxH, rope), apply_rope(k_BxTxKxH, rope)
         k_BxSxKxH, v_BxSxKxH = write(kv[0], k_BxTxKxH, start), write(kv[1], v_BxTxKxH, start)
         out_BxTxNxH = attend_cached(
-            q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, start=start, scale=self.scale, matmul_precision=self.matmul_precision
+            q_BxTxNxH,
+            k_BxSxKxH,
+            v_BxSxKxH,
+            start=start,
+            scale=self.scale,
+            window=self.window,
+            matmul_precision=self.matmul_precision,
         )
         return self.o(out_BxTxNxH), (k_BxSxKxH, v_BxSxKxH)

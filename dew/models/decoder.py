@@ -16,7 +16,9 @@ call, with the logits ``model(all tokens so far)`` gives at the same positions.
 
 Each block is pre-norm: ``x + r · Attention(RMSNorm(x))`` then ``x + r · SwiGLU(RMSNorm(x))``, with
 rotary position embeddings on queries and keys, optional QK-norm (RMSNorm over each head's features,
-before RoPE), grouped-query attention (``num_kv_heads``) and an optional tied output head.
+before RoPE; Qwen3's), grouped-query attention (``num_kv_heads``), optional biases on the query, key
+and value projections (``qkv_bias``; Qwen2's), an optional sliding window (``sliding_window``;
+Mistral's) and an optional tied output head.
 
 **muP (lm-engine's multipliers).** With ``mup``, the width multiplier is
 ``m = hidden_size / mup_base_width``: logits are divided by ``m``, attention is scaled by
@@ -34,9 +36,12 @@ The matching per-group learning rates are the optimizer's (``dew.training.optim.
 ``(depth, hidden, num_kv_heads, head_dim)`` (query head ``n`` reads key head
 ``n // (num_heads // num_kv_heads)``); ``blocks/attn/o/kernel`` ``(depth, num_heads, head_dim, hidden)``;
 with QK-norm ``blocks/attn/q_norm/scale`` and ``blocks/attn/k_norm/scale`` ``(depth, head_dim)``;
+with ``qkv_bias`` ``blocks/attn/q/bias`` ``(depth, num_heads, head_dim)``, ``blocks/attn/k/bias`` and
+``blocks/attn/v/bias`` ``(depth, num_kv_heads, head_dim)``;
 ``blocks/mlp_norm/scale``; ``blocks/mlp_gate/kernel``, ``blocks/mlp_up/kernel``
 ``(depth, hidden, mlp_hidden)``; ``blocks/mlp_down/kernel`` ``(depth, mlp_hidden, hidden)``;
-``final_norm/scale``; ``lm_head/kernel`` ``(hidden, vocab)`` unless the embeddings are tied. No biases.
+``final_norm/scale``; ``lm_head/kernel`` ``(hidden, vocab)`` unless the embeddings are tied. No
+other biases.
 """
 
 from __future__ import annotations
@@ -104,8 +109,10 @@ class DecoderBlock(nnx.Module):
             f.num_heads,
             num_kv_heads=f.num_kv_heads,
             head_dim=head_dim(f),
-            use_bias=False,
+            use_bias=f.qkv_bias,
+            out_bias=False,
             qk_norm=f.qk_norm,
+            window=f.sliding_window,
             norm_eps=f.norm_eps,
             scale=attention_scale(f),
             impl=f.attention_impl,

@@ -61,17 +61,21 @@ def attend_cached(
     *,
     start: jax.Array,
     scale: float,
+    window: int | None = None,
     matmul_precision: str = "default",
 ) -> jax.Array:
     """Attention of the queries at positions ``[start, start + T)`` over the cache's positions up to
-    each query's own.
+    each query's own (and, with a sliding ``window``, no further back than ``window - 1`` before it).
 
     Always the xla kernel: the mask is an explicit ``(T, S)`` array (each query sees a different
     prefix of the buffer), which cuDNN's fused kernel does not take, and a one-token step reads the
     whole cache once, which is memory-bound whichever kernel runs it.
     """
     T, S = q_BxTxNxH.shape[1], k_BxSxKxH.shape[1]
-    allowed_TxS = jnp.arange(S)[None, :] <= start + jnp.arange(T)[:, None]
+    query_T1, key_1S = start + jnp.arange(T)[:, None], jnp.arange(S)[None, :]
+    allowed_TxS = key_1S <= query_T1
+    if window is not None:
+        allowed_TxS &= key_1S > query_T1 - window
     with jax.default_matmul_precision(matmul_precision):
         return jax.nn.dot_product_attention(
             q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask=allowed_TxS[None, None], scale=scale, implementation="xla"

@@ -68,6 +68,12 @@ class Transformer(Architecture):
                 "normalises the query and key scale away, so QK-clip cannot cap the logits; use "
                 "one of them"
             )
+        if self.fields.qkv_bias:
+            raise ValueError(
+                "QK-clip (optim.optimizer=muonclip) with model.config.qkv_bias=true: QK-clip caps the "
+                "logits by scaling the query and key kernels, which leaves their biases' part of the "
+                "logits uncapped; use one of them"
+            )
         return {
             QK_LAYER: QKClipLayer(
                 query=("blocks/attn/q/kernel",),

@@ -33,7 +33,13 @@ class TransformerFields(PrecisionFields):
     mlp_hidden: int | None = None
     """SwiGLU hidden width; unset is 8/3·hidden_size rounded up to a multiple of 128."""
     qk_norm: bool = False
-    """RMS-normalise queries and keys per head before RoPE."""
+    """RMS-normalise queries and keys per head before RoPE (Qwen3's ``q_norm``/``k_norm``)."""
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections, none on the output projection (Qwen2's
+    attention)."""
+    sliding_window: int | None = None
+    """Positions each query attends to, its own included (Mistral's ``sliding_window``: query ``t``
+    sees keys ``t - sliding_window + 1 .. t``); unset, every earlier position."""
     tie_embeddings: bool = False
     """Share the token embedding with the output head."""
     rope_theta: float = 10000.0
@@ -83,6 +89,8 @@ class TransformerFields(PrecisionFields):
             check_divides(self, "num_kv_heads", "num_heads")
         if self.mlp_hidden is not None:
             check_positive(self, "mlp_hidden")
+        if self.sliding_window is not None:
+            check_positive(self, "sliding_window")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise ValueError(
                 f"norm_eps={self.norm_eps}, init_std={self.init_std} and rope_theta={self.rope_theta} must be > 0"

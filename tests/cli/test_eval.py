@@ -241,14 +241,15 @@ def test_a_hugging_face_directory_gives_a_numpy_llamas_loss(runs):
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
-"""Llama directories transformers made, with its per-token losses over fixed windows
+"""Llama, Qwen2, Qwen3 and Mistral directories transformers made, with its per-token losses over fixed windows
 (``tests/fixtures/hf/make.py``)."""
 
 
-EVALUATED = ("t5-f32", "llama3", "sharded", "tied")
+EVALUATED = ("t5-f32", "llama3", "sharded", "tied", "qwen2", "qwen3", "mistral")
 """The fixtures evaluated here, one of each form (transformers 5's spelling, Llama 3's RoPE scaling,
-float16 shards behind an index, a tied head): each compiles a model of its own, and
-tests/training/checkpointing/test_hf_fixtures.py checks every fixture's losses through the reader."""
+float16 shards behind an index, a tied head) and each family beside Llama (Qwen2, Qwen3, Mistral):
+each compiles a model of its own, and tests/training/checkpointing/test_hf_fixtures.py checks every
+fixture's losses through the reader."""
 
 
 def _fixtures() -> list[str]:

@@ -1,29 +1,27 @@
-"""The Hugging Face Llama layout of dew's ``transformer``, both ways: ``config.json``
-(``LlamaForCausalLM``) and the safetensors weights, written by ``dew-export`` and read by
-``trainer.init_from``. The files themselves (one ``model.safetensors`` or shards behind
-``model.safetensors.index.json``, float32, bfloat16 or float16) are ``dew.training.checkpointing.hf_weights``'s.
+"""The Hugging Face layout of dew's ``transformer``, both ways: the safetensors weights of a
+``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` or ``MistralForCausalLM``
+(``config.json``, family by family, is ``dew.training.checkpointing.hf_config``'s), written by
+``dew-export`` and read by ``trainer.init_from``. The files themselves (one ``model.safetensors`` or
+shards behind ``model.safetensors.index.json``, float32, bfloat16 or float16) are
+``dew.training.checkpointing.hf_weights``'s.
 
 dew's blocks are Llama's: pre-norm RMSNorm, rotary embeddings on (first half, second half) feature
 pairs (Llama's ``rotate_half``: no permutation of the query and key weights), grouped-query
 attention where query head ``n`` reads key head ``n // group`` (Llama's ``repeat_kv``), SwiGLU, no
-biases. ``TABLE`` maps each dew parameter to its Llama name and layout: Llama's linear weights are
-``[out, in]``, dew's kernels ``[in, out]`` with heads split out, and dew's blocks are stacked on a
-leading ``depth`` axis where Llama names each layer.
+biases. The three other families add one thing each, under the names they give it: Qwen2 the
+biases of ``q_proj``, ``k_proj`` and ``v_proj``, Qwen3 the per-head ``q_norm`` and ``k_norm``,
+Mistral a sliding window (no tensor). ``TABLE`` maps each dew parameter to its name and layout
+there: the linear weights are ``[out, in]``, dew's kernels ``[in, out]`` with heads split out, and
+dew's blocks are stacked on a leading ``depth`` axis where transformers names each layer.
 
-What dew has and Llama has not is folded into the weights exactly, as a scale (``factors``):
-``embedding_multiplier`` into the embedding, ``residual_multiplier`` into each branch's output
-projection, muP's attention scale (``dew.models.decoder.attention_scale``) into the query weights (Llama scales by
-``1/sqrt(head_dim)``; rotary embeddings are linear, so a scaled query rotates to the scaled rotated
-query) and muP's logit divisor into the output head. Reading divides by the same factors, so a
-dew run with those settings reads back what it wrote. QK-norm has no place in Llama, nor has a tied
-head whose embedding and head would need different factors: both are refused by name.
-
-``config.json`` comes in two spellings: transformers 4 writes ``rope_theta`` and ``rope_scaling``
-at the top level, transformers 5 one ``rope_parameters`` object (``{rope_theta, rope_type, ...}``);
-``rope_of`` reads both, and ``config_json`` writes both, so old and new readers load what dew writes.
-What a Llama directory may hold and dew does not model (biases, a sliding window, another
-activation, a RoPE dynamic in the sequence length, quantized weights) is refused naming the field
-(``refuse_unmodelled``), never ignored.
+What dew has and these families have not is folded into the weights exactly, as a scale
+(``factors``): ``embedding_multiplier`` into the embedding, ``residual_multiplier`` into each
+branch's output projection, muP's attention scale (``dew.models.decoder.attention_scale``) into the
+query weights and bias (transformers scales by ``1/sqrt(head_dim)``; rotary embeddings are linear,
+so a scaled query rotates to the scaled rotated query; under QK-norm the scale cannot pass the
+norm, and is refused) and muP's logit divisor into the output head. Reading divides by the same
+factors, so a dew run with those settings reads back what it wrote. A tied head whose embedding
+and head would need different factors is refused by name.
 """
 
 from __future__ import annotations
@@ -39,20 +37,21 @@ import numpy as np
 
 from dew.contract.models import of
 from dew.models.decoder import attention_scale, mlp_hidden
-from dew.models.rope_scaling import RopeScaling
 from dew.models.transformer import Transformer, TransformerFields
+from dew.training.checkpointing import hf_config
+from dew.training.checkpointing.hf_config import FIELD, model_config, refuse_unmodelled
 
 if TYPE_CHECKING:
     from dew.contract.config import RunConfig
 
-FIELD = "trainer.init_from"
-CONFIG, GENERATION = "config.json", "generation_config.json"
+__all__ = ["model_config", "refuse_unmodelled"]  # hf_config's, named here too for the callers that read a directory
 
 Layout = Callable[[Any], Any]
 
 
 ARCHITECTURE = Transformer.name
 """The architecture whose blocks are Llama's (its registered name, read from its class)."""
+assert ARCHITECTURE == hf_config.ARCHITECTURE
 
 
 def fields_of(run: RunConfig | TransformerFields) -> TransformerFields:
@@ -63,12 +62,8 @@ def fields_of(run: RunConfig | TransformerFields) -> TransformerFields:
 
 
 def refuse_unmappable(f: TransformerFields, where: str) -> None:
-    """Raise naming the field when the model has what Llama has not and cannot be folded."""
-    if f.qk_norm:
-        raise ValueError(
-            f"{where}: model.config.qk_norm=true: Llama has no QK-norm, and it cannot be folded "
-            "into the weights (it normalises each query and key)"
-        )
+    """Raise naming the field when the model has what no family has and cannot be folded."""
+    hf_config.family_for(f, where)
     if f.tie_embeddings:
         scale = factors(f)
         if scale["embed/embedding"] != 1.0 or scale["lm_head/kernel"] != 1.0:
@@ -81,21 +76,26 @@ def refuse_unmappable(f: TransformerFields, where: str) -> None:
 
 
 def factors(f: TransformerFields) -> dict[str, float]:
-    """The scale each dew parameter takes in Llama's layout (1 where none is listed)."""
+    """The scale each dew parameter takes in the Hugging Face layout (1 where none is listed). The
+    attention scale goes into the query projection (weight and bias), or under QK-norm into the
+    query norm's scale, whose output the query is (the norm would divide it out of the projection)."""
     hd = f.head_dim or f.hidden_size // f.num_heads
     m = f.hidden_size / f.mup_base_width if f.mup else 1.0
     r = f.residual_multiplier
-    return {
+    query = attention_scale(f) * math.sqrt(hd)
+    out = {
         "embed/embedding": f.embedding_multiplier,
         "blocks/attn/o/kernel": r,
         "blocks/mlp_down/kernel": r,
-        "blocks/attn/q/kernel": attention_scale(f) * math.sqrt(hd),
         "lm_head/kernel": 1.0 / m,
     }
+    if f.qk_norm:
+        return out | {"blocks/attn/q_norm/scale": query}
+    return out | {"blocks/attn/q/kernel": query, "blocks/attn/q/bias": query}
 
 
 def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
-    """dew parameter -> (Llama name, ``{i}`` for a block's layer, dew layout -> Llama's, back).
+    """dew parameter -> (transformers' name, ``{i}`` for a block's layer, dew layout -> theirs, back).
     A block's layouts act on one layer (the stack's ``depth`` axis taken off); every one is a
     reshape or a transpose, so on a contiguous NumPy array the way there is a view of it, through
     which a reader writes Llama's tensor straight into dew's layout (``hf_weights.read``)."""
@@ -126,77 +126,22 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
         "final_norm/scale": ("model.norm.weight", *same),
         "lm_head/kernel": ("lm_head.weight", *transposed),
     }
-    if f.tie_embeddings:  # the head is the embedding: Llama writes no lm_head.weight
+    if f.qkv_bias:  # Qwen2's: (n, hd) <-> [n*hd]
+        for key, n in (("q", N), ("k", K), ("v", K)):
+            names[f"blocks/attn/{key}/bias"] = (
+                layer + f"self_attn.{key}_proj.bias",
+                lambda w, n=n: w.reshape(n * hd),
+                lambda w, n=n: w.reshape(n, hd),
+            )
+    if f.qk_norm:  # Qwen3's: one scale of head_dim for every head
+        for key in ("q", "k"):
+            names[f"blocks/attn/{key}_norm/scale"] = (layer + f"self_attn.{key}_norm.weight", *same)
+    if f.tie_embeddings:  # the head is the embedding: transformers writes no lm_head.weight
         del names["lm_head/kernel"]
     return names
 
 
 # ------------------------------------------------------------------------------- config.json out
-
-
-def rope_parameters(f: TransformerFields) -> dict[str, Any]:
-    """transformers 5's ``rope_parameters`` for ``f``'s rotary embedding."""
-    s = f.rope_scaling
-    if s is None:
-        return {"rope_theta": f.rope_theta, "rope_type": "default"}
-    out: dict[str, Any] = {"rope_theta": f.rope_theta, "rope_type": s.rope_type, "factor": s.factor}
-    if s.rope_type == "llama3":
-        out |= {
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        }
-    return out
-
-
-def config_json(f: TransformerFields, *, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
-    """Llama's ``config.json`` for ``transformer`` fields ``f``, weights stored in ``dtype``: the
-    current spelling (``rope_parameters``, ``dtype``) and the fields transformers 4 reads
-    (``rope_theta``, ``rope_scaling``, ``torch_dtype``)."""
-    rope = rope_parameters(f)
-    scaling = None if f.rope_scaling is None else {k: v for k, v in rope.items() if k != "rope_theta"}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": f.hidden_size,
-        "intermediate_size": mlp_hidden(f),
-        "num_hidden_layers": f.depth,
-        "num_attention_heads": f.num_heads,
-        "num_key_value_heads": f.num_kv_heads or f.num_heads,
-        "head_dim": f.head_dim or f.hidden_size // f.num_heads,
-        "rms_norm_eps": f.norm_eps,
-        "rope_parameters": rope,
-        "rope_theta": f.rope_theta,
-        "rope_scaling": scaling,
-        "vocab_size": f.vocab_size,
-        "max_position_embeddings": max_positions(f),
-        "tie_word_embeddings": f.tie_embeddings,
-        "dtype": dtype,
-        "torch_dtype": dtype,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "initializer_range": f.init_std,
-        "bos_token_id": None,
-        "eos_token_id": eos_token_id,
-        "pad_token_id": None,
-        "use_cache": True,
-    }
-
-
-def max_positions(f: TransformerFields) -> int:
-    """``max_position_embeddings``: the run's ``seq_len``; with llama3 scaling at least the context it
-    scales to, ``original_max_position_embeddings · factor`` (transformers wants the original below it)."""
-    s = f.rope_scaling
-    if s is not None and s.rope_type == "llama3":
-        return max(f.seq_len, math.ceil(s.original_max_position_embeddings * s.factor))
-    return f.seq_len
-
-
-def generation_json(eos_token_id: int | None) -> dict[str, Any]:
-    """``generation_config.json``: what ``model.generate`` stops on."""
-    return {"bos_token_id": None, "eos_token_id": eos_token_id, "pad_token_id": None}
 
 
 def tensors(f: TransformerFields, params: Mapping[str, jax.Array], dtype: np.dtype) -> dict[str, np.ndarray]:
@@ -214,146 +159,47 @@ def tensors(f: TransformerFields, params: Mapping[str, jax.Array], dtype: np.dty
     return {name: v for i in sorted(layers) for name, v in layers[i].items()}
 
 
+def config_json(f: TransformerFields, *, dtype: str = "float32", eos_token_id: int | None = None) -> dict[str, Any]:
+    """The ``config.json`` of a model of fields ``f`` in its family's spelling (``hf_config.config_json``)."""
+    return hf_config.config_json(f, mlp_hidden(f), dtype=dtype, eos_token_id=eos_token_id)
+
+
 # -------------------------------------------------------------------------------- config.json in
 
 
-def read_config(path: str) -> dict[str, Any]:
-    """The directory's ``config.json``, after refusing what dew's transformer does not model."""
-    with open(os.path.join(path, CONFIG)) as fh:
-        config = json.load(fh)
-    refuse_unmodelled(config, path)
-    return config
-
-
-def refuse_unmodelled(config: Mapping[str, Any], path: str) -> None:
-    """Raise naming the first ``config.json`` field that asks for what dew's transformer does not
-    compute: a Llama with it would load and compute something else."""
-    where = f"{FIELD}={path!r}: config.json has"
-    if "LlamaForCausalLM" not in (config.get("architectures") or []):
-        raise ValueError(f"{where} architectures={config.get('architectures')}, not LlamaForCausalLM")
-    refusals = {
-        "attention_bias": "dew's attention has no biases",
-        "mlp_bias": "dew's MLP has no biases",
-        "sliding_window": "dew's attention sees every earlier position",
-        "quantization_config": "dew reads float32, bfloat16 or float16 weights",
-    }
-    for key, why in refusals.items():
-        if config.get(key):
-            raise ValueError(f"{where} {key}={config[key]!r}; {why}")
-    if config.get("hidden_act", "silu") not in ("silu", "swish"):
-        raise ValueError(f"{where} hidden_act={config['hidden_act']!r}; dew's MLP is SwiGLU (silu)")
-    if config.get("attention_dropout", 0.0):
-        raise ValueError(f"{where} attention_dropout={config['attention_dropout']}; dew's attention has no dropout")
-    rope_of(config, path)
-
-
-ROPE_TYPES = ("default", "linear", "llama3")
-"""The ``rope_type`` values dew computes (``default``: no scaling)."""
-
-
-def rope_of(config: Mapping[str, Any], path: str) -> tuple[float, RopeScaling | None]:
-    """``(rope_theta, rope_scaling)`` of a Llama ``config.json`` in either spelling: transformers
-    4's top-level ``rope_theta`` and ``rope_scaling`` (whose type may be ``type``), or transformers
-    5's ``rope_parameters``. A ``rope_type`` other than ``ROPE_TYPES`` is refused by name."""
-    where = f"{FIELD}={path!r}: config.json has"
-    params: dict[str, Any] = {}
-    kinds = {}
-    for key in ("rope_scaling", "rope_parameters"):
-        value = config.get(key)
-        if value is not None and not isinstance(value, Mapping):
-            raise ValueError(f"{where} {key}={value!r}; expected an object")
-        params |= value or {}
-        if value:
-            kinds[key] = value.get("rope_type", value.get("type", "default"))
-    if len(set(kinds.values())) > 1:
-        raise ValueError(f"{where} " + " and ".join(f"{k}'s rope_type={v!r}" for k, v in kinds.items()))
-    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))  # 10000: LlamaConfig's default
-    if "rope_theta" in config and "rope_theta" in params and params["rope_theta"] != config["rope_theta"]:
-        raise ValueError(
-            f"{where} rope_theta={config['rope_theta']} and rope_parameters.rope_theta={params['rope_theta']}"
-        )
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        why = " (dynamic NTK scaling changes the frequencies with each call's length)" if kind == "dynamic" else ""
-        raise ValueError(f"{where} rope_type={kind!r}; dew's rotary embedding computes {', '.join(ROPE_TYPES)}{why}")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"{where} partial_rotary_factor={params['partial_rotary_factor']}; dew rotates every feature")
-    if kind == "default":
-        return float(theta), None
-    fields = {"rope_type": kind, "factor": float(params["factor"])}
-    if kind == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
-            if key not in params:
-                raise ValueError(f"{where} rope_type='llama3' without {key}")
-            fields[key] = params[key]
-    return float(theta), RopeScaling(**fields)
-
-
-def model_config(path: str) -> dict[str, Any]:
-    """The ``model.config`` of dew's ``transformer`` that the Llama directory ``path`` fills:
-    start a run from it with these (``seq_len`` and ``vocab_size`` follow the data)."""
-    c = read_config(path)
-    theta, scaling = rope_of(c, path)
-    heads = c["num_attention_heads"]
-    out: dict[str, Any] = {
-        "hidden_size": c["hidden_size"],
-        "depth": c["num_hidden_layers"],
-        "num_heads": heads,
-        "num_kv_heads": c.get("num_key_value_heads") or heads,
-        "head_dim": c.get("head_dim") or c["hidden_size"] // heads,
-        "mlp_hidden": c["intermediate_size"],
-        "norm_eps": c.get("rms_norm_eps", 1e-6),
-        "rope_theta": theta,
-        "rope_scaling": None if scaling is None else _as_dict(scaling),
-        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
-    }
-    return out
-
-
-def _as_dict(scaling: RopeScaling) -> dict[str, Any]:
-    out = {"rope_type": scaling.rope_type, "factor": scaling.factor}
-    if scaling.rope_type == "llama3":
-        out |= {
-            "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor,
-            "original_max_position_embeddings": scaling.original_max_position_embeddings,
-        }
-    return out
-
-
-CHECKED = {
-    "num_heads": "num_attention_heads",
-    "num_kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "rope_theta": "rope_theta",
-    "rope_scaling": "rope_scaling",
-    "norm_eps": "rms_norm_eps",
-    "tie_embeddings": "tie_word_embeddings",
-}
-"""The fields that shapes cannot tell: ``model.config`` field -> the ``config.json`` field."""
-
-
 def check_config(f: TransformerFields, path: str) -> None:
-    """Refuse a Llama directory whose config differs from ``f`` where shapes do not show it, naming
-    both fields and both values."""
+    """Refuse a directory whose config differs from ``f`` (a run that states its ``model.config``,
+    or one written before ``trainer.init_from`` filled it), naming both fields and both values."""
     refuse_unmappable(f, FIELD)
-    theirs = model_config(path)
+    theirs = hf_config.model_config(path)
     ours = {
         "num_heads": f.num_heads,
         "num_kv_heads": f.num_kv_heads or f.num_heads,
         "head_dim": f.head_dim or f.hidden_size // f.num_heads,
         "rope_theta": f.rope_theta,
-        "rope_scaling": None if f.rope_scaling is None else _as_dict(f.rope_scaling),
+        "rope_scaling": hf_config.scaling_dict(f.rope_scaling),
         "norm_eps": f.norm_eps,
         "tie_embeddings": f.tie_embeddings,
+        "qkv_bias": f.qkv_bias,
+        "qk_norm": f.qk_norm,
+        "sliding_window": f.sliding_window,
     }
-    for key, hf_key in CHECKED.items():
-        if theirs[key] != ours[key]:
+    for key, value in ours.items():
+        if theirs[key] != value:
+            hf_key = hf_config.CHECKED[key]
+            shown = _show(config_value(path, hf_key)) if hf_key == "architectures" else _show(theirs[key])
             raise ValueError(
-                f"{FIELD}={path!r}: config.json has {hf_key}={_show(theirs[key])}, this model "
-                f"model.config.{key}={_show(ours[key])}; set model.config.{key}={_show(theirs[key])}"
+                f"{FIELD}={path!r}: config.json has {hf_key}={shown}, this model "
+                f"model.config.{key}={_show(value)}; set model.config.{key}={_show(theirs[key])}"
             )
 
 
+def config_value(path: str, key: str) -> object:
+    with open(os.path.join(path, hf_config.CONFIG)) as fh:
+        return json.load(fh).get(key)
+
+
 def _show(value: object) -> str:
-    return json.dumps(value).replace('"', "") if isinstance(value, (dict, bool)) or value is None else str(value)
+    if isinstance(value, (dict, bool, list)) or value is None:
+        return json.dumps(value).replace('"', "")
+    return str(value)

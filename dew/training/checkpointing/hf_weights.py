@@ -1,5 +1,5 @@
-"""The safetensors files of a Hugging Face Llama directory (``dew.training.checkpointing.hf_llama``
-names and lays out each tensor): one ``model.safetensors``, or shards named by
+"""The safetensors files of a Hugging Face Llama, Qwen2, Qwen3 or Mistral directory
+(``dew.training.checkpointing.hf_llama`` names and lays out each tensor): one ``model.safetensors``, or shards named by
 ``model.safetensors.index.json``'s ``weight_map`` (as ``save_pretrained`` writes them above its
 ``max_shard_size``, and as the hub holds every large model), in float32, bfloat16 or float16.
 
@@ -20,13 +20,13 @@ import json
 import os
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import ml_dtypes
 import numpy as np
 
-from dew.training.checkpointing import hf_llama
+from dew.training.checkpointing import hf_config, hf_llama
 
 if TYPE_CHECKING:
     from flax.typing import PathParts
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dew.contract.config import RunConfig
     from dew.models.transformer import TransformerFields
 
-WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
+WEIGHTS, INDEX = hf_config.WEIGHTS, hf_config.INDEX
 FIELD = hf_llama.FIELD
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
@@ -43,42 +43,61 @@ SAFETENSORS_DTYPES = ("F32", "BF16", "F16")
 
 
 def is_directory(path: str) -> bool:
-    """Whether ``path`` holds a Llama directory's files: ``config.json`` and the weights."""
-    has_weights = os.path.isfile(os.path.join(path, WEIGHTS)) or os.path.isfile(os.path.join(path, INDEX))
-    return has_weights and os.path.isfile(os.path.join(path, hf_llama.CONFIG))
+    """Whether ``path`` holds a Hugging Face model directory's files: ``config.json`` and the weights."""
+    return hf_config.is_directory(path)
+
+
+def opened(path: str, file: str) -> Any:
+    """``safe_open(file)``, or one line naming the file when it is not whole safetensors (a download
+    cut short leaves a header that promises more bytes than the file holds) or is missing."""
+    from safetensors import safe_open
+
+    if not os.path.isfile(file):
+        raise ValueError(
+            f"{FIELD}={path!r}: {INDEX} names {os.path.basename(file)}, which the directory lacks "
+            "(a download not finished?)"
+        )
+    try:
+        return safe_open(file, "np")
+    except Exception as err:  # safetensors raises its own SafetensorError, a bare Exception, on a damaged file
+        raise ValueError(
+            f"{FIELD}={path!r}: {file} is not whole safetensors ({' '.join(str(err).split())}); a download "
+            "cut short? fetch it again"
+        ) from None
 
 
 def weight_files(path: str) -> dict[str, str]:
     """Each tensor's name -> the file holding it: the index's ``weight_map``, or the one file."""
     index = os.path.join(path, INDEX)
     if os.path.isfile(index):
-        with open(index) as fh:
-            weight_map = json.load(fh)["weight_map"]
+        try:
+            with open(index) as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"{FIELD}={path!r}: {index} is no index of shards ({type(err).__name__}: {err})") from None
         return {name: os.path.join(path, file) for name, file in weight_map.items()}
-    from safetensors import safe_open
-
     single = os.path.join(path, WEIGHTS)
-    with safe_open(single, "np") as fh:
+    with opened(path, single) as fh:
         return dict.fromkeys(fh.keys(), single)
 
 
-def header(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Each tensor's ``(shape, safetensors dtype)``, read from the files' headers alone; a tensor
-    dew does not read (a bias, a quantized or integer weight) is refused naming it."""
-    from safetensors import safe_open
-
+def header(path: str) -> dict[str, tuple[tuple[int, ...], str, str]]:
+    """Each tensor's ``(shape, safetensors dtype, file)``, read from the files' headers alone; a
+    missing or damaged file, or a tensor dew does not read (a quantized or integer weight), is
+    refused naming it."""
     files: dict[str, list[str]] = defaultdict(list)
     for name, file in weight_files(path).items():
         files[file].append(name)
     out = {}
     for file, names in files.items():
-        with safe_open(file, "np") as fh:
+        with opened(path, file) as fh:
+            held = set(fh.keys())
             for name in names:
+                if name not in held:
+                    raise ValueError(f"{FIELD}={path!r}: {INDEX} puts {name} in {file}, which does not hold it")
                 s = fh.get_slice(name)
-                out[name] = (tuple(s.get_shape()), s.get_dtype())
-    for name, (_, dtype) in out.items():
-        if name.endswith(".bias"):
-            raise ValueError(f"{FIELD}={path!r}: the weights hold {name}; dew's transformer has no biases")
+                out[name] = (tuple(s.get_shape()), s.get_dtype(), file)
+    for name, (_, dtype, _) in out.items():
         if dtype not in SAFETENSORS_DTYPES and not name.endswith("rotary_emb.inv_freq"):
             raise ValueError(
                 f"{FIELD}={path!r}: the weights hold {name} in {dtype}; dew reads {', '.join(SAFETENSORS_DTYPES)}"
@@ -87,29 +106,86 @@ def header(path: str) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def dew_shapes(run: RunConfig | TransformerFields, path: str) -> dict[str, tuple[int, ...]]:
-    """The shapes the Llama directory ``path`` gives dew's parameters (a block's with ``depth`` in
-    front), after checking its config against the run's model."""
+    """The shapes the directory ``path`` gives dew's parameters (a block's with ``depth`` in front),
+    after checking its config against the run's model and each tensor against the shape its config
+    gives it (``check_tensors``)."""
     if not isinstance(run, hf_llama.TransformerFields) and run.model.architecture != hf_llama.ARCHITECTURE:
         raise ValueError(
-            f"{FIELD}={path!r}: a Hugging Face Llama directory starts a {hf_llama.ARCHITECTURE!r} run, "
-            f"not {run.model.architecture!r}"
+            f"{FIELD}={path!r}: a Hugging Face Llama, Qwen2, Qwen3 or Mistral directory starts a "
+            f"{hf_llama.ARCHITECTURE!r} run, not {run.model.architecture!r}"
         )
     f = hf_llama.fields_of(run)
     hf_llama.check_config(f, path)
     saved = header(path)
+    check_tensors(f, path, saved)
     depth = sum(1 for k in saved if k.endswith(".input_layernorm.weight"))
     shapes = {}
     for key, (name, _, from_hf) in hf_llama.table(f).items():
         first = name.format(i=0)
-        if first not in saved:
+        if first not in saved:  # a field set otherwise than config.json: warmstart.check names the parameter
             continue
         try:
             one = jax.eval_shape(from_hf, jax.ShapeDtypeStruct(saved[first][0], np.float32)).shape
-        except TypeError:  # a reshape that cannot take the saved shape
+        except TypeError:  # a reshape that cannot take the saved shape (the run's heads are not the directory's)
             shapes[key] = saved[first][0]
             continue
         shapes[key] = (depth, *one) if "{i}" in name else tuple(one)
     return shapes
+
+
+IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+"""Tensors an older ``save_pretrained`` wrote that hold no parameter (RoPE's frequencies, recomputed)."""
+
+
+def check_tensors(f: TransformerFields, path: str, saved: dict[str, tuple[tuple[int, ...], str, str]]) -> None:
+    """Refuse, in one line naming the file, a tensor whose shape is not the one ``config.json``
+    gives it, one the model needs and the files lack, or one it has no place for (a bias the family
+    has not: the model would compute without it)."""
+    config = hf_config.read_config(path)
+    wanted = hf_shapes(config, path)
+    for name, shape in wanted.items():
+        if name not in saved:
+            raise ValueError(f"{FIELD}={path!r}: the weights hold no {name} (config.json's model needs it)")
+        if saved[name][0] != shape:
+            raise ValueError(
+                f"{FIELD}={path!r}: {saved[name][2]} holds {name} of shape {list(saved[name][0])}; "
+                f"config.json gives it {list(shape)}"
+            )
+    for name, (_, _, file) in saved.items():
+        tied_head = name == "lm_head.weight" and f.tie_embeddings  # some tied models save the head anyway
+        if name not in wanted and not tied_head and not IGNORED.search(name):
+            raise ValueError(
+                f"{FIELD}={path!r}: {file} holds {name}, which dew's transformer has no place for "
+                f"(config.json's {hf_config.family_of(config, path).architecture} has no such tensor)"
+            )
+
+
+def hf_shapes(config: dict[str, Any], path: str) -> dict[str, tuple[int, ...]]:
+    """Every tensor a directory of this ``config.json`` holds, with the shape transformers gives it."""
+    fields = hf_config.model_config(path)
+    D, V, H = fields["hidden_size"], config["vocab_size"], fields["mlp_hidden"]
+    hd = fields["head_dim"]
+    q, kv = fields["num_heads"] * hd, fields["num_kv_heads"] * hd
+    layer = {
+        "input_layernorm.weight": (D,),
+        "self_attn.q_proj.weight": (q, D),
+        "self_attn.k_proj.weight": (kv, D),
+        "self_attn.v_proj.weight": (kv, D),
+        "self_attn.o_proj.weight": (D, q),
+        "post_attention_layernorm.weight": (D,),
+        "mlp.gate_proj.weight": (H, D),
+        "mlp.up_proj.weight": (H, D),
+        "mlp.down_proj.weight": (D, H),
+    }
+    if fields["qkv_bias"]:
+        layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,)}
+    if fields["qk_norm"]:
+        layer |= {"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)}
+    out = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    out |= {f"model.layers.{i}.{name}": shape for i in range(fields["depth"]) for name, shape in layer.items()}
+    if not fields["tie_embeddings"]:
+        out["lm_head.weight"] = (V, D)
+    return out
 
 
 def read(
@@ -118,8 +194,6 @@ def read(
     """The Llama directory's values for ``target`` (flat ``{path: ShapeDtypeStruct}`` with
     shardings), shard by shard (the module's docstring), each cast to its target's dtype and built
     on the devices its sharding names from the slices they hold."""
-    from safetensors import safe_open
-
     f = hf_llama.fields_of(run)
     spec, scale = hf_llama.table(f), hf_llama.factors(f)
     files = weight_files(path)
@@ -133,7 +207,7 @@ def read(
                 raise ValueError(f"{FIELD}={path!r}: the weights hold no {hf_name}")
             by_file[files[hf_name]].append((hf_name, p, i))
     for file in sorted(by_file):
-        with safe_open(file, "np") as fh:
+        with opened(path, file) as fh:
             for hf_name, p, i in by_file[file]:
                 key = "/".join(map(str, p))
                 slot = buffers[p] if i is None else buffers[p][i]
@@ -269,8 +343,8 @@ def write_directory(
     ``config.json`` and ``generation_config.json``. Returns the files written."""
     written = write(hf_llama.tensors(f, params, DTYPES[dtype]), out, max_bytes)
     for name, record in (
-        (hf_llama.CONFIG, hf_llama.config_json(f, dtype=dtype, eos_token_id=eos_token_id)),
-        (hf_llama.GENERATION, hf_llama.generation_json(eos_token_id)),
+        (hf_config.CONFIG, hf_llama.config_json(f, dtype=dtype, eos_token_id=eos_token_id)),
+        (hf_config.GENERATION, hf_config.generation_json(eos_token_id)),
     ):
         with open(os.path.join(out, name), "w") as fh:
             json.dump(record, fh, indent=2)

@@ -1,7 +1,8 @@
 """Starting a run from trained parameters (``trainer.init_from``) instead of the seed's.
 
 The source is a dew run directory (its latest intact step, found by ``Checkpoints.restore_intact``'s
-walk), one of its steps (``<run>/<step>``), or a Hugging Face Llama directory
+walk), one of its steps (``<run>/<step>``), or a Hugging Face Llama, Qwen2, Qwen3 or Mistral directory
+(or its hub name, from the local cache)
 (``dew.training.checkpointing.hf_llama``, its files ``hf_weights``). Only parameters are read: the
 optimizer state, the step, the data position and the schedule start fresh, and the EMA, which
 ``TrainState.create`` copies from the parameters, starts from the loaded ones.
@@ -38,10 +39,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
 
-from dew.contract.config import RunConfig, RunRecord
+from dew.contract.config import RunConfig, RunRecord, hub_name
 from dew.contract.rundir import RUN_RECORD, is_step
 from dew.training import sharding
-from dew.training.checkpointing import hf_weights
+from dew.training.checkpointing import hf_config, hf_weights
 from dew.training.checkpointing.checkpoints import Checkpoints
 
 if TYPE_CHECKING:
@@ -65,7 +66,14 @@ class Source:
 
 
 def resolve(init_from: str) -> Source:
-    """The source ``init_from`` names, or a ValueError that says what the path is not."""
+    """The source ``init_from`` names, or a ValueError that says what the path is not. A hub name
+    (``owner/name``, no such path) is its snapshot in the local Hugging Face cache."""
+    if hub_name(init_from):
+        directory = hf_config.local_directory(init_from)
+        assert directory is not None  # a hub name the cache lacks is refused there
+        if not hf_weights.is_directory(directory):
+            raise ValueError(f"{FIELD}={init_from!r}: the cached snapshot {directory} holds no config.json and weights")
+        return Source(directory, "hf")
     path = init_from.rstrip("/")
     if os.path.isfile(os.path.join(path, RUN_RECORD)):
         return Source(path, "run")
@@ -84,7 +92,7 @@ def resolve(init_from: str) -> Source:
     raise ValueError(
         f"{FIELD}={init_from!r} is neither a dew run directory (run.json), one of its steps "
         "(<run>/<step>) nor a Hugging Face directory (config.json and model.safetensors or "
-        "model.safetensors.index.json)"
+        "model.safetensors.index.json) nor a hub name (owner/name)"
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf"
-READ = ["t5-f32", "bf16", "sharded", "tied", "gqa", "llama3", "t4-llama3", "linear"]
+READ = ["t5-f32", "bf16", "sharded", "tied", "gqa", "llama3", "t4-llama3", "linear", "qwen2", "qwen3", "mistral"]
 
 
 def fields(directory: Path, **overrides: object):
@@ -126,11 +126,11 @@ def test_the_tokenizer_gives_transformers_ids():
     "name, message",
     [
         ("refuse-yarn", "config.json has rope_type='yarn'; dew's rotary embedding computes default, linear, llama3"),
-        ("refuse-bias", "config.json has attention_bias=True; dew's attention has no biases"),
+        ("refuse-bias", "config.json has attention_bias=True; dew's attention has biases on the query, key and value"),
     ],
 )
 def test_what_dew_does_not_model_is_refused_by_name(tmp_path: Path, name: str, message: str):
-    """The refusal comes from ``dew-train`` itself, before it writes anything."""
+    """The refusal comes from ``dew-train``'s building of the run, before it writes anything."""
     from dew.build import build_run
     from tests.training.mesh_runs import compose
 
@@ -147,33 +147,45 @@ def test_what_dew_does_not_model_is_refused_by_name(tmp_path: Path, name: str, m
         f"trainer.checkpoint_dir={tmp_path / 'ck'}",
         f"trainer.init_from={FIXTURES / name}",
     )
-    recipe, objective, dataset = build_run(cfg)
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        recipe, objective, dataset = build_run(cfg)  # config.json is read here, to fill model.config
         recipe.train(objective, dataset, name="refused")
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())
 
 
 @pytest.mark.parametrize(
-    "config, message",
+    "fixture, config, message",
     [
-        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
-        ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_type='longrope'"),
-        ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
-        ({"mlp_bias": True}, "mlp_bias=True"),
-        ({"sliding_window": 4096}, "sliding_window=4096"),
+        ("t5-f32", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+        ("t5-f32", {"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_type='longrope'"),
+        ("t5-f32", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ("t5-f32", {"mlp_bias": True}, "mlp_bias=True"),
+        ("t5-f32", {"sliding_window": 4096}, "sliding_window=4096; dew's Llama sees every earlier position"),
         (
+            "t5-f32",
             {"rope_theta": 5.0, "rope_parameters": {"rope_theta": 6.0}},
             "rope_theta=5.0 and rope_parameters.rope_theta=6.0",
         ),
-        ({"architectures": ["MistralForCausalLM"]}, "architectures=\\['MistralForCausalLM'\\]"),
+        ("t5-f32", {"architectures": ["GemmaForCausalLM"]}, "architectures=\\['GemmaForCausalLM'\\]"),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 4}, "use_sliding_window=True"),
+        ("qwen2", {"layer_types": ["sliding_attention", "sliding_attention"]}, "layer_types with 'sliding_attention'"),
+        ("qwen2", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ("qwen3", {"attention_bias": True}, "attention_bias=True"),
+        ("qwen3", {"use_sliding_window": True}, "use_sliding_window=True"),
+        ("mistral", {"layer_types": ["full_attention", "sliding_attention"]}, "'full_attention', 'sliding_attention'"),
+        ("mistral", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
     ],
 )
-def test_config_fields_refused(config: dict, message: str):
+def test_config_fields_refused(fixture: str, config: dict, message: str):
+    """What a directory of each family may hold and dew does not compute is refused naming the field;
+    Qwen's ``sliding_window`` alone (unused without ``use_sliding_window``) is not."""
     from dew.training.checkpointing import hf_llama
 
-    base = json.loads((FIXTURES / "t5-f32" / "config.json").read_text())
+    base = json.loads((FIXTURES / fixture / "config.json").read_text())
     with pytest.raises(ValueError, match=message):
         hf_llama.refuse_unmodelled({**base, **config}, "dir")
+    if fixture == "qwen2":
+        hf_llama.refuse_unmodelled({**base, "sliding_window": 32768}, "dir")  # Qwen2.5's, with use_sliding_window false
 
 
 def test_a_run_whose_fields_differ_is_told_which_to_set():
