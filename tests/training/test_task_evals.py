@@ -55,6 +55,7 @@ def _exported():
     return graph, params, rest, seq_len
 
 
+@pytest.mark.slow
 def test_per_example_loglikelihoods_and_accuracies_are_the_harness_s():
     import jax
 
