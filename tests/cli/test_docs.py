@@ -30,6 +30,7 @@ import pytest
 from tests.cli.doc_commands import Command, collect, documented, pages
 from tests.conftest import REPO, cli_env, tree
 from tests.data.shapes import write_parquet, write_shapes
+from tests.fixtures.hf import chat_tune
 from tests.slurm_standin import install
 
 FULL = {"dew-plan", "dew-runs", "dew-prepare", "dew-sample", "dew-export", "dew-eval", "variable"}
@@ -73,8 +74,9 @@ def user_files(root: Path) -> Path:
     ``held_out.txt``), the token directory dew-prepare makes of it (``data/tiny``), one token file
     with its vocabulary (``data/corpus.bin``: launch/README.md), raw token shards (``shards/``:
     docs/data.md, docs/weights.md), a Hugging Face dataset as JSONL, Parquet and a save_to_disk
-    directory (``web/``), a model directory's tokenizer (``model/``: docs/data.md) and images
-    (``photos/``, ``hf/*.parquet``: docs/data.md)."""
+    directory (``web/``), a model directory's tokenizer (``model/``: docs/data.md), images
+    (``photos/``, ``hf/*.parquet``: docs/data.md), and the Llama fixture with a chat template and a
+    chat file (``llama/``, ``chats.jsonl``: docs/weights.md)."""
     import datasets
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -103,6 +105,9 @@ def user_files(root: Path) -> Path:
     (root / "shards").mkdir()
     for name, n in (("train_000.bin", 3 * 1024 + 1), ("train_001.bin", 3 * 1024 + 1), ("val.bin", 2 * 1024 + 1)):
         rng.integers(0, 50257, n).astype("<u2").tofile(root / "shards" / name)
+    # A Llama directory with a chat template and conversations (docs/weights.md's chat fine-tune).
+    chat_tune.llama_with_template(root / "llama")
+    chat_tune.write_chats(root / "chats.jsonl")
     # Images (docs/data.md): a class-folder tree in Hugging Face's split layout, and Parquet files.
     write_shapes(root / "photos", 4, split="train")
     write_shapes(root / "photos", 1, split="validation", seed=1)
