@@ -37,12 +37,14 @@ EXPERIMENTS = {"digits": [*SAMPLES], "tiny_lm": [TOKENS], "tiny_mdlm": [TOKENS]}
 """Each experiment preset and the overrides it needs besides the model and the length: a token file
 for the token runs (the path the preset's own comment names)."""
 SEARCHES = {
-    "digits": (["experiment=digits", *SAMPLES], 2),
+    "digits": (["experiment=digits", *SAMPLES, "trainer.batch_size=32"], 2),
     "tiny_lm": (["experiment=tiny_lm", TOKENS, "trainer.batch_size=4", "data.seq_len=16"], 1),
 }
-"""Each search preset: the experiment its comment pairs it with (plus what that needs; tiny_lm's
-batch and windows shrunk, which the search preset does not set: one tiny_lm step of the shipped size
-costs ~90 ms here, and the preset's warmups reach 500 steps), and the trials run."""
+"""Each search preset: the experiment its comment pairs it with (plus what that needs; the batch,
+which the search preset does not set, shrunk: digits' 128 to the suite's 32, so its trials load the
+train step the other digits tests compiled (``TINY``'s); tiny_lm's batch and windows, as one tiny_lm
+step of the shipped size costs ~90 ms here and the preset's warmups reach 500 steps), and the trials
+run."""
 
 
 def preset(group: str, name: str) -> dict:
@@ -134,7 +136,9 @@ def presets_dir(tmp_path_factory) -> Path:
 
 
 def env(work: Path) -> dict[str, str]:
-    return fast_env(DEW_COMPILATION_CACHE=str(work / "xla"))
+    """The suite's environment: its compilation cache (``DEW_COMPILATION_CACHE``) too, so a preset
+    shrunk to the suite's model loads the programs other tests compiled."""
+    return fast_env()
 
 
 @pytest.mark.slow

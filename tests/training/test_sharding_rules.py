@@ -1,6 +1,7 @@
 """Sharding by declaration: every parameter names its axes, the rules map names to mesh axes, and on
-8 simulated CPU devices four meshes train both architectures to the losses of one device, each
-parameter (and its optimizer moments) laid out as the rules say; a run resumes onto another mesh."""
+8 simulated CPU devices four meshes train the transformer (and the two that split every axis the
+DiT) to the losses of one device, each parameter (and its optimizer moments) laid out as the rules
+say; a run resumes onto another mesh."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.training.conftest import fast_env
+from tests.training.mesh_runs import ON
 
 TRANSFORMER = {"vocab_size": 64, "seq_len": 16, "hidden_size": 32, "depth": 2, "num_heads": 4}
 
@@ -135,7 +137,7 @@ def test_four_meshes_of_eight_devices_train_as_one_device(tmp_path: Path):
     assert result["devices"] == 8
     for arch in ("transformer", "simple_dit"):  # with bf16 moments and with Muon respectively
         one = result[f"{arch}/one"]["losses"]
-        for mesh in ("data8", "fsdp8", "fsdp4_tensor2", "data2_fsdp2_tensor2"):
+        for mesh in ON[arch]:
             run = result[f"{arch}/{mesh}"]
             np.testing.assert_allclose(run["losses"], one, rtol=1e-5, err_msg=f"{arch} on {mesh}")
             # On the arrays: each parameter and each of its optimizer moments as the rules say.
