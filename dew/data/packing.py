@@ -168,8 +168,8 @@ class PackedTable:
         if self.bounds is not None:
             parts = [pieces_of(*b, False, self.seq_len) for b in self.bounds]
         else:
-            lead = not self.framing.has_bos
-            parts = [pieces_of(*document_bounds(s, self.framing), lead, self.seq_len) for s in self.shards]
+            lead_doc = not self.framing.has_bos
+            parts = [pieces_of(*document_bounds(s, self.framing), lead_doc, self.seq_len) for s in self.shards]
         shard = np.concatenate(
             [np.full(len(p[0]), i, np.int32) for i, p in enumerate(parts)] or [np.zeros(0, np.int32)]
         )

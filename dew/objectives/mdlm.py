@@ -132,9 +132,11 @@ class MaskedDiffusion:
         t_B: jax.Array,
         z_BxL: jax.Array,
         max_logits: bool = False,
-        **kwargs: jax.Array,
+        fields: Mapping[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """The NELBO's integrand per token, -log p_θ(x_0 | z_t) / t (0 where z_t is unmasked)."""
+        """The NELBO's integrand per token, -log p_θ(x_0 | z_t) / t (0 where z_t is unmasked);
+        ``fields``: the documents' ``segment_ids`` and ``positions``, for the denoiser."""
+        kwargs = dict(fields or {})
         out = model(z_BxL, t_B, return_max_logits=True, **kwargs) if max_logits else (model(z_BxL, t_B, **kwargs), None)
         logp = subs_log_probs(out[0], z_BxL, self.mask_id)
         logp_x0 = jnp.take_along_axis(logp, x0_BxL[..., None], axis=-1)[..., 0]
@@ -144,7 +146,7 @@ class MaskedDiffusion:
         x0, weight, kwargs = self.inputs(batch)
         k_t, k_mask = jax.random.split(key)
         t = self.times(k_t, x0.shape[0], antithetic=self.knobs.antithetic)
-        per_token, logits = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t, weight), max_logits, **kwargs)
+        per_token, logits = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t, weight), max_logits, kwargs)
         return Loss((per_token * weight).sum(), weight.sum(), {}, logits)
 
     def evaluate(self, model: nnx.Module, batch: Batch, key: jax.Array) -> Loss:
@@ -153,7 +155,7 @@ class MaskedDiffusion:
         weight = weight * batch["mask"].astype(jnp.float32)[:, None]
         k_t, k_mask = jax.random.split(key)
         t = self.times(k_t, x0.shape[0], antithetic=True)
-        per_token, _ = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t, weight), **kwargs)
+        per_token, _ = self.per_token(model, x0, t, self.corrupt(k_mask, x0, t, weight), fields=kwargs)
         total = (per_token * weight).sum()
         return Loss(total, weight.sum(), {"bits_per_token": total / math.log(2)})
 
