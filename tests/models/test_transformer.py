@@ -137,3 +137,33 @@ def test_embedding_and_residual_multipliers_act(jitted):
 def test_sequence_longer_than_seq_len_raises():
     with pytest.raises(ValueError, match="length <= seq_len=8"):
         tiny()(jnp.zeros((1, 9), jnp.int32))
+
+
+@pytest.mark.slow
+def test_a_sliding_window_keeps_each_query_to_its_latest_positions_and_the_cache_follows_it():
+    """``sliding_window=3`` (Mistral's): output ``i`` has a gradient from the tokens at ``i-2..i`` of
+    a one-block model and from none earlier; over the key/value cache (a prompt of 3, then one token a
+    call) the logits are the full forward's; without the window the same weights give others."""
+    model = tiny(depth=1, sliding_window=3, qk_norm=False, qkv_bias=True)
+    graphdef, state = nnx.split(model)
+    tokens = jnp.arange(8, dtype=jnp.int32)[None]
+    grad = jax.jit(jax.grad(lambda s: nnx.merge(graphdef, s)(tokens)[0, 6].sum()))(state)["embed"]["embedding"][...]
+    np.testing.assert_array_equal(np.abs(np.asarray(grad)[:8]).sum(-1) > 0, (np.arange(8) >= 4) & (np.arange(8) <= 6))
+
+    @jax.jit
+    def cached(state, tokens):
+        m = nnx.merge(graphdef, state)
+        first, cache = m.extend(tokens[:, :3], m.init_cache(1))
+        rest = []
+        for i in range(3, 8):
+            logits, cache = m.extend(tokens[:, i : i + 1], cache)
+            rest.append(logits)
+        return jnp.concatenate([first, *rest], axis=1)
+
+    full = np.asarray(model(tokens))
+    np.testing.assert_allclose(np.asarray(cached(state, tokens)), full, atol=1e-5)
+    unwindowed = tiny(depth=1, qk_norm=False, qkv_bias=True)
+    nnx.update(unwindowed, nnx.state(model))
+    assert np.abs(np.asarray(unwindowed(tokens))[:, 3:] - full[:, 3:]).max() > 1e-3
+    assert np.abs(np.asarray(unwindowed(tokens))[:, :3] - full[:, :3]).max() < 1e-5
+    assert nnx.state(model, nnx.Param)["blocks"]["attn"]["q"]["bias"].shape == (1, 4, 8)

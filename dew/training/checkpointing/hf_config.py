@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from dew.contract.config import hub_name
 from dew.contract.typed import ConfigError
 from dew.models.rope_scaling import RopeScaling
+from dew.models.transformer import Transformer
 
 if TYPE_CHECKING:
     from dew.contract.config import RunConfig
@@ -42,8 +43,8 @@ if TYPE_CHECKING:
 FIELD = "trainer.init_from"
 CONFIG, GENERATION = "config.json", "generation_config.json"
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
-ARCHITECTURE = "transformer"
-"""dew's architecture whose blocks are these families' (``dew.models.transformer``)."""
+ARCHITECTURE = Transformer.name
+"""dew's architecture whose blocks are these families' (its registered name, read from its class)."""
 
 
 @dataclasses.dataclass(frozen=True)

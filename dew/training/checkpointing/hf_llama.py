@@ -37,7 +37,7 @@ import numpy as np
 
 from dew.contract.models import of
 from dew.models.decoder import attention_scale, mlp_hidden
-from dew.models.transformer import Transformer, TransformerFields
+from dew.models.transformer import TransformerFields
 from dew.training.checkpointing import hf_config
 from dew.training.checkpointing.hf_config import FIELD, model_config, refuse_unmodelled
 
@@ -49,9 +49,8 @@ __all__ = ["model_config", "refuse_unmodelled"]  # hf_config's, named here too f
 Layout = Callable[[Any], Any]
 
 
-ARCHITECTURE = Transformer.name
+ARCHITECTURE = hf_config.ARCHITECTURE
 """The architecture whose blocks are Llama's (its registered name, read from its class)."""
-assert ARCHITECTURE == hf_config.ARCHITECTURE
 
 
 def fields_of(run: RunConfig | TransformerFields) -> TransformerFields:

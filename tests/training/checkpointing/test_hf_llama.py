@@ -124,16 +124,22 @@ def test_export_matches_a_numpy_llama_and_reads_back(tmp_path: Path):
     assert np.abs(np.asarray(fresh(tokens)) - ours).max() < 1e-5
 
 
-@pytest.mark.parametrize("field, value", [("qk_norm", True), ("tie_embeddings", True)])
-def test_what_llama_has_not_is_refused_by_name(tmp_path: Path, field: str, value: object):
-    """QK-norm, and a tied head with muP's logit divisor and an embedding multiplier (FIELDS), which
-    the one tied matrix cannot carry both of."""
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tie_embeddings": True}, "model.config.tie_embeddings=true"),
+        ({"qk_norm": True, "qkv_bias": True}, "model.config sets qkv_bias and qk_norm; no Hugging Face family"),
+    ],
+)
+def test_what_no_family_has_is_refused_by_name(tmp_path: Path, fields: dict, message: str):
+    """A tied head with muP's logit divisor and an embedding multiplier (FIELDS), which the one tied
+    matrix cannot carry both of; QK-norm (Qwen3's) with query/key/value biases (Qwen2's)."""
     from dew.contract.models import of
     from dew.training.checkpointing import hf_weights
 
-    fields = of("transformer", {**FIELDS, field: value}).fields
+    fields = of("transformer", {**FIELDS, **fields}).fields
     (tmp_path / "hf").mkdir()
-    with pytest.raises(ValueError, match=f"model.config.{field}=true"):
+    with pytest.raises(ValueError, match=message):
         hf_weights.write_directory(fields, {}, str(tmp_path / "hf"))
     assert not any((tmp_path / "hf").iterdir())
 
