@@ -30,6 +30,7 @@ from dew.contract.config import NoRunRecord, RunRecord, RunRecordError
 from dew.contract.lock import describe, holder
 from dew.contract.rundir import BEST_METRIC, FAILURES, RUN_RECORD
 from dew.runs.discover import checkpoint_steps, find_journal
+from dew.runs.goodput import ledger
 
 STOPPED_EARLY = "stopped early"
 """The state of a run that a stop request ended before its last step (``rundir.EARLY_STOP``)."""
@@ -61,6 +62,9 @@ class RunSummary:
     """Seconds, summed over the run's processes (resumes included)."""
     examples_per_sec: float | None = None
     """The median of the logged perf/examples_per_sec."""
+    goodput: float | None = None
+    """The share of the run's wall time spent training steps that count (``dew-runs goodput``: the
+    ``train`` bucket over the wall time); None without a journal."""
     final: dict[str, float] = dataclasses.field(default_factory=dict)
     """Each metric's last logged value."""
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -187,3 +191,5 @@ def _fill_numbers(summary: RunSummary, view: journals.JournalView) -> None:
     _, rates = view.series("perf/examples_per_sec")
     if rates:
         summary.examples_per_sec = statistics.median(rates)
+    if view.written:
+        summary.goodput = ledger(summary.name, view.written).goodput

@@ -25,6 +25,7 @@ COLUMNS = {
     "wall_time": "wall_time",
     "examples_per_sec": "examples_per_sec",
     "best_step": "best_step",
+    "goodput": "goodput",
 }
 """Keys --sort and --where accept besides metrics and config fields, and the summary field each reads."""
 
@@ -185,7 +186,17 @@ def render(runs: Sequence[Run], keys: Sequence[str]) -> str:
     """The table, then one note per run whose status needs explaining."""
     headers = short_names(keys)
     rows = [
-        ["name", "status", "step", "train/loss", f"best {BEST_METRIC}", "wall", "ex/s", *(headers[k] for k in keys)]
+        [
+            "name",
+            "status",
+            "step",
+            "train/loss",
+            f"best {BEST_METRIC}",
+            "wall",
+            "goodput",
+            "ex/s",
+            *(headers[k] for k in keys),
+        ]
     ]
     for run in runs:
         s = run.summary
@@ -199,6 +210,7 @@ def render(runs: Sequence[Run], keys: Sequence[str]) -> str:
                 number(s.train_loss),
                 best,
                 duration(s.wall_time),
+                "-" if s.goodput is None else f"{100 * s.goodput:.1f}%",  # as dew-runs goodput prints it
                 number(s.examples_per_sec),
                 *(number(s.fields.get(k)) for k in keys),
             ]

@@ -167,6 +167,17 @@ def test_list_shows_each_state_and_the_swept_field(sweep):
     assert finished["checkpoints"][-2:] == [30, 40]  # keep=2 latest (and the best, if older)
     assert finished["fields"] == {"optim.learning_rate": 0.001}
     assert 0 < finished["wall_time"] < 600 and finished["examples_per_sec"] > 0
+    # Each run's goodput, the share of its wall time that trained (dew-runs goodput's last column).
+    from dew.runs.goodput import ledger
+
+    for d in data:
+        if d["journal"] is None:
+            assert d["goodput"] is None and "  -  " in rows[d["name"]], d
+            continue
+        written = read_journal(d["journal"], raw=True)
+        assert 0 <= d["goodput"] < 1 and d["goodput"] == pytest.approx(ledger(d["name"], written).goodput), d
+        assert f"  {100 * d['goodput']:.1f}%  " in rows[d["name"]], rows[d["name"]]
+    assert finished["goodput"] > 0
     sigterm = next(d for d in data if d["name"] == names["sigterm"])
     assert 10 <= sigterm["step"] < 40 and sigterm["checkpoints"][0] == 10
 
