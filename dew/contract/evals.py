@@ -85,8 +85,8 @@ class Evals:
     ``eval/<task>/<value>`` to the journal and every tracker."""
 
     tasks: tuple[EvalTask, ...] = ()
-    """The tasks, e.g. ``[{name: hellaswag, path: hs.jsonl, context_field: ctx, choices_field:
-    endings, gold_field: label}]``."""
+    """The tasks (none where only ``best`` is set), e.g. ``[{name: hellaswag, path: hs.jsonl,
+    context_field: ctx, choices_field: endings, gold_field: label}]``."""
     every: int | None = None
     """Steps between two scorings of the tasks; unset scores them at each held-out evaluation
     (``trainer.eval_every``). Either way also at the run's last step."""
@@ -94,13 +94,17 @@ class Evals:
     """Rows (one per context and choice) scored at once, on every process together; each length
     bucket compiles once for this many rows."""
     best: str | None = None
-    """A task's value that chooses the best checkpoint (``eval/<task>/acc_norm``) instead of
-    ``eval/loss``; higher is better but for ``perplexity``. Unset: ``eval/loss`` (or the metric
-    marked best) as without tasks."""
+    """The evaluation value that chooses the best checkpoint instead of ``eval/loss``: any the run's
+    evaluations report, a task's (``eval/<task>/acc_norm``; higher is better but for ``perplexity``), a
+    held-out source's (a mixture's ``eval/<source>/loss``; a metric's own direction, lower for the
+    rest) or ``eval/loss``; one the run does not report is refused before its first step. With no
+    tasks, it alone is set. Unset: ``eval/loss`` (or the metric marked best) as without tasks."""
 
     def __post_init__(self) -> None:
-        if not self.tasks:
-            raise ValueError("trainer.evals.tasks is empty: name at least one task (or unset trainer.evals)")
+        if not self.tasks and self.best is None:
+            raise ValueError(
+                "trainer.evals.tasks is empty: name at least one task or trainer.evals.best (or unset trainer.evals)"
+            )
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"trainer.evals.tasks: names {names} repeat; each task reports under its own name")
@@ -108,9 +112,16 @@ class Evals:
             raise ValueError(f"trainer.evals.every={self.every} must be >= 1 step (or null: at each evaluation)")
         if self.batch_size < 1:
             raise ValueError(f"trainer.evals.batch_size={self.batch_size} must be >= 1 row")
-        if self.best is not None and self.best not in self.values():
+        if self.best is not None and not self.best.startswith("eval/"):
             raise ValueError(
-                f"trainer.evals.best={self.best!r} is not a value the tasks report: {', '.join(self.values())}"
+                f"trainer.evals.best={self.best!r} must be an evaluation value: a task's (eval/<task>/acc_norm), "
+                "a held-out source's (eval/<source>/loss) or eval/loss"
+            )
+        task = next((t for t in self.tasks if self.best is not None and self.best.startswith(f"eval/{t.name}/")), None)
+        if task is not None and self.best not in task.values():
+            raise ValueError(
+                f"trainer.evals.best={self.best!r} is not a value task {task.name!r} reports: "
+                f"{', '.join(task.values())}"
             )
 
     def values(self) -> dict[str, bool]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.contract.data import Batch, BatchIterator, Dataset
+from dew.contract.data import Batch, BatchIterator, Dataset, SourcedDataset, eval_sources
 
 
 class RepeatedBatches:
@@ -60,6 +60,18 @@ class OverfitBatches:
 
     def eval_batches(self, process_index: int = 0, process_count: int = 1) -> Iterator[Batch]:
         return self.dataset.eval_batches(process_index, process_count)
+
+    @property
+    def eval_sources(self) -> tuple[str, ...]:
+        """The dataset's named held-out sources (a mixture's components; none for one of one source),
+        so the run reports ``eval/<source>/loss``... as it would without ``debug=overfit``."""
+        return eval_sources(self.dataset)
+
+    def source_eval_batches(self, process_index: int = 0, process_count: int = 1) -> Mapping[str, Iterator[Batch]]:
+        """Each named source's held-out pass, the dataset's own (``dew.contract.data.SourcedDataset``)."""
+        if not isinstance(self.dataset, SourcedDataset):
+            raise TypeError(f"{type(self.dataset).__name__} names no held-out sources (eval_sources is empty)")
+        return self.dataset.source_eval_batches(process_index, process_count)
 
     @property
     def num_eval_records(self) -> int | None:

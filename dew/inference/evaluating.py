@@ -47,7 +47,7 @@ from jax.sharding import Mesh
 
 from dew.build import build_run
 from dew.commandline.configs import conf_dir
-from dew.contract.data import Batch, Dataset
+from dew.contract.data import Batch, Dataset, SourcedDataset, eval_sources
 from dew.contract.models import architecture
 from dew.contract.objectives import objectives, summary_name
 from dew.contract.typed import ConfigError
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> tuple[Result, str | None]:
     start_process(t.recipe.trainer)  # the flags, the cache and the pool, before any backend opens
     recipe, objective, dataset = rebuild(t)
     tasks_only = bool(getattr(args, "tasks_only", False))
-    if tasks_only and recipe.trainer.evals is None:
+    if tasks_only and (recipe.trainer.evals is None or not recipe.trainer.evals.tasks):
         raise EvalError(
             "--tasks-only: the run names no downstream tasks (trainer.evals); name them: "
             "'trainer.evals={tasks: [{name: NAME, path: FILE.jsonl}]}'"
@@ -168,7 +168,8 @@ def held_out(
     rest: nnx.State,
 ) -> dict[str, float]:
     """The trainer's evaluation of ``params`` on the dataset's held-out split (bits per byte beside,
-    for text)."""
+    for text), and of each held-out source on its own where the data names them (a mixture's
+    components: ``eval/<source>/loss``..., as the loop reports them)."""
     batch_sharding = lay_out_batches(mesh, recipe.trainer)
     counter = byte_counter(objective, dataset)
     metrics: list[Metric] = [*builtin_metrics(objective), *([TargetBytes()] if counter is not None else [])]
@@ -183,9 +184,16 @@ def held_out(
         batch_sharding,
     )
 
-    def batches() -> Iterator[Batch]:
-        own = dataset.eval_batches(jax.process_index(), jax.process_count())
+    def counted(own: Iterator[Batch]) -> Iterator[Batch]:
         return own if counter is None else with_bytes(own, counter)
+
+    def batches() -> Iterator[Batch]:
+        return counted(dataset.eval_batches(jax.process_index(), jax.process_count()))
+
+    def sources() -> dict[str, Iterator[Batch]]:  # a mixture's components, each reported as the loop does
+        assert isinstance(dataset, SourcedDataset)
+        by_source = dataset.source_eval_batches(jax.process_index(), jax.process_count())
+        return {name: counted(own) for name, own in by_source.items()}
 
     evaluator = Evaluator(
         eval_step,
@@ -193,6 +201,7 @@ def held_out(
         functools.partial(global_batch, batch_sharding=batch_sharding),
         seed=recipe.trainer.seed,
         derive=functools.partial(derived_metrics, objective),
+        sources=sources if eval_sources(dataset) else None,
     )
     values = evaluator(params)
     if not values:
@@ -212,7 +221,7 @@ def scored_tasks(
     their values, and each task's examples (each choice's log-likelihood and greedy flag, the gold
     choice and the predictions); None when the run names none."""
     evals = recipe.trainer.evals
-    if evals is None:
+    if evals is None or not evals.tasks:
         return None
     try:
         tasks = task_evals.load(evals, objective)

@@ -26,12 +26,14 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dew.training.evaluate import reported
+from dew.training.evaluate import NotReported, check_named, higher_is_better, produced
+from dew.training.evaluate import not_reported as named_not_reported
 from dew.training.hooks import Hook, Started
 from dew.training.preemption import StopRequest
 
 if TYPE_CHECKING:
     from dew.contract.config import EarlyStopping
+    from dew.contract.evals import Evals
     from dew.objectives.base import Metric, Objective
     from dew.training.state import TrainState
 
@@ -39,16 +41,13 @@ REASON = "early_stopping"
 """The ``reason`` of the journal's ``early_stop`` event when this rule stopped the run."""
 
 
-class EarlyStoppingMetricError(ValueError):
+class EarlyStoppingMetricError(NotReported):
     """``trainer.early_stopping.metric`` names a value the run's evaluations do not report."""
 
 
-def not_reported(metric: str, values: Sequence[str]) -> EarlyStoppingMetricError:
+def not_reported(metric: str, values: Sequence[str]) -> NotReported:
     """The error for a watched ``metric`` outside the ``values`` the evaluations report."""
-    listed = ", ".join(sorted(values)) or "nothing (the dataset has no evaluation batches)"
-    return EarlyStoppingMetricError(
-        f"trainer.early_stopping.metric={metric!r} is not among the values this run's evaluations report: {listed}"
-    )
+    return named_not_reported("trainer.early_stopping.metric", metric, values, EarlyStoppingMetricError)
 
 
 def check(
@@ -57,33 +56,28 @@ def check(
     metrics: Sequence[Metric],
     sources: Sequence[str] = (),
     *,
-    tasks: Sequence[str] = (),
+    evals: Evals | None = None,
 ) -> None:
-    """Refuse, before the run writes or trains anything, a ``rule.metric`` that the evaluations of
-    ``objective`` with ``metrics`` do not report (``dew.training.evaluate.reported``: the objective's
-    own declaration, each value also per held-out source of the data, ``eval/<source>/loss``). An
-    objective that declares nothing is left to the hook's check at the first evaluation, as is a
-    dataset without evaluation batches."""
+    """Refuse, before the run writes or trains anything, a ``rule.metric`` that the run's evaluations
+    do not report (``dew.training.evaluate.produced``: the objective's own declaration, each value also
+    per held-out source of the data, ``eval/<source>/loss``, and the downstream tasks' of ``evals``),
+    by the rule ``trainer.evals.best`` is checked by. An objective that declares nothing is left to
+    the hook's check at the first evaluation, as is a dataset without evaluation batches."""
     if rule is None or rule.metric is None:
-        return  # the best checkpoint's metric: eval/loss or a metric of the run's own
-    values = reported(objective, metrics, sources)
-    if values is not None and rule.metric not in values and rule.metric not in tasks:  # tasks: trainer.evals
-        raise not_reported(rule.metric, [*values, *tasks])
+        return  # the best checkpoint's metric, checked as trainer.evals.best
+    values = produced(objective, metrics, sources, evals)
+    check_named("trainer.early_stopping.metric", rule.metric, values, EarlyStoppingMetricError)
 
 
 def watched(
-    rule: EarlyStopping, metrics: Sequence[Metric], best: tuple[str, bool], tasks: Mapping[str, bool] | None = None
+    rule: EarlyStopping, metrics: Sequence[Metric], best: tuple[str, bool], evals: Evals | None = None
 ) -> tuple[str, bool]:
     """The evaluation value the rule watches and whether higher is better: ``rule.metric`` or the
     best checkpoint's metric ``best`` (a key and its direction), in ``rule.mode`` or the metric's own
-    direction (a downstream task's value's from ``tasks``, ``trainer.evals``: key -> higher is better)."""
+    direction (``dew.training.evaluate.higher_is_better``: a downstream task's value's from
+    ``evals``, a metric's, per held-out source too)."""
     name = rule.metric or best[0]
-    if name == best[0]:
-        higher = best[1]
-    elif tasks and name in tasks:
-        higher = tasks[name]
-    else:
-        higher = next((m.higher_is_better for m in metrics if f"eval/{m.name}" == name), False)
+    higher = best[1] if name == best[0] else higher_is_better(name, metrics, evals)
     return name, (rule.mode == "max") if rule.mode is not None else higher
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from dew.contract.data import SourcedDataset
+from dew.contract.data import SourcedDataset, eval_sources
 from dew.training.checkpointing.checkpoints import BEST_METRIC
 
 if TYPE_CHECKING:
@@ -130,7 +130,8 @@ class Evaluator:
         ``dew.contract.data.SourcedDataset``)."""
         where = (jax.process_index(), jax.process_count())
         sources = None
-        if isinstance(dataset, SourcedDataset):
+        if eval_sources(dataset):  # a wrapper of any dataset (debug=overfit's) names none of its own
+            assert isinstance(dataset, SourcedDataset)
             sources = functools.partial(dataset.source_eval_batches, *where)
         return cls(eval_step, lambda: dataset.eval_batches(*where), place, seed=seed, derive=derive, sources=sources)
 
@@ -157,10 +158,53 @@ class Evaluator:
         return {**values, **self.derive(values)} if values else {}
 
 
+class NotReported(ValueError):
+    """A field names an evaluation value the run's evaluations do not report."""
+
+
+def not_reported(field: str, name: str, values: Iterable[str], error: type[NotReported] = NotReported) -> NotReported:
+    """The one error for a ``field`` (``trainer.evals.best``, ``trainer.early_stopping.metric``)
+    naming a value ``name`` outside the ``values`` the run's evaluations report."""
+    listed = ", ".join(sorted(values)) or "nothing (the dataset has no evaluation batches)"
+    return error(f"{field}={name!r} is not among the values this run's evaluations report: {listed}")
+
+
+def produced(
+    objective: Objective, metrics: Sequence[Metric], sources: Sequence[str] = (), evals: Evals | None = None
+) -> list[str] | None:
+    """Every value the run's evaluations report, known before anything is compiled: the held-out
+    ones (``reported``: ``eval/loss``, the objective's and the metrics', and each per held-out source,
+    ``eval/<source>/loss``...) and the downstream tasks' (``trainer.evals``, ``eval/<task>/acc``...).
+    None for an objective that does not declare its sums."""
+    values = reported(objective, metrics, sources)
+    return None if values is None else sorted({*values, *(evals.values() if evals is not None else ())})
+
+
+def check_named(
+    field: str, name: str | None, values: Sequence[str] | None, error: type[NotReported] = NotReported
+) -> None:
+    """Refuse ``field=name`` unless ``name`` is among ``values`` (``produced``); None ``values`` (an
+    objective that declares nothing) leaves it to the first evaluation."""
+    if name is not None and values is not None and name not in values:
+        raise not_reported(field, name, values, error)
+
+
+def higher_is_better(name: str, metrics: Sequence[Metric], evals: Evals | None = None) -> bool:
+    """Whether higher is better for the evaluation value ``name``: a task's value's own direction
+    (``trainer.evals``), a metric's (``eval/<metric>``, per source ``eval/<source>/<metric>`` too),
+    and lower for the rest (``eval/loss``, ``eval/<source>/loss``, perplexity...)."""
+    if evals is not None and name in evals.values():
+        return evals.values()[name]
+    base = name.removeprefix("eval/")
+    return next((m.higher_is_better for m in metrics if base == m.name or base.endswith(f"/{m.name}")), False)
+
+
 def best_criterion(metrics: Sequence[Metric], evals: Evals | None = None) -> tuple[str, bool]:
     """The key that chooses the best checkpoint and whether higher is better: the metric marked
-    ``best``, else a task's value ``trainer.evals.best`` names, else ``eval/loss``. Names must be
-    unique, and at most one metric is marked (and not beside ``trainer.evals.best``)."""
+    ``best``, else the value ``trainer.evals.best`` names (any the run's evaluations report: a task's,
+    a held-out source's, ``eval/loss``; ``check_named`` against ``produced`` refuses any other
+    before the run), else ``eval/loss``. Names must be unique, and at most one metric is marked (and
+    not beside ``trainer.evals.best``)."""
     names = [m.name for m in metrics]
     if evals is not None and evals.best is not None:
         if marked := [m.name for m in metrics if m.best]:
@@ -168,7 +212,7 @@ def best_criterion(metrics: Sequence[Metric], evals: Evals | None = None) -> tup
                 f"trainer.evals.best={evals.best!r} and metric {marked[0]!r} marked best: one value chooses "
                 "the best checkpoint"
             )
-        return evals.best, evals.values()[evals.best]
+        return evals.best, higher_is_better(evals.best, metrics, evals)
     if len(set(names)) != len(names) or "loss" in names:
         raise ValueError(f"metrics: names must be unique and not 'loss' (eval/loss is the objective's); got {names}")
     best = [m for m in metrics if m.best]

@@ -27,7 +27,7 @@ from dew.objectives.base import Metric, Objective
 from dew.objectives.metrics import builtin_metrics
 from dew.training import adapt, assembly, early_stopping, preflight, sharding, task_evals
 from dew.training.checkpointing import warmstart
-from dew.training.evaluate import check_sources
+from dew.training.evaluate import check_named, check_sources, produced
 from dew.training.extension import Extension, check_length, record_length
 from dew.training.hooks import from_config
 from dew.training.optim.build import Optimizer, build_optimizer
@@ -118,13 +118,11 @@ def check(
         )
     preflight.check_attention(run)
     from_config(t.hooks)  # each named hook is registered and takes its options
-    early_stopping.check(
-        t.early_stopping,
-        objective,
-        builtin_metrics(objective) if metrics is None else metrics,
-        eval_sources(dataset),
-        tasks=list(t.evals.values()) if t.evals is not None else [],
-    )
+    evaluated = builtin_metrics(objective) if metrics is None else metrics
+    early_stopping.check(t.early_stopping, objective, evaluated, eval_sources(dataset), evals=t.evals)
+    if t.evals is not None:  # the best checkpoint's value: one the run's evaluations report, by the same rule
+        values = produced(objective, evaluated, eval_sources(dataset), t.evals)
+        check_named("trainer.evals.best", t.evals.best, values)
     check_sources(eval_sources(dataset), [task.name for task in t.evals.tasks] if t.evals is not None else [])
     trackers.check(t, tracking_dir(t))  # trainer.trackers: each one's library, and where it writes
     eval_every = t.eval_interval(dataset)

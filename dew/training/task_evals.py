@@ -62,7 +62,7 @@ def load(evals: Evals, objective: Objective, field: str = "trainer.evals") -> li
 def check(t: TrainerConfig, objective: Objective, mesh: Mesh | AbstractMesh, process_count: int | None = None) -> None:
     """Refuse, before the run writes anything, tasks that cannot be scored: read and tokenized here,
     and their batch split over the mesh as an evaluation's."""
-    if t.evals is None:
+    if t.evals is None or not t.evals.tasks:
         return
     load(t.evals, objective)
     assembly.check_batches(
@@ -142,7 +142,7 @@ def in_loop(
     t: TrainerConfig, objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State, mesh: Mesh, params: nnx.State
 ) -> TaskEvaluator | None:
     """The run's task evaluator (None without ``trainer.evals``), for parameters laid out as ``params`` are."""
-    if t.evals is None:
+    if t.evals is None or not t.evals.tasks:
         return None
     _, seq_len = encoding_of(objective)
     shardings = jax.tree.map(lambda x: x.sharding, params)
@@ -151,4 +151,6 @@ def in_loop(
 
 def due(t: TrainerConfig, eval_every: int | None) -> int | None:
     """Steps between two scorings of the tasks: ``trainer.evals.every``, else the evaluation's."""
-    return None if t.evals is None else (t.evals.every if t.evals.every is not None else eval_every)
+    return (
+        None if t.evals is None or not t.evals.tasks else (t.evals.every if t.evals.every is not None else eval_every)
+    )

@@ -379,9 +379,7 @@ def _parts(
         own.append(Samples(tracker, objective, t.seed))
     if t.early_stopping is not None:
         tasks_reported = t.evals.values() if t.evals is not None else {}
-        own.append(
-            EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion, tasks_reported), tasks_reported)
-        )
+        own.append(EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion, t.evals), tasks_reported))
     # The checkpoint comes last at a step, so that it holds what every hook decided there.
     last: list[Hook] = (
         [saver, ResumeCheck(saver, dataset.iterator, every=setup.ckpt_every)] if t.check_resume else [saver]
