@@ -104,6 +104,9 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
     def heads_out(n: int) -> tuple[Layout, Layout]:  # (D, n, hd) <-> [n*hd, D]
         return (lambda w: w.reshape(D, n * hd).T), (lambda w: w.T.reshape(D, n, hd))
 
+    def heads_flat(n: int) -> tuple[Layout, Layout]:  # (n, hd) <-> [n*hd]
+        return (lambda w: w.reshape(n * hd)), (lambda w: w.reshape(n, hd))
+
     same: tuple[Layout, Layout] = (lambda w: w, lambda w: w)
     transposed: tuple[Layout, Layout] = (lambda w: w.T, lambda w: w.T)
     layer = "model.layers.{i}."
@@ -125,13 +128,9 @@ def table(f: TransformerFields) -> dict[str, tuple[str, Layout, Layout]]:
         "final_norm/scale": ("model.norm.weight", *same),
         "lm_head/kernel": ("lm_head.weight", *transposed),
     }
-    if f.qkv_bias:  # Qwen2's: (n, hd) <-> [n*hd]
+    if f.qkv_bias:  # Qwen2's
         for key, n in (("q", N), ("k", K), ("v", K)):
-            names[f"blocks/attn/{key}/bias"] = (
-                layer + f"self_attn.{key}_proj.bias",
-                lambda w, n=n: w.reshape(n * hd),
-                lambda w, n=n: w.reshape(n, hd),
-            )
+            names[f"blocks/attn/{key}/bias"] = (layer + f"self_attn.{key}_proj.bias", *heads_flat(n))
     if f.qk_norm:  # Qwen3's: one scale of head_dim for every head
         for key in ("q", "k"):
             names[f"blocks/attn/{key}_norm/scale"] = (layer + f"self_attn.{key}_norm.weight", *same)
