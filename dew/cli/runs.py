@@ -28,7 +28,7 @@ from dew.runs import table
 from dew.runs.compare import diff_text
 from dew.runs.discover import RunsError, find_runs
 from dew.runs.goodput import draw_ledgers, ledger, ledger_text
-from dew.runs.plot import draw, plot_data
+from dew.runs.plot import draw, draw_dynamics, dynamics_series, plot_data
 from dew.runs.show import show_text
 from dew.runs.status import Run, read_run
 from dew.runs.study import Study, read_study, study_text
@@ -109,6 +109,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
             help="exponential moving average weight in [0, 1) (0.9 smooths strongly; default 0: raw)",
         )
         p.add_argument("--where", action="append", default=[], metavar="EXPR", help="as for the list")
+        p.add_argument(
+            "--dynamics",
+            action="store_true",
+            help="draw one run's training dynamics (trainer.dynamics_every): a row per kind, a panel "
+            "per module, a line per block",
+        )
     elif command == "goodput":
         p.add_argument("dirs", nargs="*", default=["checkpoints"], metavar="DIR")
         p.add_argument("-o", "--output", help="also draw the ledgers to this file (.png or .svg)")
@@ -167,6 +173,14 @@ def run(argv: Sequence[str]) -> str:
     runs = _select(runs, args.where)
     if not runs:
         raise RunsError(f"no runs to plot in {', '.join(args.dirs)}")
+    if args.dynamics:
+        if len(runs) != 1 or not dynamics_series(runs[0]):
+            raise RunsError(
+                f"--dynamics draws one run that logged trainer.dynamics_every's metrics; {', '.join(args.dirs)} "
+                f"holds {len(runs)} runs" + ("" if len(runs) != 1 else ", and it logged none")
+            )
+        width, height = draw_dynamics(runs[0], args.output)
+        return f"wrote {args.output} ({width}x{height}): the training dynamics of {runs[0].summary.name}"
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()]
     data = plot_data(runs, metrics, smoothing=args.smooth)
     if not data.curves:

@@ -680,6 +680,13 @@ class TrainerConfig:
     """Downstream tasks (multiple choice, log-likelihood: ``dew.contract.evals``) scored during the
     run beside the held-out evaluation, as ``eval/<task>/<value>`` (docs/eval.md); unset scores none."""
 
+    dynamics_every: int | None = None
+    """Steps between reports of the training dynamics (docs/training.md): each block's and
+    parameter group's RMS of activations, gradients, updates and parameters and the
+    update/parameter ratio, as ``dynamics/<kind>/<group>`` metrics, computed inside the steps that
+    report them (a second compiled program). A multiple of ``log_every``, so that each lands in a
+    report. Unset reports none."""
+
     def max_time_seconds(self) -> float | None:
         """``max_time`` in seconds, None for no limit."""
         return None if self.max_time is None else duration.seconds(self.max_time, "trainer.max_time")
@@ -687,6 +694,17 @@ class TrainerConfig:
     def stall_timeout_seconds(self) -> float | None:
         """``stall_timeout`` in seconds, None for no watchdog."""
         return None if self.stall_timeout is None else duration.seconds(self.stall_timeout, "trainer.stall_timeout")
+
+    def check_dynamics_every(self) -> None:
+        """Refuse a ``dynamics_every`` that is not a positive multiple of ``log_every``."""
+        if self.dynamics_every is not None and (
+            self.dynamics_every <= 0 or self.dynamics_every % self.log_every or self.dynamics_every > STEP_LIMIT
+        ):
+            raise ValueError(
+                f"trainer.dynamics_every={self.dynamics_every} must be a positive multiple of "
+                f"trainer.log_every={self.log_every} (the dynamics are reported with the step's "
+                "metrics), or null for none"
+            )
 
     def __post_init__(self) -> None:
         for field in ("max_time", "stall_timeout"):
@@ -725,6 +743,7 @@ class TrainerConfig:
                     f"trainer.{name}={value} exceeds {STEP_LIMIT}, the most a run can take "
                     "(steps, batches and cadences are 32-bit integers on the device)"
                 )
+        self.check_dynamics_every()
         if not -SEED_LIMIT <= self.seed <= SEED_LIMIT:
             raise ValueError(
                 f"trainer.seed={self.seed} must lie in [-{SEED_LIMIT}, {SEED_LIMIT}] "
@@ -970,6 +989,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "trainer.trackers.plugins": {},
     "data.documents": False,
     "trainer.evals": None,
+    "trainer.dynamics_every": None,
 }
 """Fields a record gained after runs were written without them, each with the value a run written
 before behaves as: ``RunRecord.read`` fills them in where a record lacks them, so a run an older dew

@@ -20,19 +20,51 @@ same wrap applies scanned or unrolled, and changes memory and time, never the va
   ``dew.models.attention.attend``), so the backward pass does not redo the attention kernel.
 
 docs/performance.md has the time and memory each one measured and why the default is what it is.
+
+**Recording the residual stream.** Within ``recording()``, ``run`` also computes the mean square of
+each block's output (its carry: the residual stream) in the same scan, and sows the ``(depth,)``
+values on the stack as ``nnx.Intermediate`` ``output_ms``: the train step's dynamics
+(``trainer.dynamics_every``, dew.training.dynamics) pop them from the model after its forward pass.
+Outside it, the scan computes nothing more.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from dew.contract.registry import RematPolicy
 
 M = TypeVar("M", bound=nnx.Module)
+
+OUTPUT_MS = "output_ms"
+"""The name of the sown mean squares of the blocks' outputs (module docstring)."""
+
+_RECORDING = contextvars.ContextVar("dew_stack_recording", default=False)
+
+
+@contextlib.contextmanager
+def recording(on: bool = True) -> Iterator[None]:
+    """Within (when ``on``): every ``run`` sows its blocks' output mean squares (module docstring).
+    A switch read while the step is traced, so a program traced outside it computes none of them."""
+    token = _RECORDING.set(on)
+    try:
+        yield
+    finally:
+        _RECORDING.reset(token)
+
+
+def mean_square(carry: object) -> jax.Array:
+    """The mean square, in float32, of a block's output: the carry, or its first array where the
+    carry is a tuple of them."""
+    x = jax.tree.leaves(carry)[0]
+    return jnp.mean(jnp.square(x.astype(jnp.float32)))
 
 
 def stack(make_block: Callable[[nnx.Rngs], M], depth: int, rngs: nnx.Rngs) -> M:
@@ -77,16 +109,23 @@ def run[B: nnx.Module, C, Y](
     rematerialisation policy (module docstring).
     """
     graphdef, state = nnx.split(blocks)
+    record = _RECORDING.get()
 
-    def step(carry: C, block_state: nnx.State) -> tuple[C, Y]:
-        return body(nnx.merge(graphdef, block_state), carry)
+    def step(carry: C, block_state: nnx.State) -> tuple[C, Y | tuple[Y, jax.Array]]:
+        carry, y = body(nnx.merge(graphdef, block_state), carry)
+        return (carry, (y, mean_square(carry))) if record else (carry, y)
 
     policy = checkpoint_policy(remat)
     if remat != "none":
         # Unrolled, the blocks are straight-line code in which XLA's CSE would merge the backward
         # pass's recomputation with the forward pass and undo the remat; a scan's body cannot be.
         step = jax.checkpoint(step, policy=policy, prevent_cse=not scan)
-    return jax.lax.scan(step, carry, state, unroll=not scan)
+    carry, ys = jax.lax.scan(step, carry, state, unroll=not scan)
+    if not record:
+        return carry, ys  # type: ignore[return-value]  # a Y: step returned no mean squares
+    ys, ms_L = ys  # type: ignore[misc]
+    blocks.sow(nnx.Intermediate, OUTPUT_MS, jax.lax.stop_gradient(ms_L))
+    return carry, ys
 
 
 def run_with[B: nnx.Module, C, X, Y](

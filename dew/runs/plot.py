@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dew.contract.data import datasets
+from dew.contract.dynamics import KINDS, split
 from dew.contract.models import architectures
 from dew.contract.objectives import natural_objective, objectives
 from dew.runs.status import ENDED, Run
@@ -291,3 +292,62 @@ def _final_against(ax: Axes, data: PlotData, field: str, metric: str, colors: di
         fontsize="medium",
     )
     ax.grid(alpha=0.3)
+
+
+def dynamics_series(run: Run) -> dict[str, dict[str, dict[int, tuple[list[int], list[float]]]]]:
+    """A run's training dynamics (``dew.training.dynamics``) as kind -> module -> block -> (steps,
+    values): ``blocks_3_attn`` is module ``attn`` of block 3; a group of no block (``embed``) is
+    its own module at block -1; the activations' module is ``output``."""
+    out: dict[str, dict[str, dict[int, tuple[list[int], list[float]]]]] = {}
+    names = sorted(run.journal.metric_names()) if run.journal is not None else []
+    for name in names:
+        parsed = split(name)
+        if parsed is None or run.journal is None:
+            continue
+        kind, group = parsed
+        parts = group.split("_")
+        index = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        if index is None:
+            module, block = group, -1
+        else:
+            module, block = "_".join(parts[index + 1 :]) or "output", int(parts[index])
+        out.setdefault(kind, {}).setdefault(module, {})[block] = run.journal.series(name)
+    return {k: out[k] for k in KINDS if k in out}
+
+
+def draw_dynamics(run: Run, output: str) -> tuple[int, int]:
+    """One row per kind of dynamics metric, one panel per module, one line per block (coloured from
+    the first block, dark, to the last, light), log-scaled: RMS values span decades."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = dynamics_series(run)
+    rows, cols = len(series), max(len(m) for m in series.values())
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(PANEL[0] * cols, PANEL[1] * rows), dpi=DPI, squeeze=False, layout="constrained"
+    )
+    for i, (kind, modules) in enumerate(series.items()):
+        for j, (module, blocks) in enumerate(modules.items()):
+            ax = axes[i][j]
+            depth = max(blocks) + 1
+            cmap = matplotlib.colormaps["viridis"]
+            for block, (steps, values) in sorted(blocks.items()):
+                color = "0.3" if block < 0 else cmap(block / max(depth - 1, 1) * 0.9)
+                ax.plot(steps, values, color=color, label=f"block {block}" if block >= 0 else module, linewidth=1.2)
+            ax.set_title(f"{kind}: {module}", fontsize="medium")
+            ax.set_xlabel("step (optimizer updates)")
+            ax.set_ylabel(kind.replace("_", " "))
+            if all(v > 0 for _, vs in blocks.values() for v in vs if math.isfinite(v)):
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if len(blocks) <= LEGEND_MAX:
+                ax.legend(fontsize="x-small")
+        for j in range(len(modules), cols):
+            axes[i][j].axis("off")
+    fig.suptitle(f"training dynamics of {run.summary.name}")
+    fig.savefig(output, dpi=DPI)
+    width, height = (round(v * DPI) for v in fig.get_size_inches())
+    plt.close(fig)
+    return width, height

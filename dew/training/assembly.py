@@ -184,13 +184,16 @@ def compile_train_step(
     mesh: Mesh,
     state_sharding: TrainState,
     batch_sharding: NamedSharding,
-) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
+) -> Callable[..., tuple[TrainState, dict]]:
     """The train step, jitted over the mesh with the state donated; traced under the layout's rules,
-    so the models' activation constraints (dew.models.axes) apply."""
+    so the models' activation constraints (dew.models.axes) apply. ``train_step(state, batch,
+    dynamics=True)`` runs the step's second program, which also reports the training dynamics
+    (``trainer.dynamics_every``): each program is compiled on its first call and cached, so the
+    steps that do not report them run the program that computes none of them."""
     graphdef, rest = state_sharding.graphdef, state_sharding.rest
 
     def step(
-        state: TrainState, batch: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]
+        state: TrainState, batch: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array], dynamics: bool
     ) -> tuple[TrainState, dict]:
         o = optimizer.rebuild(inputs) if inputs and optimizer.rebuild is not None else optimizer
         return make_train_step(
@@ -202,14 +205,17 @@ def compile_train_step(
             accumulation=t.accumulation,
             dynamic_scale=t.dynamic_scale,
             extra_args=o.extra_args,
+            dynamics=dynamics,
         )(state, batch)
 
+    # Two programs, not one with a lax.cond: bench/dynamics.py measured both (docs/performance.md).
     compiled = jax.jit(
         sharding.under_rules(mesh, t.layout, step),
         in_shardings=(state_sharding, batch_sharding, None),
         out_shardings=(state_sharding, None),
         compiler_options=COMPILER_OPTIONS or None,
         donate_argnums=0,
+        static_argnums=3,
     )
     # The optimizer's numbers are the program's inputs, not its constants (``Optimizer.inputs``):
     # runs that differ only in the rate, the warmup, their length or the weight decay compile one
@@ -217,8 +223,10 @@ def compile_train_step(
     # every call.
     inputs = {k: jnp.asarray(v) for k, v in optimizer.inputs.items()}
 
-    def train_step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict]:
-        return compiled(state, batch, inputs)
+    def train_step(
+        state: TrainState, batch: Mapping[str, jax.Array], *, dynamics: bool = False
+    ) -> tuple[TrainState, dict]:
+        return compiled(state, batch, inputs, dynamics)
 
     return train_step
 
@@ -232,7 +240,8 @@ class Assembled:
 
     state: TrainState
     """The initial state laid out on the mesh (a new run's, or the one a checkpoint is read into)."""
-    train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
+    train_step: Callable[..., tuple[TrainState, dict]]
+    """``(state, batch, *, dynamics=False) -> (state, metrics)`` (``compile_train_step``)."""
     eval_step: Callable[[nnx.State, dict[str, jax.Array], jax.Array], Sums]
     mesh: Mesh
     batch_sharding: NamedSharding

@@ -4,11 +4,14 @@
 scan, one optimizer update (the optimizer's own post-update transform included), the dynamic loss
 scale and the parameter EMA. The step knows no model and no optimizer by name: it asks the objective
 for a loss and hands the optimizer what the optimizer says it needs (``Optimizer.extra_args``).
+With ``dynamics`` the step also reports the per-layer RMS of the activations, gradients, updates and
+parameters (``dew.training.dynamics``): a second program, run on the steps that report them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +20,9 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dew.models import stack
 from dew.objectives.base import Loss, Metric, Objective
+from dew.training import dynamics as dynamics_metrics
 from dew.training.hooks import NONFINITE  # the step's metric of the first non-finite step (-1: none)
 from dew.training.state import TrainState
 
@@ -54,30 +59,23 @@ def make_train_step(
     accumulation: int,
     dynamic_scale: bool,
     extra_args: Sequence[str] = (),
+    dynamics: bool = False,
 ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
     """The pure train step: micro-batches summed in one scan, one optimizer update. ``extra_args``:
     what ``tx.update`` takes besides the gradients (``Optimizer.extra_args``). ``max_logits``: the
     loss also returns each attention head's largest logit; the maximum over the micro-batches (under
     ``jit`` over a sharded batch, global over the devices) goes to the update (MuonClip's QK-clip)
-    and is logged as ``train/max_logit``."""
+    and is logged as ``train/max_logit``. ``dynamics``: the step's metrics also hold
+    ``dew.training.dynamics``'s, the blocks' outputs recorded in this step's forward pass."""
     unknown = sorted(set(extra_args) - {"max_logits"})
     if unknown:
         raise ValueError(f"the optimizer asks for {unknown}; the step can give it max_logits")
     wants_logits = "max_logits" in extra_args
 
-    def loss_fn(
-        params: nnx.State, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array
-    ) -> tuple[jax.Array, Loss]:
-        model = nnx.merge(graphdef, params, rest)
-        out = objective.loss(model, batch, key, **({"max_logits": True} if wants_logits else {}))
-        if wants_logits:
-            out = out._replace(max_logits=jax.lax.stop_gradient(out.max_logits))
-        return out.total * scale, out
-
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    grad_fn = jax.grad(loss_of(objective, graphdef, rest, wants_logits, dynamics), has_aux=True)
 
     def step(state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
-        grad_sum, outs = summed_grads(grad_fn, state, batch, accumulation)
+        grad_sum, (outs, sown) = summed_grads(grad_fn, state, batch, accumulation)
         # A sum and a count over every micro-batch, not a mean of means: equals the full batch.
         total, count = outs.total.sum(), outs.count.sum()
         grads = jax.tree.map(lambda g: g / (count * state.loss_scale), grad_sum)
@@ -110,6 +108,9 @@ def make_train_step(
         if wants_logits:
             metrics["train/max_logit"] = extra["max_logits"].max()
         metrics[NONFINITE] = nonfinite_step
+        if dynamics:
+            metrics.update(dynamics_metrics.activation_metrics(sown))
+            metrics.update(dynamics_metrics.parameter_metrics(state.params, grads, updates))
         new = dataclasses.replace(
             state,
             step=state.step + 1,
@@ -125,18 +126,42 @@ def make_train_step(
     return step
 
 
+def loss_of(
+    objective: Objective, graphdef: nnx.GraphDef, rest: nnx.State, wants_logits: bool, dynamics: bool
+) -> Callable[..., tuple[jax.Array, tuple[Loss, nnx.State | dict]]]:
+    """The scaled loss of the parameters on a batch, with (its loss record, what the stacks sowed:
+    with ``dynamics``, each block's output mean square) as the auxiliary output."""
+
+    def loss_fn(
+        params: nnx.State, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array
+    ) -> tuple[jax.Array, tuple[Loss, nnx.State | dict]]:
+        model = nnx.merge(graphdef, params, rest)
+        loss = functools.partial(objective.loss, **({"max_logits": True} if wants_logits else {}))
+        sown: nnx.State | dict = {}
+        if dynamics:  # the blocks' outputs, sown as the stacks run them (dew.models.stack)
+            with stack.recording():
+                out, sown = nnx.capture(loss, nnx.Intermediate)(model, batch, key)
+        else:
+            out = loss(model, batch, key)
+        if wants_logits:
+            out = out._replace(max_logits=jax.lax.stop_gradient(out.max_logits))
+        return out.total * scale, (out, sown)
+
+    return loss_fn
+
+
 def summed_grads(
     grad_fn: Callable[..., Any], state: TrainState, batch: Mapping[str, jax.Array], accumulation: int
-) -> tuple[Any, Loss]:
+) -> tuple[Any, Any]:
     """The gradients summed over ``accumulation`` micro-batches of ``batch`` (one scan), and each
-    micro-batch's loss record, stacked."""
+    micro-batch's auxiliary output (its loss record), stacked."""
     key = jax.random.fold_in(state.key, state.step)
     if accumulation == 1:  # no scan of one: XLA fuses the step as a hand-written one
         grad_sum, out = grad_fn(state.params, batch, jax.random.fold_in(key, 0), state.loss_scale)
         return grad_sum, jax.tree.map(lambda x: x[None], out)
     micro = jax.tree.map(lambda x: x.reshape(accumulation, x.shape[0] // accumulation, *x.shape[1:]), batch)
 
-    def micro_step(grad_sum: nnx.State, inputs: tuple[jax.Array, Mapping[str, jax.Array]]) -> tuple[nnx.State, Loss]:
+    def micro_step(grad_sum: nnx.State, inputs: tuple[jax.Array, Mapping[str, jax.Array]]) -> tuple[nnx.State, Any]:
         i, mb = inputs
         grads, out = grad_fn(state.params, mb, jax.random.fold_in(key, i), state.loss_scale)
         return jax.tree.map(jnp.add, grad_sum, grads), out

@@ -111,7 +111,8 @@ def train(
 class Parts:
     """What the loop calls, built once before it."""
 
-    train_step: Callable[[TrainState, Any], tuple[TrainState, dict]]
+    train_step: Callable[..., tuple[TrainState, dict]]
+    """``(state, batch, *, dynamics) -> (state, metrics)`` (``assembly.compile_train_step``)."""
     feed: Feed
     """Each step's batch, placed on the mesh, read ahead in the background (``trainer.prefetch``)."""
     story: RunReport
@@ -448,7 +449,8 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
         fed = p.feed.next()  # read and placed while the steps before ran (trainer.prefetch)
         first = p.story.starting_step()
         with jax.profiler.StepTraceAnnotation("train", step_num=at.step), _jax_check(p, at.step + 1, state):
-            state, step_metrics = p.train_step(state, fed.batch)
+            # the program that also measures the training dynamics at the steps that report them
+            state, step_metrics = p.train_step(state, fed.batch, dynamics=_every(t.dynamics_every, at.step + 1))
         # Step s is queued behind s-1: wait for s-1 (for s once steps are long), so the host leads the
         # devices by one step at most and a stop, a save or a progress line is about steps they have run.
         pace.wait(step_metrics)
