@@ -7,6 +7,7 @@
     dew-eval HF_DIR data=token_windows data.path=...   a Hugging Face Llama directory
     dew-eval RUN --tasks-only 'trainer.evals={tasks: [{name: hs, path: hs.jsonl}]}'   downstream tasks alone
     dew-eval RUN --follow --tasks-only             every new checkpoint once, until the run ends
+    dew-eval RUN --follow --launch slurm hydra.launcher.partition=gpu   the follower as a SLURM job
 
 The values are the trainer's evaluation (the objective's loss and the metrics dew-train evaluates it
 with; for a next-token model on text, the perplexity and bits per byte too; the downstream tasks of
@@ -60,11 +61,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="evaluate every checkpoint of RUN once as it appears, until the run ends (resumable)",
     )
     p.add_argument("--poll", type=float, default=30.0, help="--follow: seconds between looks for new checkpoints")
+    p.add_argument(
+        "--launch",
+        choices=("local", "slurm"),
+        help="--follow: submit the follower as a job of its own under this launch profile "
+        "(launch/hydra/launcher/<profile>.yaml; its fields as hydra.launcher.FIELD=VALUE) and return",
+    )
     args = p.parse_intermixed_args(argv)
     if bad := not_overrides(args.overrides):
         p.error(bad)
     if args.follow and (args.step is not None or args.latest or args.out):
         p.error("--follow evaluates every step, each into its own file: it takes no --step, --latest or --out")
+    if args.launch and not args.follow:
+        p.error(f"--launch {args.launch} submits a follower: it goes with --follow")
     if args.poll <= 0:
         p.error(f"--poll {args.poll}: must be a positive number of seconds")
     return args
@@ -90,7 +99,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.follow:
             from dew.inference import following
 
-            following.follow(args)
+            if args.launch:
+                launch_follower(args)
+            else:
+                following.follow(args)
             return
         result, written = evaluating.run(args)
     except (EvalError, ConfigError, ValueError, OSError) as err:  # a bad input, as dew-train reads one
@@ -102,6 +114,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("dew-eval: interrupted", file=sys.stderr, flush=True)
         sys.exit(130)
     evaluating.report(result, written)
+
+
+def launch_follower(args: argparse.Namespace) -> None:
+    """``--follow --launch PROFILE``: the follower submitted as a job of its own (dew.launching.followers)."""
+    from dew.inference import following
+    from dew.inference.evaluating import EVAL_DIR
+    from dew.launching import followers
+
+    own, profile = followers.split_overrides(args.overrides)
+    if (busy := following.followed(args.run)) is not None:
+        raise busy
+    fields = followers.profile(args.launch, profile)
+    run = os.path.abspath(args.run)
+    job = following.FollowJob(argparse.Namespace(**{**vars(args), "overrides": own}))
+    name = f"{os.path.basename(run)}-follow"
+    submitted = followers.submit(job, args.launch, fields, os.path.join(run, EVAL_DIR, "follow-jobs"), name)
+    if submitted is not None:
+        print(f"dew-eval: following {run} as {args.launch} job {submitted.job_id} (log: {submitted.paths.stdout})")
 
 
 if __name__ == "__main__":

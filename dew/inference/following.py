@@ -9,6 +9,11 @@ renamed over it). It ends once the run's journal says the run ended (the last of
 ``resume``, ``stop`` and ``end`` events is an ``end``) and every step saved before is evaluated. A
 run stopped or killed and resumed is followed on: a stop is not an end.
 
+One follower a run: it holds ``RUN/eval/.lock`` (``dew.contract.lock.RunLock``: an OS lock, or a
+lease where the filesystem has none, taken over by a requeue of the same SLURM job) from the moment
+the run's record exists, and a second is refused naming the first. As a job of its own under a
+launch profile (``--launch``: ``dew.launching.followers``), ``FollowJob`` is what the job runs.
+
 Resumable: a follower started again (the same command) reads its record and evaluates only the
 steps it does not note, so each checkpoint is noted once, with its values. (A follower killed in the
 moment between a step's results file and its note evaluates that step again when started again,
@@ -30,6 +35,7 @@ from typing import Any
 
 from etils import epath
 
+from dew.contract import lock
 from dew.contract.journal import JournalError, read
 from dew.contract.rundir import RUN_RECORD, STEP_FINISHED, is_step
 from dew.inference import evaluating
@@ -94,6 +100,37 @@ def follow(
     record.update(run=run, overrides=list(args.overrides), tasks_only=tasks_only)
     while not os.path.isfile(os.path.join(run, RUN_RECORD)):  # the run has not started yet
         sleep(args.poll)
+    holding = held(run)
+    try:
+        return follow_held(args, run, path, record, sleep, out)
+    finally:
+        holding.release()
+
+
+def held(run: str) -> lock.RunLock:
+    """The follower's lock on ``run`` (``RUN/eval/.lock``), or ``followed``'s error."""
+    try:
+        return lock.RunLock(os.path.join(run, evaluating.EVAL_DIR)).acquire()
+    except lock.RunLockedError:
+        raise followed(run) or EvalError(f"--follow: {run} is already followed") from None
+
+
+def followed(run: str) -> EvalError | None:
+    """The error naming the live follower of ``run``, if one holds it (reads only), else None."""
+    run = os.path.abspath(run)
+    who = lock.holder(os.path.join(run, evaluating.EVAL_DIR))
+    if who is None:
+        return None
+    return EvalError(
+        f"--follow: {run} is already followed by {lock.describe(who)}; one follower a run (it evaluates "
+        "every checkpoint once): stop that one first"
+    )
+
+
+def follow_held(
+    args: argparse.Namespace, run: str, path: str, record: dict[str, Any], sleep: Callable[[float], None], out: Any
+) -> dict[str, Any]:
+    """``follow``'s loop, the run's record there and the follower's lock held."""
     while True:
         over = ended(run)  # read first: once the run has ended, every step it saved is on disk
         for step in finished_steps(run):
@@ -124,3 +161,21 @@ def describe(note: dict[str, Any]) -> str:
     if "skipped" in note:
         return f"skipped: {note['skipped']}"
     return "evaluated: " + " ".join(f"{k}={v:.6g}" for k, v in sorted(note["metrics"].items()))
+
+
+class FollowJob:
+    """The follower as a job of its own (``dew-eval RUN --follow --launch PROFILE``): called in the
+    job's process, it follows as ``follow`` does; at SIGUSR2 (the time limit near, or a preemption)
+    submitit asks ``checkpoint`` what to run when it requeues the job: the same follower, which
+    evaluates only the steps its record lacks."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = argparse.Namespace(**{**vars(args), "run": os.path.abspath(args.run), "launch": None})
+
+    def __call__(self) -> dict[str, Any]:
+        return follow(self.args)
+
+    def checkpoint(self) -> object:
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(FollowJob(self.args))
