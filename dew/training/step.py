@@ -11,7 +11,6 @@ parameters (``dew.training.dynamics``): a second program, run on the steps that 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -132,11 +131,14 @@ def loss_of(
     """The scaled loss of the parameters on a batch, with (its loss record, what the stacks sowed:
     with ``dynamics``, each block's output mean square) as the auxiliary output."""
 
+    def loss(model: nnx.Module, batch: Mapping[str, jax.Array], key: jax.Array) -> Loss:
+        # max_logits passed only when the optimizer asks for it: not every objective takes it
+        return objective.loss(model, batch, key, max_logits=True) if wants_logits else objective.loss(model, batch, key)
+
     def loss_fn(
         params: nnx.State, batch: Mapping[str, jax.Array], key: jax.Array, scale: jax.Array
     ) -> tuple[jax.Array, tuple[Loss, nnx.State | dict]]:
         model = nnx.merge(graphdef, params, rest)
-        loss = functools.partial(objective.loss, **({"max_logits": True} if wants_logits else {}))
         sown: nnx.State | dict = {}
         if dynamics:  # the blocks' outputs, sown as the stacks run them (dew.models.stack)
             with stack.recording():
