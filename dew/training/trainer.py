@@ -229,6 +229,7 @@ def _train(
             samples=can_sample(objective),
             every=(setup.eval_every, setup.ckpt_every),
             evaluates=getattr(dataset, "num_eval_records", None) != 0,
+            best=criterion,
         )
         story.start(mesh=built.mesh, params=state.params, opt_state=state.opt_state, resumed_from=latest)
         story.began = tracker.began

@@ -78,14 +78,18 @@ class RunReport:
         samples: bool = True,
         every: tuple[int | None, int | None] | None = None,
         evaluates: bool = True,
+        best: tuple[str, bool] = (BEST_METRIC, False),
     ) -> None:
         """``samples``: the objective draws samples (``dew.contract.objectives.can_sample``), so the
         end suggests ``dew-sample``. ``every``: the steps between evaluations and between
-        checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set."""
+        checkpoints the run took (``Setup.eval_every``, ``ckpt_every``); unset, the fields as set.
+        ``best``: the value that chooses the best checkpoint and whether higher is better
+        (``dew.training.evaluate.best_criterion``), the one the end reports."""
         self.run, self.name, self.path, self.total_steps = run, name, os.fspath(path), total_steps
         self.samples = samples
         self.every = every or (run.trainer.eval_every, run.trainer.checkpoint_every)
         self.evaluates = evaluates
+        self.best = best
         """Whether the data holds a held-out split to evaluate on: a run without one says so once, at the start."""
         self.t0 = time.perf_counter()
         self.t0_wall = time.time()
@@ -249,13 +253,14 @@ class RunReport:
             ]
         )
         log.info("run %s finished at step %d in %s: %s", self.name, step, _seconds(wall), split)
-        scored = {s: v[BEST_METRIC] for s, v in self.evals.items() if math.isfinite(v.get(BEST_METRIC, math.nan))}
+        metric, higher = self.best  # the value that chose the best checkpoint, not always eval/loss
+        scored = {s: v[metric] for s, v in self.evals.items() if math.isfinite(v.get(metric, math.nan))}
         if scored:
             last = max(scored)
-            best = min(scored, key=scored.__getitem__)
+            best = (max if higher else min)(scored, key=scored.__getitem__)
             log.info(
                 "%s %.4g at step %d (final); best %.4g at step %d (the best checkpoint, when it was saved)",
-                BEST_METRIC,
+                metric,
                 scored[last],
                 last,
                 scored[best],

@@ -134,3 +134,26 @@ def test_a_second_run_loads_the_step_from_the_compilation_cache(tmp_path: Path):
     lr = {r["step"]: r["train/lr"] for r in journal(tmp_path, "b") if "train/lr" in r}
     expected = {1: 0.0, 2: 0.0015, 3: 0.003, 4: 0.0015}
     assert lr.keys() == expected.keys() and all(math.isclose(lr[s], expected[s], abs_tol=1e-9) for s in lr), lr
+
+
+@pytest.mark.parametrize(
+    ("best", "said"),
+    [
+        (("eval/mc/acc", True), "eval/mc/acc 0.6 at step 6 (final); best 0.8 at step 4"),
+        (("eval/loss", False), "eval/loss 1.5 at step 6 (final); best 1.5 at step 6"),
+    ],
+)
+def test_the_end_names_the_value_that_chose_the_best_checkpoint(tmp_path: Path, caplog, best, said):
+    """trainer.evals.best=eval/mc/acc (higher is better): the end's best is the accuracy's highest
+    evaluation, not the lowest eval/loss (which falls at a later step)."""
+    from dew.training.reporting.summary import RunReport
+    from tests.training.conftest import compose
+
+    run = compose(f"trainer.checkpoint_dir={tmp_path}")
+    report = RunReport(run, "r", tmp_path / "r", total_steps=6, best=best)
+    for step, loss, acc in ((2, 2.5, 0.4), (4, 2.0, 0.8), (6, 1.5, 0.6)):
+        report.evaluated(step, {"eval/loss": loss, "eval/mc/acc": acc})
+    caplog.set_level(logging.INFO, logger="dew")
+    report.end(6)
+    [line] = [r.getMessage() for r in caplog.records if "(final)" in r.getMessage()]
+    assert line.startswith(said) and line.endswith("(the best checkpoint, when it was saved)"), line
