@@ -28,6 +28,7 @@ from dew.config import (
     Wandb,
 )
 from dew.contract.data import DataSpec, datasets
+from dew.contract.evals import EvalTask
 from dew.contract.models import architectures
 from dew.contract.schedules import ScheduleSpec, schedules
 from dew.contract.typed import JsonString, hints
@@ -106,17 +107,59 @@ def model_config_strategy() -> st.SearchStrategy:
     return st.one_of([for_arch(n) for n in architectures]).filter(lambda m: m is not None)
 
 
+NAMED = {
+    "resolution": st.sampled_from([8, 32]),
+    "channels": st.sampled_from([1, 3]),
+    "eval_fraction": st.sampled_from([0.1, 0.5]),
+    "val_fraction": st.sampled_from([0.0, 0.1]),
+}
+"""Fields of the data options whose type allows values they refuse: drawn from those they take."""
+
+
 def dataclass_strategy(cls: type) -> st.SearchStrategy:
     if cls is ModelConfig:
         return model_config_strategy()
     types_ = hints(cls)
-    fields = {f.name: strategy(types_[f.name]) for f in dataclasses.fields(cls) if f.init}
+    fields = {
+        f.name: NAMED[f.name] if f.name in NAMED else strategy(types_[f.name])
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
     if cls is TrainerConfig:
         fields["compilation_cache_dir"] = st.sampled_from([None, "/tmp/cache"])
         fields["name"] = st.sampled_from([None, "run", "sweep/3-lr=1"])
         fields["max_time"] = st.sampled_from([None, "90m", "00:12:00:00", 3600])
         fields["stall_timeout"] = st.sampled_from([None, "10m", 600, "00:00:30"])
+    # Names a value or a task: drawn from those the field takes (the others, refused, are each a
+    # retried draw of the whole record, which made the search for 150 records ten times slower).
+    if cls.__name__ == "EvalTask":
+        fields["name"] = st.sampled_from(["hellaswag", "arc.easy", "piqa-2"])
+    if cls.__name__ == "Evals":
+        fields["best"] = st.sampled_from([None, "eval/loss", "eval/web/loss"])
+        fields["tasks"] = st.lists(
+            dataclass_strategy(EvalTask), min_size=1, max_size=2, unique_by=lambda t: t.name
+        ).map(tuple)
+    if cls.__name__ == "EarlyStopping":
+        fields["metric"] = st.sampled_from([None, "eval/loss", "eval/accuracy"])
+    if cls is TrainerConfig:
+        return st.fixed_dictionaries(fields).map(consistent_trainer).map(lambda v: _valid(cls, v)).filter(bool)
     return st.fixed_dictionaries(fields).map(lambda v: _valid(cls, v)).filter(lambda x: x is not None)
+
+
+def consistent_trainer(v: dict[str, Any]) -> dict[str, Any]:
+    """The drawn trainer fields with the rules across them kept (each broken one made the draw a
+    retry, and most draws broke one): one of steps and epochs, a batch the micro-batches divide, the
+    dynamics at a multiple of the logging, ``init_skip`` only beside ``init_from``."""
+    if v["steps"] is not None and v["epochs"] is not None:
+        v["epochs"] = None
+    if v["steps"] is None and v["epochs"] is None:
+        v["steps"] = 2
+    v["batch_size"] *= v["accumulation"]
+    if v["dynamics_every"] is not None:
+        v["dynamics_every"] *= v["log_every"]
+    if v["init_skip"] and v["init_from"] is None:
+        v["init_from"] = "runs/base"
+    return v
 
 
 @pytest.mark.slow
