@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, dew
+from tests.conftest import REPO, SUITE_CACHE, cli_env, dew
 
 TINY_DIGITS = [
     "experiment=digits",
@@ -196,7 +196,7 @@ def test_a_20_trial_search_prints_no_library_chatter_and_the_same_lines_per_tria
         "hparams_search=digits",
         "optim.schedule.warmup_steps=int(interval(0, 1))",  # the preset's 0-300: the trials are 2 steps
         *[o for o in TINY_DIGITS if not o.startswith(("optim.schedule", "trainer.compilation_cache_dir"))],
-        f"trainer.compilation_cache_dir={workdir / 'xla'}",
+        f"trainer.compilation_cache_dir={SUITE_CACHE}",
         "trainer.steps=2",
         "trainer.eval_every=2",
         "trainer.checkpoint_every=null",

@@ -33,7 +33,8 @@ def work(tmp_path_factory) -> Path:
 
 
 def env(work: Path) -> dict[str, str]:
-    return fast_env(DEW_COMPILATION_CACHE=str(work / "xla"))
+    """The suite's environment, its compilation cache (``DEW_COMPILATION_CACHE``) included."""
+    return fast_env()
 
 
 def run_of(work: Path, preset: str) -> tuple[Path, list[dict]]:

@@ -39,13 +39,12 @@ LOCAL = [
     "-m",
     "hydra/launcher=local",
     "hydra.launcher.tasks_per_node=2",
-    *TINY[:-1],
+    *TINY,
     f"trainer.steps={STEPS}",
     f"trainer.eval_every={EVAL}",
     f"trainer.checkpoint_every={CKPT}",
     "trainer.checkpoint_dir=ck",
-    "trainer.compilation_cache_dir=cache",
-]  # later launches reuse what the first compiled
+]  # the suite's compilation cache (TINY's): later launches load what the first compiled
 
 # (phase, trigger, second Ctrl-C): a trigger is seconds after the launch, or what the launch's rank-0
 # log shows: a line, "+k" (k steps after the step it resumed from), "ckpt"/"eval" (the line of the

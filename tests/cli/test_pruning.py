@@ -21,6 +21,7 @@ from dew.contract.rundir import PRUNED
 from dew.launching.search.pruning import Reported, judge, sweep_reports
 from dew.launching.search.sweeper_conf import PRUNERS
 from dew.runs.study_storage import journal
+from tests.conftest import SUITE_CACHE
 from tests.training.conftest import TINY, dew_train
 
 TrialState = optuna.trial.TrialState
@@ -297,7 +298,7 @@ def check_the_bad_rates_were_pruned(work: Path, n_trials: int = 8) -> None:
 
 @pytest.fixture(scope="module")
 def xla_cache(tmp_path_factory) -> str:
-    return f"trainer.compilation_cache_dir={tmp_path_factory.mktemp('xla')}"
+    return f"trainer.compilation_cache_dir={SUITE_CACHE}"
 
 
 @pytest.mark.slow

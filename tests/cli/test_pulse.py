@@ -61,7 +61,7 @@ def test_help_lists_groups_and_options(workdir: Path):
     assert result.returncode == 0
     for line in [
         "model: dit_b2, dit_l2, dit_s2, dit_xl2, simple_dit, transformer",
-        "data: digits, hf_images, hf_text, image_folder, oxford_flowers102, text_stream, token_windows",
+        "data: chat, digits, hf_images, hf_text, image_folder, mixture, oxford_flowers102, text_stream, token_windows",
         "optim/schedule: cosine, linear, power",
         "optim: adam, adamw, lamb, muon, muonclip",
     ]:
@@ -77,7 +77,6 @@ def test_multirun_gives_each_job_its_own_run(workdir: Path):
         "trainer.steps=2",
         "trainer.eval_every=null",
     ]
-    sweep.append(f"trainer.compilation_cache_dir={workdir / 'cache'}")  # job 1 loads what job 0 compiled
     journals = []
     for _ in range(2):  # the same command again: the same sweep, whose finished jobs are left alone
         result = dew("-m", *sweep, "optim.learning_rate=0.001,0.003", cwd=workdir, env=fast_env())

@@ -17,7 +17,7 @@ from dew.contract import journal as journals
 from dew.launching.naming import compact, short_keys
 from dew.launching.search.trial import TrialFailed, selection_value
 from dew.recipe import Recipe
-from tests.conftest import dew
+from tests.conftest import SUITE_CACHE, dew
 from tests.training.conftest import TINY, dew_train
 
 # 3 steps, evaluated at the end (the trial's value), a checkpoint at step 2 (an interrupted trial resumes).
@@ -197,10 +197,10 @@ def test_dew_train_names_the_unset_schedule_and_writes_nothing(workdir: Path):
 
 @pytest.fixture(scope="module")
 def xla_cache(tmp_path_factory) -> str:
-    """A compilation cache the studies of this module share: their trials differ in the optimizer's
-    settings, so each compiles its own train step, but the model's initialisation, the evaluation and
-    the sampling are the same programs in every trial (~2.5 s of compiling a trial loads instead)."""
-    return f"trainer.compilation_cache_dir={tmp_path_factory.mktemp('xla')}"
+    """The suite's compilation cache, which the studies of this module share with the other tests:
+    the model's initialisation, the evaluation and the sampling are the same programs in every trial
+    (~2.5 s of compiling a trial loads instead)."""
+    return f"trainer.compilation_cache_dir={SUITE_CACHE}"
 
 
 @pytest.fixture(scope="module")

@@ -99,7 +99,6 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
         *SHORT,
         "optim.learning_rate=1e-3,3e-3",
         "trainer.wandb={project: p, offline: true}",
-        f"trainer.compilation_cache_dir={work / 'cache'}",
         cwd=work,
     )
     assert sweep is not None and sweep.returncode == 0, sweep.stdout[-3000:]

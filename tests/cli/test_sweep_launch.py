@@ -173,14 +173,12 @@ LOCAL = [
     "-m",
     "hydra/launcher=local",
     "hydra.launcher.tasks_per_node=2",
-    *TINY[:-1],
+    *TINY,
     f"trainer.steps={STEPS}",
     "trainer.eval_every=null",
     "trainer.checkpoint_every=null",
     "trainer.checkpoint_dir=ck",
-    "trainer.compilation_cache_dir=cache",
-]  # later launches reuse what the first compiled
-assert TINY[-1].startswith("trainer.compilation_cache_dir=")
+]  # the suite's compilation cache (TINY's): later launches load what the first compiled
 
 
 def in_its_own_group(args: list[str], workdir: Path, log: Path) -> subprocess.Popen:
@@ -281,7 +279,7 @@ def test_a_job_whose_parameters_span_its_tasks_ends_and_hands_back_only_its_run_
     trained state: a ``jax.Array`` over another process's devices cannot be pickled (the job failed
     at its end), and a replicated one was written there once a task."""
     split = ["trainer.steps=2", "trainer.mesh.data=1", "trainer.mesh.fsdp=2", "trainer.layout.min_shard_size=0"]
-    code, out = finish(launch(workdir, "split", "split.out", *split, TINY[-1])), (workdir / "split.out").read_text()
+    code, out = finish(launch(workdir, "split", "split.out", *split)), (workdir / "split.out").read_text()
     assert code == 0 and "Traceback" not in out, out[-3000:]
     run = next((workdir / "ck").glob("split-sweep-*/0*"))
     results = sorted((workdir / "ck").glob("split-sweep-*/.submitit/*/*_result.pkl"))
@@ -295,7 +293,7 @@ def test_a_job_its_own_processes_refuse_ends_with_their_line_not_a_traceback(wor
     command ends with it, naming the job and the task log, status 1, instead of submitit's
     ``UncompletedJobError`` traceback; no run directory is left."""
     env = {k: v for k, v in fast_env().items() if k != "JAX_NUM_CPU_DEVICES"}
-    odd = dew(*LOCAL[:-1], "trainer.name=odd", "trainer.batch_size=33", TINY[-1], cwd=workdir, env=env)
+    odd = dew(*LOCAL, "trainer.name=odd", "trainer.batch_size=33", cwd=workdir, env=env)
     lines = odd.stderr.strip().splitlines()
     assert odd.returncode == 1 and "Traceback" not in odd.stderr, odd.stderr[-3000:]
     assert lines[-2].startswith("dew-train: error: job 0 (") and lines[-1] == (

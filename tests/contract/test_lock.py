@@ -16,6 +16,7 @@ import pytest
 
 from dew.commandline.exits import EXIT_BUSY
 from dew.contract.lock import holder
+from tests.conftest import SUITE_CACHE
 from tests.training.conftest import TINY, dew_train, fast_env
 
 # Long enough to still be running while the second start is refused.
@@ -313,7 +314,7 @@ def test_dew_train_on_a_filesystem_whose_flock_fails(workdir: Path):
         "trainer.eval_every=null",
         "trainer.checkpoint_every=10",
         "trainer.checkpoint_dir=ck",
-        f"trainer.compilation_cache_dir={workdir / 'cache'}",
+        f"trainer.compilation_cache_dir={SUITE_CACHE}",
     ]  # the resume loads
     run = workdir / "ck" / "r"
     assert dew_train(*args, cwd=workdir, env=env, kill_when=lambda w: (run / "10").is_dir()) is None

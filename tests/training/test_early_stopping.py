@@ -20,7 +20,7 @@ from dew.training import early_stopping
 from dew.training.early_stopping import EarlyStop, EarlyStoppingMetricError, watched
 from dew.training.hooks import At, Hook, hooks
 from dew.training.preemption import Preempted, StopRequest, StopSignals
-from tests.conftest import dew
+from tests.conftest import SUITE_CACHE, dew
 from tests.training.conftest import TINY, compose, journal, load_params, losses, steps_on_disk, train_tiny
 
 # A tiny digits run whose eval/loss keeps falling, ever more slowly: with min_delta 0.02 the gains
@@ -247,7 +247,7 @@ def test_early_stopping_stops_where_the_rule_says_and_survives_a_preemption(tmp_
     from dew.cli.runs import run as dew_runs
     from dew.runs.status import read_run
 
-    cache = f"trainer.compilation_cache_dir={tmp_path / 'xla'}"  # the later runs load the first one's programs
+    cache = f"trainer.compilation_cache_dir={SUITE_CACHE}"  # the later runs load the first one's programs
     # Uninterrupted: the stop is the evaluation the rule picks from the journal's own values.
     _, whole, whole_journal = train_tiny(tmp_path, *RUN, cache, name="whole")
     evals = evals_of(whole_journal)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
+from tests.conftest import SUITE_CACHE
 from tests.training.conftest import TINY, dew_train, load_params, losses, steps_on_disk
 
 pytestmark = pytest.mark.slow
@@ -62,7 +63,7 @@ def _logged_past(step: int):
 def test_sigkill_anywhere_then_rerun_is_bit_identical(tmp_path: Path):
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     clean.mkdir(), killed.mkdir()
-    cache = f"trainer.compilation_cache_dir={tmp_path / 'xla'}"
+    cache = f"trainer.compilation_cache_dir={SUITE_CACHE}"
 
     done = dew_train(*ARGS, cache, cwd=clean)
     assert done is not None and done.returncode == 0, done.stdout
