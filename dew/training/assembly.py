@@ -208,7 +208,9 @@ def compile_train_step(
             dynamics=dynamics,
         )(state, batch)
 
-    # Two programs, not one with a lax.cond: bench/dynamics.py measured both (docs/performance.md).
+    # Two programs, not one with a lax.cond: bench/dynamics.py times both; on shared CPU cores a
+    # reporting step costs what a plain one does (0.97-1.00x) and the cond compiles slower without
+    # running faster (docs/performance.md, "Training dynamics").
     compiled = jax.jit(
         sharding.under_rules(mesh, t.layout, step),
         in_shardings=(state_sharding, batch_sharding, None),
