@@ -90,9 +90,11 @@ def write_record(path: str, record: dict[str, Any]) -> None:
 
 
 def follow(
-    args: argparse.Namespace, *, sleep: Callable[[float], None] = time.sleep, out: Any = sys.stdout
+    args: argparse.Namespace, *, sleep: Callable[[float], None] = time.sleep, out: Any = None
 ) -> dict[str, Any]:
-    """Evaluate every checkpoint of ``args.run`` once until the run ends; the follower's record."""
+    """Evaluate every checkpoint of ``args.run`` once until the run ends; the follower's record.
+    ``out`` (where its lines go) is the standard output at the call, not at the import."""
+    out = sys.stdout if out is None else out
     run = os.path.abspath(args.run)
     tasks_only = bool(getattr(args, "tasks_only", False))
     path = record_path(run, list(args.overrides), tasks_only)

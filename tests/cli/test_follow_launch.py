@@ -17,6 +17,7 @@ import pytest
 
 from dew.contract.lock import RunLock
 from tests.cli.test_slurm import setup_lines
+from tests.conftest import dew
 from tests.slurm_standin import slurm_cluster  # noqa: F401 - the fixture
 from tests.training.conftest import fast_env, losses, train_tiny
 
@@ -29,8 +30,7 @@ PROFILE = [
 
 
 @pytest.mark.slow  # dew-eval's imports (JAX): 3.4 s
-def test_a_second_follower_is_refused_and_the_profile_makes_the_batch_script(tmp_path, capsys):
-    from dew.cli.eval import main
+def test_a_second_follower_is_refused_and_the_profile_makes_the_batch_script(tmp_path):
     from dew.inference import following
     from dew.inference.composing import EvalError
 
@@ -42,20 +42,21 @@ def test_a_second_follower_is_refused_and_the_profile_makes_the_batch_script(tmp
         args = argparse.Namespace(run=str(run), overrides=[], tasks_only=False, poll=0.01)
         with pytest.raises(EvalError, match=r"^--follow: .*/ck/lm is already followed by process \d+ on "):
             following.follow(args, sleep=lambda s: None)
-        with pytest.raises(SystemExit) as refused:  # and before anything is submitted
-            main([str(run), "--follow", "--launch", "slurm", "hydra.launcher.partition=gpu"])
-        assert refused.value.code == 2
-        (line,) = capsys.readouterr().err.strip().splitlines()
+        # The command, as a user runs it (its own process): refused before anything is submitted.
+        refused = dew_eval(str(run), "--follow", "--launch", "slurm", "hydra.launcher.partition=gpu", cwd=tmp_path)
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
         assert line.startswith("dew-eval: error: --follow: ") and "one follower a run" in line
         assert not (run / "eval" / "follow-jobs").exists()
     finally:
         first.release()
-    with pytest.raises(SystemExit, match="2"):  # a follower is one process
-        main([str(run), "--follow", "--launch", "slurm", "hydra.launcher.nodes=2"])
-    assert "hydra.launcher.nodes=2: a follower is one process" in capsys.readouterr().err
+    two = dew_eval(str(run), "--follow", "--launch", "slurm", "hydra.launcher.nodes=2", cwd=tmp_path)
+    assert two.returncode == 2 and "hydra.launcher.nodes=2: a follower is one process" in two.stderr, two.stderr
     # The profile's settings in the batch script (a dry run prints it): one task, --requeue, the partition.
-    main([str(run), "--follow", "--launch", "slurm", "hydra.launcher.partition=gpu", "hydra.launcher.dry_run=true"])
-    script = capsys.readouterr().out
+    dry = ["--follow", "--launch", "slurm", "hydra.launcher.partition=gpu", "hydra.launcher.dry_run=true"]
+    printed = dew_eval(str(run), *dry, cwd=tmp_path)
+    assert printed.returncode == 0, printed.stderr
+    script = printed.stdout
     for line in ("--partition=gpu", "--ntasks-per-node=1", "--nodes=1", "--requeue", "--job-name=lm-follow"):
         assert f"#SBATCH {line}\n" in script, line
     assert f"--output={run / 'eval' / 'follow-jobs'}/%j/%j_0_log.out" in script
@@ -64,6 +65,13 @@ def test_a_second_follower_is_refused_and_the_profile_makes_the_batch_script(tmp
     job = following.FollowJob(args)
     again = job.checkpoint()
     assert isinstance(again.function, following.FollowJob) and again.function.args == job.args
+
+
+def dew_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``dew-eval ARGS`` in its own process, as a user runs it. (In this process, the launch path's
+    printing to a test's captured stdout after an in-process training run once closed pytest's own
+    capture of stderr, and every later test of the worker failed: run as the command it is.)"""
+    return dew(*args, cwd=cwd, script="dew.cli.eval")
 
 
 @pytest.mark.slow
