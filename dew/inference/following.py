@@ -89,9 +89,7 @@ def write_record(path: str, record: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def follow(
-    args: argparse.Namespace, *, sleep: Callable[[float], None] = time.sleep, out: Any = None
-) -> dict[str, Any]:
+def follow(args: argparse.Namespace, *, sleep: Callable[[float], None] = time.sleep, out: Any = None) -> dict[str, Any]:
     """Evaluate every checkpoint of ``args.run`` once until the run ends; the follower's record.
     ``out`` (where its lines go) is the standard output at the call, not at the import."""
     out = sys.stdout if out is None else out

@@ -89,9 +89,9 @@ def _in_flight_at_each_dispatch(tmp_path: Path, monkeypatch, name: str) -> list[
     def counted(*args: Any, **kwargs: Any) -> Any:
         step = compile_real(*args, **kwargs)
 
-        def run(state: Any, batch: Any) -> Any:
+        def run(state: Any, batch: Any, **options: Any) -> Any:  # options: the step's own (dynamics=...)
             in_flight.append(sum(not all(x.is_ready() for x in jax.tree.leaves(m)) for m in dispatched))
-            out = step(state, batch)
+            out = step(state, batch, **options)
             dispatched.append(out[1])
             return out
 
