@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
-from tests.conftest import REPO, SUITE_CACHE, dew, tree
+from tests.conftest import REPO, dew, tree
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
 from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
@@ -79,8 +79,8 @@ def no_flock(env: dict[str, str]) -> dict[str, str] | None:
 def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):
     env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20")
     env = slurm_cluster.env(no_flock(env) or env)
-    # The suite's compilation cache for every start: the requeued job loads what job 0 compiled.
-    cache = f"trainer.compilation_cache_dir={SUITE_CACHE}"
+    # One compilation cache for every start: the requeued job loads what job 0 compiled (the same config).
+    cache = f"trainer.compilation_cache_dir={workdir / 'cache'}"
     alone = subprocess.Popen(
         [sys.executable, "-m", "dew.cli.train", *RUN, cache, "trainer.name=alone"],
         cwd=workdir,

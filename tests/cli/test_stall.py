@@ -29,11 +29,12 @@ LOCAL = [
     "-m",
     "hydra/launcher=local",
     "hydra.launcher.tasks_per_node=2",
-    *TINY,
+    *TINY[:-1],
     f"trainer.steps={STEPS}",
     "trainer.eval_every=null",
     f"trainer.checkpoint_every={CKPT}",
     "trainer.checkpoint_dir=ck",
+    "trainer.compilation_cache_dir=cache",
     f"trainer.stall_timeout={TIMEOUT_S}",
     "trainer.name=stuck",
 ]

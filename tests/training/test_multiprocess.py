@@ -17,7 +17,6 @@ import pytest
 
 from dew.contract.journal import read_journal
 from dew.launching.pool import free_ports
-from tests.conftest import SUITE_CACHE
 from tests.training.conftest import TINY, fast_env, losses
 
 pytestmark = pytest.mark.slow
@@ -136,10 +135,9 @@ def events(journal: list[dict]) -> list[tuple[str, int]]:
 
 
 def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
-    # Every start below shares the suite's compilation cache: the model's initialisation, the
-    # evaluation and the sampling compile once, the pool's step once for the sweep's job 0 and the
-    # requeued tasks (and not at all where another test of the suite compiled them first).
-    run_args = [*RUN, f"trainer.compilation_cache_dir={SUITE_CACHE}"]
+    # Every start below shares one compilation cache: the model's initialisation, the evaluation and
+    # the sampling compile once, the pool's step once for the sweep's job 0 and the requeued tasks.
+    run_args = [*RUN, f"trainer.compilation_cache_dir={workdir / 'cache'}"]
     # (1) One process of 8 devices, stopped by SIGUSR2: a checkpoint at the step, status 128 + 12.
     ref_journal = workdir / "tracking" / "ref" / "journal.jsonl"
     alone = start([*run_args, "trainer.name=ref"], workdir, fast_env(JAX_NUM_CPU_DEVICES="8"), "ref.out")
