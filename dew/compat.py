@@ -163,6 +163,32 @@ def qwix_convert_rules(provider: type[Any], convert: Callable[[Any], Any]) -> No
     provider._init_rule = _init_rule  # a private hook qwix's stubs do not name
 
 
+# ----------------------------------------------------------------------- dataclasses, cloudpickle
+
+
+def dataclass_missing_pickles_as_itself() -> None:
+    """Make ``dataclasses.MISSING`` pickle as a reference to itself, not as a new instance.
+
+    submitit pickles a job with cloudpickle, which copies a class made at run time (the Hydra
+    schema twins of dew.commandline.schema, made by ``dataclasses.make_dataclass``) by value, its
+    fields with it. cloudpickle keeps the identity of dataclasses' field-type sentinels (cloudpickle
+    PR #513) but not of ``MISSING``: in the job's process a field with a ``default_factory`` then has
+    a ``default`` that ``is not MISSING``, OmegaConf takes that copy as the default, and composing
+    ``trainer.hooks=[{name: ...}]`` there fails ("Cannot assign _MISSING_TYPE to Dict[str, Any]").
+    ``_MISSING_TYPE`` is private to dataclasses; registering its reducer in ``copyreg`` (which
+    pickle and cloudpickle both consult) changes nothing else."""
+    import copyreg
+    import dataclasses
+
+    copyreg.pickle(dataclasses._MISSING_TYPE, _missing_reduced)
+
+
+def _missing_reduced(_: object) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import dataclasses
+
+    return getattr, (dataclasses, "MISSING")
+
+
 # ------------------------------------------------------------------------------- hydra, submitit
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import subprocess
 import sys
 from typing import Literal
@@ -310,3 +311,23 @@ def test_submitit_job_number_reads_hydra_s_job_number_from_the_submission(tmp_pa
     (tmp_path / "bad_submitted.pkl").write_bytes(b"not a pickle")
     assert compat.submitit_job_number(str(tmp_path / "7_submitted.pkl")) == 7
     assert compat.submitit_job_number(str(tmp_path / "bad_submitted.pkl")) is None
+
+
+def test_a_schema_twin_pickled_by_value_keeps_its_default_factories():
+    """A submitit job carries Hydra's schema twins (made at run time) by value: in the job's
+    process a list of hooks must still compose (``trainer.hooks=[...]`` under a launcher)."""
+    import cloudpickle
+
+    from dew.commandline.schema import schema_of
+    from dew.contract.config import HookSpec
+
+    job = (
+        "import json, pickle, sys; from omegaconf import OmegaConf; twin = pickle.loads(sys.stdin.buffer.read()); "
+        "node = OmegaConf.merge(OmegaConf.structured(twin), {'name': 'loss_ema', 'options': {'decay': 0.9}}); "
+        "print(json.dumps(OmegaConf.to_container(node)))"
+    )  # another process, as the job's: in this one cloudpickle hands back the class it pickled
+    done = subprocess.run(
+        [sys.executable, "-c", job], input=cloudpickle.dumps(schema_of(HookSpec)), capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert json.loads(done.stdout) == {"name": "loss_ema", "every": 1, "options": {"decay": 0.9}}

@@ -18,7 +18,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from omegaconf import MISSING
 
+from dew import compat
 from dew.contract.typed import NAME_KEY, JsonString, hints, registry_of, to_json
+
+# The twins below are classes made at run time: a submitit job's pickle copies them by value, and
+# their fields' defaults must survive it (compat.dataclass_missing_pickles_as_itself says why).
+compat.dataclass_missing_pickles_as_itself()
 
 
 @functools.cache

@@ -30,7 +30,7 @@ import pytest
 from dew.contract.journal import read_journal
 from tests.conftest import REPO, dew, tree
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
-from tests.training.conftest import TINY, fast_env, losses
+from tests.training.conftest import TINY, fast_env, losses, slow_steps
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
 
 STEPS = 16
@@ -77,14 +77,16 @@ def no_flock(env: dict[str, str]) -> dict[str, str] | None:
 
 @pytest.mark.slow
 def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, slurm_cluster):
-    env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20")
+    # The suite's compilation cache (TINY's) for every start: the requeued job loads what job 0
+    # compiled. With every program loaded a step takes milliseconds: a plugin's hook makes each 0.3 s
+    # long, so that the preemption, sent at step 3, reaches job 1 before its last step.
+    pythonpath, hook = slow_steps(workdir / "site", 0.3)
+    env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20", PYTHONPATH=pythonpath)
     env = slurm_cluster.env(no_flock(env) or env)
-    # One compilation cache for every start: the requeued job loads what job 0 compiled (the same config).
-    cache = f"trainer.compilation_cache_dir={workdir / 'cache'}"
     alone = subprocess.Popen(
-        [sys.executable, "-m", "dew.cli.train", *RUN, cache, "trainer.name=alone"],
+        [sys.executable, "-m", "dew.cli.train", *RUN, hook, "trainer.name=alone"],
         cwd=workdir,
-        env=fast_env(JAX_NUM_CPU_DEVICES="4"),
+        env=fast_env(JAX_NUM_CPU_DEVICES="4", PYTHONPATH=pythonpath),
         stdout=open(workdir / "alone.out", "w"),
         stderr=subprocess.STDOUT,
     )
@@ -97,7 +99,7 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
             *SLURM,
             setup_lines(env),
             *RUN,
-            cache,
+            hook,
             "trainer.name=sl",
             "trainer.seed=0,0",
         ],

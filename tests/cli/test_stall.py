@@ -21,7 +21,7 @@ from dew.runs.goodput import ledger
 from dew.training.watchdog import WATCHDOG_DIR, heartbeat_name
 from tests.cli.test_interrupts import Tail
 from tests.cli.test_sweep_launch import finish, in_its_own_group
-from tests.training.conftest import TINY
+from tests.training.conftest import TINY, slow_steps
 from tests.training.test_multiprocess import until
 
 STEPS, CKPT, STOP_AT, TIMEOUT_S = 100, 20, 22, 10
@@ -29,12 +29,11 @@ LOCAL = [
     "-m",
     "hydra/launcher=local",
     "hydra.launcher.tasks_per_node=2",
-    *TINY[:-1],
+    *TINY,
     f"trainer.steps={STEPS}",
     "trainer.eval_every=null",
     f"trainer.checkpoint_every={CKPT}",
     "trainer.checkpoint_dir=ck",
-    "trainer.compilation_cache_dir=cache",
     f"trainer.stall_timeout={TIMEOUT_S}",
     "trainer.name=stuck",
 ]
@@ -50,7 +49,10 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_a_stopped_process_is_named_ended_and_the_job_requeued_and_finished(workdir: Path):
-    proc = in_its_own_group(LOCAL, workdir, workdir / "out.log")
+    # Every program is in the suite's compilation cache: a plugin's hook makes each step 0.1 s long,
+    # so that the run is still training when the test stops one of its processes after step STOP_AT.
+    pythonpath, hook = slow_steps(workdir / "site", 0.1)
+    proc = in_its_own_group([*LOCAL, hook], workdir, workdir / "out.log", PYTHONPATH=pythonpath)
     rank0 = Tail(lambda: list((workdir / "ck").glob("stuck-sweep-*/.submitit/*/*_0_log.*")))
     try:
         # Past step STOP_AT, with the checkpoint of step CKPT committed (both processes' shards and

@@ -181,13 +181,13 @@ LOCAL = [
 ]  # the suite's compilation cache (TINY's): later launches load what the first compiled
 
 
-def in_its_own_group(args: list[str], workdir: Path, log: Path) -> subprocess.Popen:
+def in_its_own_group(args: list[str], workdir: Path, log: Path, **env: str) -> subprocess.Popen:
     """``dew-train args`` with 1 CPU device a task, in its own process group (as a terminal's
-    foreground job), its output appended to ``log``."""
+    foreground job), its output appended to ``log``; ``env``: more variables of its environment."""
     return subprocess.Popen(
         [sys.executable, "-m", "dew.cli.train", *args],
         cwd=workdir,
-        env=fast_env(JAX_NUM_CPU_DEVICES="1"),
+        env=fast_env(JAX_NUM_CPU_DEVICES="1", **env),
         stdout=open(log, "a"),
         stderr=subprocess.STDOUT,
         text=True,

@@ -148,3 +148,45 @@ def dew_train(
         out = log.read()
         log.close()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, out)
+
+
+# A hook a user could write (a plugin's: docs/extending.md) that makes each step slow, taking
+# ``seconds`` before the step is dispatched, and (with ``path``) writes down when each step has ended.
+# The tests that signal a run mid-run use it: with every program in the compilation cache a tiny run
+# trains 30 steps a second, and would end before the signal the test sends at a step.
+SLOW_STEPS_PLUGIN = """
+import time
+from dew.training.hooks import Hook, hooks
+
+@hooks.register("slow_steps")
+class SlowSteps(Hook):
+    def __init__(self, every=1, seconds=1.0, path=""):
+        super().__init__(every)
+        self.seconds, self.path = seconds, path
+
+    def before(self, step):
+        time.sleep(self.seconds)
+
+    def on_step(self, at):
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(f"{at.step} {time.time()}\\n")
+"""
+
+
+def slow_steps(site: Path, seconds: float, path: str = "") -> tuple[str, str]:
+    """Install the slow_steps plugin (a package and its ``dew.plugins`` entry point) under ``site``:
+    (the ``PYTHONPATH`` a command needs to find it, this checkout's included; the ``trainer.hooks``
+    override that turns it on)."""
+    from tests.conftest import REPO
+
+    if not (site / "slow_steps").is_dir():
+        (site / "slow_steps").mkdir(parents=True)
+        (site / "slow_steps" / "__init__.py").write_text(SLOW_STEPS_PLUGIN)
+        info = site / "slow_steps-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slow-steps\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text("[dew.plugins]\nslow_steps = slow_steps\n")
+    pythonpath = os.pathsep.join(p for p in [str(site), str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+    path_option = f", path: '{path}'" if path else ""
+    return pythonpath, f"trainer.hooks=[{{name: slow_steps, every: 1, options: {{seconds: {seconds}{path_option}}}}}]"

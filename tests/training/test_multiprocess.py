@@ -17,7 +17,8 @@ import pytest
 
 from dew.contract.journal import read_journal
 from dew.launching.pool import free_ports
-from tests.training.conftest import TINY, fast_env, losses
+from tests.conftest import SUITE_CACHE
+from tests.training.conftest import TINY, fast_env, losses, slow_steps
 
 pytestmark = pytest.mark.slow
 
@@ -135,12 +136,18 @@ def events(journal: list[dict]) -> list[tuple[str, int]]:
 
 
 def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
-    # Every start below shares one compilation cache: the model's initialisation, the evaluation and
-    # the sampling compile once, the pool's step once for the sweep's job 0 and the requeued tasks.
-    run_args = [*RUN, f"trainer.compilation_cache_dir={workdir / 'cache'}"]
+    # Every start below shares the suite's compilation cache: the model's initialisation, the
+    # evaluation and the sampling compile once, the pool's step once for the sweep's job 0 and the
+    # requeued tasks (and not at all where another test of the suite compiled them first). With every
+    # program loaded a step takes milliseconds: a plugin's hook makes each 0.1 s long, so that the
+    # signals below, sent at step 3, reach the run before its last step.
+    pythonpath, hook = slow_steps(workdir / "site", 0.1)
+    run_args = [*RUN, f"trainer.compilation_cache_dir={SUITE_CACHE}", hook]
     # (1) One process of 8 devices, stopped by SIGUSR2: a checkpoint at the step, status 128 + 12.
     ref_journal = workdir / "tracking" / "ref" / "journal.jsonl"
-    alone = start([*run_args, "trainer.name=ref"], workdir, fast_env(JAX_NUM_CPU_DEVICES="8"), "ref.out")
+    alone = start(
+        [*run_args, "trainer.name=ref"], workdir, fast_env(JAX_NUM_CPU_DEVICES="8", PYTHONPATH=pythonpath), "ref.out"
+    )
     until(lambda: logged(ref_journal, 3) or alone.poll() is not None)
     os.kill(alone.pid, signal.SIGUSR2)
     assert wait([alone]) == [128 + signal.SIGUSR2], (workdir / "ref.out").read_text()
@@ -150,7 +157,7 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
     )
 
     # (2) The same run resumed by two processes of 4 devices: the process count may change.
-    assert wait(pool([*run_args, "trainer.name=ref"], workdir, tasks=2, devices=4)) == [0, 0], (
+    assert wait(pool([*run_args, "trainer.name=ref"], workdir, tasks=2, devices=4, PYTHONPATH=pythonpath)) == [0, 0], (
         workdir / "rank0.out"
     ).read_text() + (workdir / "rank1.out").read_text()
     ref = read_journal(ref_journal)
@@ -176,7 +183,7 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
             "optim.learning_rate=0.001",
         ],
         cwd=workdir,
-        env=fast_env(JAX_NUM_CPU_DEVICES="4"),
+        env=fast_env(JAX_NUM_CPU_DEVICES="4", PYTHONPATH=pythonpath),
         stdout=open(workdir / "sweep.out", "w"),
         stderr=subprocess.STDOUT,
         text=True,

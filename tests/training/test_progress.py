@@ -18,8 +18,7 @@ import pytest
 
 from dew.training.hooks import At, Started
 from dew.training.reporting.progress import Progress, duration, ladder, on_a_terminal
-from tests.conftest import REPO
-from tests.training.conftest import TINY, fast_env
+from tests.training.conftest import TINY, fast_env, slow_steps
 
 
 def test_the_ladder_runs_1_2_5_below_log_every():
@@ -80,37 +79,8 @@ def test_the_live_line_is_for_a_terminal_of_a_run_of_its_own(monkeypatch):
     os.close(leader)
 
 
-# A hook a user could write (a plugin's: docs/extending.md) that makes each step slow, taking
-# SLOW seconds before the step is dispatched, and writes down when each step has ended.
-PLUGIN = """
-import time
-from dew.training.hooks import Hook, hooks
-
-@hooks.register("slow_steps")
-class SlowSteps(Hook):
-    def __init__(self, every=1, seconds=1.0, path=""):
-        super().__init__(every)
-        self.seconds, self.path = seconds, path
-
-    def before(self, step):
-        time.sleep(self.seconds)
-
-    def on_step(self, at):
-        with open(self.path, "a") as f:
-            f.write(f"{at.step} {time.time()}\\n")
-"""
 SLOW = 1.0
-"""Seconds a step takes at least (the plugin's sleep)."""
-
-
-def _plugin(site: Path) -> Path:
-    (site / "slow_steps").mkdir(parents=True)
-    (site / "slow_steps" / "__init__.py").write_text(PLUGIN)
-    info = site / "slow_steps-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slow-steps\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[dew.plugins]\nslow_steps = slow_steps\n")
-    return site
+"""Seconds a step takes at least (the slow_steps plugin's sleep: tests/training/conftest.py)."""
 
 
 def _on_a_terminal(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[str, dict[int, float]]:
@@ -153,8 +123,9 @@ def _on_a_terminal(args: list[str], cwd: Path, env: dict[str, str], timeout: flo
 @pytest.mark.slow
 def test_a_slow_run_shows_each_early_step_at_its_end_and_moves_on_a_terminal(tmp_path: Path):
     ends = tmp_path / "step_ends.txt"
-    site = _plugin(tmp_path / "site")
-    env = fast_env(PYTHONPATH=os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")]), TERM="xterm")
+    # A plugin's hook makes each step SLOW seconds long and writes down when each step ended.
+    pythonpath, hook = slow_steps(tmp_path / "site", SLOW, str(ends))
+    env = fast_env(PYTHONPATH=pythonpath, TERM="xterm")
     for var in ("SLURM_JOB_ID", "SUBMITIT_EXECUTOR"):
         env.pop(var, None)
     args = [
@@ -165,7 +136,7 @@ def test_a_slow_run_shows_each_early_step_at_its_end_and_moves_on_a_terminal(tmp
         "trainer.checkpoint_every=null",
         f"trainer.checkpoint_dir={tmp_path / 'ck'}",
         "trainer.name=slow",
-        f"trainer.hooks=[{{name: slow_steps, every: 1, options: {{seconds: {SLOW}, path: '{ends}'}}}}]",
+        hook,
     ]
     console, arrived = _on_a_terminal(args, tmp_path, env, timeout=120)
     ended = {int(s): float(t) for s, t in (line.split() for line in ends.read_text().splitlines())}
