@@ -4,12 +4,15 @@ checkpoint added once the tasks trained a step), and the run resumed to the end 
 never interrupted, bit for bit.
 
 Ten moments, each a separate launch, as a terminal sends Ctrl-C (SIGINT to the process group),
-half of them followed by a second one 0.2 s later. To keep it cheap, the moments are one run's,
-interrupted ten times in a row (every launch resumes what the one before saved) while a run that
-is never interrupted trains beside it: a moment is a fixed delay after the launching process took
-the signals (its first lines: a Ctrl-C before them meets Python's own start, as for any Python
-command) while it imports or composes, before any task starts, or the first line of the launch's
-rank-0 task log that marks a phase (the task's set-up, its compilation, a step, a checkpoint, an
+half of them followed by a second one 0.2 s later; and two stops that are not a terminal's: SIGUSR2
+to rank 1 alone while it sets up (a requeue that rank 0 learns of from JAX's notifier: the job
+requeues and resumes, then takes a Ctrl-C) and SIGTERM to every task (a scheduler's stop, no
+requeue: status 143, one line). To keep it cheap, the moments are one run's, interrupted twelve
+times in a row (every launch resumes what the one before saved) while a run that is never
+interrupted trains beside it: a moment is a fixed delay after the launching process took the signals
+(its first lines: a Ctrl-C before them meets Python's own start, as for any Python command) while it
+imports or composes, before any task starts, or the first line of the launch's rank-0 task log (rank
+1's for its SIGUSR2) that marks a phase (the task's set-up, its compilation, a step, a checkpoint, an
 evaluation, the run's end)."""
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
-from tests.cli.test_sweep_launch import finish, in_its_own_group
+from tests.cli.test_sweep_launch import finish, in_its_own_group, tasks
 from tests.training.conftest import TINY, losses
-from tests.training.test_multiprocess import host_params
+from tests.training.test_multiprocess import events, host_params
 
 STEPS, CKPT, EVAL = 240, 20, 40  # room for the stops: one lands up to ~50 steps after its Ctrl-C
 LOCAL = [
@@ -49,14 +52,18 @@ LOCAL = [
 # (phase, trigger, second Ctrl-C): a trigger is seconds after the launch, or what the launch's rank-0
 # log shows: a line, "+k" (k steps after the step it resumed from), "ckpt"/"eval" (the line of the
 # next step that saves / evaluates, written just before it does), "end" (the last step's line).
+# The stop is a Ctrl-C unless the moment names another: "usr2" (SIGUSR2 to rank 1 alone, at rank 1's
+# line; the requeued job takes a Ctrl-C two steps after it resumed) or "term" (SIGTERM to every task).
 MOMENTS = [
     ("before the pool", 0.3, True),
     ("set-up", "Loading pickle", False),
     ("compilation", "compiling the train step", True),
     ("mid-step", "+3", False),
     ("set-up", "joined the JAX process pool", True),
+    ("set-up", "joined the JAX process pool", "usr2"),
     ("checkpoint", "ckpt", False),
     ("evaluation", "eval", True),
+    ("mid-step", "+3", "term"),
     ("compilation", "compiling the train step", False),  # a resumed run's
     ("checkpoint", "ckpt", True),
     ("end", "end", False),
@@ -122,22 +129,27 @@ def reached(trigger: float | str, began: float | None, rank0: str) -> bool:
     return trigger in rank0
 
 
-def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bool) -> tuple[int, str, str, bool]:
-    """One launch, Ctrl-C at ``trigger``: (status, its output, what the rank-0 log showed then,
-    whether a second Ctrl-C reached it: a launch stopped before its pool may have ended first)."""
-    second = False
+def interrupt(workdir: Path, name: str, n: int, trigger: float | str, how: bool | str) -> tuple[int, str, str, bool]:
+    """One launch, stopped at ``trigger`` (``how``: a Ctrl-C, True for a second one after it, or
+    "usr2"/"term", MOMENTS says): (status, its output, what the rank-0 log showed then, whether a
+    second Ctrl-C reached it: a launch stopped before its pool may have ended first)."""
+    second, double = False, how is True
     before = set(log_paths(workdir, name))
     log = workdir / f"{name}{n}.out"
-    proc, began, rank0 = launch(workdir, name, log), None, ""
-    logs = Tail(lambda: [p for p in log_paths(workdir, name) if p not in before and p.name.endswith("_0_log.out")])
+    proc, began, rank0, rank1 = launch(workdir, name, log), None, "", ""
+    new = lambda rank: [p for p in log_paths(workdir, name) if p not in before and p.name.endswith(f"_{rank}_log.out")]  # noqa: E731
+    logs, logs1 = Tail(lambda: new(0)), Tail(lambda: new(1))
     try:
         while proc.poll() is None:
             if began is None and takes_the_signals(proc.pid):
                 began = time.monotonic()
-            if reached(trigger, began, rank0):
+            if reached(trigger, began, rank1 if how == "usr2" else rank0):
                 break
             time.sleep(0.01)
             rank0 = logs.read()  # this launch's rank 0 (its job's, a requeue's)
+            rank1 = logs1.read() if how == "usr2" else ""
+        if how in ("usr2", "term"):
+            return finish(other_stop(workdir, name, proc, how, rank1)), log.read_text(), rank0, False
         with contextlib.suppress(ProcessLookupError):  # a launch that ended first fails below
             os.killpg(proc.pid, signal.SIGINT)
             if double:
@@ -157,6 +169,34 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, double: bo
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def other_stop(workdir: Path, name: str, proc: subprocess.Popen, how: str, rank1: str) -> subprocess.Popen:
+    """Stop the launch ``proc`` as a scheduler would: SIGTERM to every task ("term"), or SIGUSR2 to
+    rank 1 alone while it sets up ("usr2": the job saves, requeues and resumes; two steps later a
+    Ctrl-C ends it). Returns ``proc``."""
+    if how == "term":
+        for pid in tasks(proc):
+            os.kill(pid, signal.SIGTERM)
+        return proc
+    assert "and ran step 1" not in rank1, rank1[-2000:]  # compiled (or loaded) the step and ran it: not yet
+    journal = next((workdir / "tracking").glob(f"{name}-sweep-*/*/journal.jsonl"))
+    stops = sum(kind == "stop" for kind, _ in events(read_journal(journal)))
+    os.kill(tasks(proc)[1], signal.SIGUSR2)
+
+    def resumed_and_trained() -> int | None:  # the step two steps past the requeue's resume, once logged
+        kinds = events(read_journal(journal))
+        if sum(kind == "stop" for kind, _ in kinds) <= stops or kinds[-1][0] != "resume":
+            return None
+        return kinds[-1][1] + 2 if f'"step": {kinds[-1][1] + 2},' in journal.read_text() else None
+
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and resumed_and_trained() is None:
+        assert time.monotonic() < deadline, "the requeued job did not resume"
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    return proc
 
 
 def ended(out: str) -> bool:
@@ -186,12 +226,15 @@ def chain(workdir: Path, name: str, failures: list[str], phases: collections.Cou
 
 
 def interrupt_at_every_moment(workdir: Path, name: str, failures: list[str], phases: collections.Counter) -> None:
-    for n, (phase, trigger, double) in enumerate(MOMENTS):
+    for n, (phase, trigger, how) in enumerate(MOMENTS):
         run = next((workdir / "ck").glob(f"{name}-sweep-*/0*"), None)
         newest = max((int(p.name) for p in run.iterdir() if p.name.isdigit()), default=None) if run else None
-        code, out, rank0, second = interrupt(workdir, name, n, trigger, double)
+        journal = next((workdir / "tracking").glob(f"{name}-sweep-*/*/journal.jsonl"), None)
+        known = len(events(read_journal(journal))) if journal else 0
+        code, out, rank0, second = interrupt(workdir, name, n, trigger, how)
         phases[landed(rank0)] += 1
-        where = f"{name}{n} ({phase}, landed {landed(rank0)}, {'twice' if double else 'once'})"
+        shown = "twice" if how is True else "once" if how is False else how
+        where = f"{name}{n} ({phase}, landed {landed(rank0)}, {shown})"
         logs = task_logs(workdir, name)
         outputs = [out, *logs.values()]
         lines = [line for line in out.splitlines() if line.startswith("dew-train:")]
@@ -199,7 +242,9 @@ def interrupt_at_every_moment(workdir: Path, name: str, failures: list[str], pha
             # The launch before stopped at the last step: this one resumes a finished run, which ends
             # before a Ctrl-C can reach it (nothing is left to interrupt); the end is still compared.
             continue
-        if code != 130 or any("Traceback" in text for text in outputs):
+        if code != (128 + signal.SIGTERM if how == "term" else 130) or any(
+            "Traceback" in text or "UncompletedJobError" in text for text in outputs
+        ):
             raised = [
                 f"{p}:\n{t[max(0, t.index('Traceback') - 500) :][:3000]}" for p, t in logs.items() if "Traceback" in t
             ]
@@ -217,6 +262,30 @@ def interrupt_at_every_moment(workdir: Path, name: str, failures: list[str], pha
             failures.append(f"{where}: the newest checkpoint {newest} is gone: {steps}")
         if landed(rank0) not in ("before the pool", "set-up", "compilation") and newest is None and not steps:
             failures.append(f"{where}: the tasks trained but saved no checkpoint")
+        failures.extend(f"{where}: {said}" for said in stopped_as_said(workdir, name, how, lines, known, run))
+
+
+def stopped_as_said(
+    workdir: Path, name: str, how: bool | str, lines: list[str], known: int, run: Path | None
+) -> list[str]:
+    """What is wrong with the launch's last line and its journal, for a launch whose tasks stopped
+    at a step they saved: the line names that step, its checkpoint and the command that resumes it;
+    a SIGUSR2 to rank 1 requeued the job (stopped, resumed, stopped again)."""
+    journal = next((workdir / "tracking").glob(f"{name}-sweep-*/*/journal.jsonl"), None)
+    kinds = events(read_journal(journal))[known:] if journal else []
+    if how == "usr2":
+        requeued = [kind for kind, _ in kinds if kind != "start"][-3:] == ["stop", "resume", "stop"]
+        logged = "".join(p.read_text() for p in (workdir / "ck").rglob("*_0_log.out"))
+        if not requeued or "Requeued job" not in logged:
+            return [f"SIGUSR2 to rank 1 did not requeue the job: {kinds}"]
+    if not kinds or kinds[-1][0] != "stop" or run is None:
+        return []  # stopped before the tasks trained a step of this launch
+    stopped, last = kinds[-1][1], lines[-1]
+    wanted = [f"stopped at step {stopped}, checkpoint ", f"{run.relative_to(workdir)}/{stopped};"]
+    wanted.append("resume with: dew-train -m hydra/launcher=local")
+    if not last.startswith("dew-train: job 0 (") or not all(w in last for w in wanted):
+        return [f"the last line {last!r} does not say {wanted}"]
+    return []
 
 
 def test_the_launching_process_answers_every_signal_with_one_line_and_never_raises(tmp_path, capfd):
@@ -286,7 +355,7 @@ def test_a_ctrl_c_while_the_command_ends_still_meets_its_handler():
 
 
 @pytest.mark.slow
-def test_ctrl_c_at_ten_moments_then_resume_bit_for_bit(workdir: Path):
+def test_ctrl_c_at_ten_moments_a_requeue_and_a_sigterm_then_resume_bit_for_bit(workdir: Path):
     began = time.monotonic()
     whole = launch(workdir, "whole", workdir / "whole.out")
     failures: list[str] = []
@@ -295,7 +364,7 @@ def test_ctrl_c_at_ten_moments_then_resume_bit_for_bit(workdir: Path):
     cut.start()
     assert finish(whole) == 0, (workdir / "whole.out").read_text()[-3000:]
     cut.join()
-    print(f"{len(MOMENTS)} Ctrl-Cs in {time.monotonic() - began:.0f} s; landed: {dict(phases)}")
+    print(f"{len(MOMENTS)} stops in {time.monotonic() - began:.0f} s; landed: {dict(phases)}")
     assert not failures, "\n".join(failures)
 
     reference = next((workdir / "ck").glob("whole-sweep-*/0*"))

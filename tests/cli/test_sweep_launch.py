@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dew.commandline.exits import EXIT_BAD_INPUT, EXIT_BUSY
@@ -24,8 +23,8 @@ from dew.contract.journal import read_journal
 from dew.contract.lock import holder
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR
 from tests.conftest import dew, tree
-from tests.training.conftest import TINY, fast_env, losses
-from tests.training.test_multiprocess import descendants, events, host_params, logged, until
+from tests.training.conftest import TINY, fast_env
+from tests.training.test_multiprocess import descendants, events, logged, until
 
 pytestmark = pytest.mark.slow
 
@@ -217,59 +216,6 @@ def tasks(proc: subprocess.Popen) -> list[int]:
             env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
             found[int(env[b"SUBMITIT_LOCAL_GLOBALID"])] = pid
     return [found[rank] for rank in sorted(found)]
-
-
-def test_local_stops_never_lose_the_agreed_checkpoint(workdir: Path):
-    assert finish(launch(workdir, "whole", "whole.out")) == 0, (workdir / "whole.out").read_text()
-    journal = lambda: next((workdir / "tracking").glob("cut-sweep-*/*/journal.jsonl"), None)  # noqa: E731
-    run = lambda: next((workdir / "ck").glob("cut-sweep-*/0*"))  # noqa: E731
-
-    # (1) SIGUSR2 to rank 1 alone while it is still setting up (in the pool, not yet trained a
-    # step): the run takes it at its first step boundary, and rank 0, which learns of it from JAX's
-    # notifier, requeues the job.
-    cut = launch(workdir, "cut", "cut1.out")
-    logs = lambda: (workdir / "ck").glob("cut-sweep-*/.submitit/*/*_1_log.out")  # noqa: E731
-    rank1 = lambda: "".join(p.read_text() for p in logs())  # noqa: E731
-    until(lambda: "joined the JAX process pool" in rank1() or cut.poll() is not None)
-    assert "and ran step 1" not in rank1()  # compiled (or loaded) the step and ran it: not yet
-    os.kill(tasks(cut)[1], signal.SIGUSR2)
-    resumed = lambda: journal() is not None and "resume" in [e[0] for e in events(read_journal(journal()))]  # noqa: E731
-    until(lambda: resumed() or cut.poll() is not None)
-
-    # (2) Then Ctrl-C in the terminal: every process of the group gets SIGINT; the tasks agree on a
-    # step and save it, the launcher waits for them and ends with one line, status 130.
-    resumed_at = [s for kind, s in events(read_journal(journal())) if kind == "resume"][-1]
-    until(lambda: logged(journal(), resumed_at + 2) or cut.poll() is not None)
-    os.killpg(cut.pid, signal.SIGINT)
-    code, out = finish(cut), (workdir / "cut1.out").read_text()
-    assert code == 130 and "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
-    kinds = events(read_journal(journal()))
-    requeued, stopped = kinds[1][1], kinds[-1][1]
-    assert [k for k, _ in kinds] == ["start", "stop", "resume", "stop"] and kinds[2][1] == requeued, kinds
-    assert "Requeued job" in "".join(p.read_text() for p in (workdir / "ck").rglob("*_0_log.out"))
-    last = out.strip().splitlines()[-1]
-    checkpoint = f"{run().relative_to(workdir)}/{stopped}"
-    assert last.startswith("dew-train: job 0 (") and f"stopped at step {stopped}, checkpoint {checkpoint};" in last
-    assert "resume with: dew-train -m hydra/launcher=local" in last
-    assert str(stopped) in os.listdir(run()) and not [p for p in run().iterdir() if "tmp" in p.name]
-
-    # (3) The same command resumes; SIGTERM to every task (a scheduler's stop, no requeue): one line.
-    cut = launch(workdir, "cut", "cut2.out")
-    until(lambda: logged(journal(), stopped + 2) or cut.poll() is not None)
-    for pid in tasks(cut):
-        os.kill(pid, signal.SIGTERM)
-    code, out = finish(cut), (workdir / "cut2.out").read_text()
-    assert code == 128 + signal.SIGTERM and "Traceback" not in out and "UncompletedJobError" not in out, out[-3000:]
-    termed = events(read_journal(journal()))[-1][1]
-    assert out.strip().splitlines()[-1].startswith("dew-train: job 0 (") and f"stopped at step {termed}," in out
-
-    # (4) Resumed to the end: the losses and parameters of the run that never stopped, bit for bit.
-    assert finish(launch(workdir, "cut", "cut3.out")) == 0, (workdir / "cut3.out").read_text()[-3000:]
-    whole = next((workdir / "ck").glob("whole-sweep-*/0*"))
-    whole_journal = next((workdir / "tracking").glob("whole-sweep-*/*/journal.jsonl"))
-    assert losses(read_journal(journal())) == losses(read_journal(whole_journal))
-    a, b = host_params(whole, STEPS), host_params(run(), STEPS)
-    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_a_job_whose_parameters_span_its_tasks_ends_and_hands_back_only_its_run_directory(workdir: Path):

@@ -170,7 +170,7 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
     # (3) The run as a sweep's job of 2 tasks (4 devices each) under the local launcher; SIGUSR2 to
     # every task mid-run: the job saves, submitit requeues it, it resumes and ends. (A sweep of
     # several jobs, each its own run: tests/cli/test_pulse.py; a requeue asked by one rank alone:
-    # tests/cli/test_sweep_launch.py.)
+    # tests/cli/test_interrupts.py.)
     sweep = subprocess.Popen(
         [
             sys.executable,
