@@ -41,7 +41,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from etils import epath
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -71,7 +70,6 @@ from dew.training.assembly import (
     param_shardings,
 )
 from dew.training.checkpointing import warmstart
-from dew.training.checkpointing.checkpoints import Checkpoints
 from dew.training.evaluate import Evaluator, derived_metrics
 from dew.training.setup import start_process
 
@@ -282,7 +280,7 @@ def parameters(
     abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
     graphdef, abstract_params, rest = nnx.split(abstract, adapt.trainable(recipe.lora), ...)  # type: ignore[misc]  # nnx.split's stub returns a variadic tuple
     placed = laid_out(abstract_params, mesh, recipe.trainer)
-    checkpoints = Checkpoints(epath.Path(t.path), keep=recipe.trainer.keep)
+    checkpoints = restore.run_checkpoints(recipe, objective, t.path)
     try:
         chosen = restore.choose_step(checkpoints, t.path, step=args.step, latest=args.latest)
         step, ema, read, _ = restore.read_params(

@@ -29,11 +29,13 @@ from dew.contract.typed import ConfigError, differences
 from dew.data.tokenizer import saved_record
 from dew.inference import composing
 from dew.objectives.base import Objective
+from dew.objectives.metrics import builtin_metrics
 from dew.recipe import Recipe
 from dew.training import adapt
 from dew.training.adapters.merge import merged_model
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import CheckpointDamagedError, Checkpoints
+from dew.training.evaluate import best_criterion
 
 
 class SampleError(Exception):
@@ -83,6 +85,17 @@ def load_recipe(run_dir: str, overrides: Sequence[str] = (), prog: str = "dew-sa
         )[0]
     except composing.EvalError as err:
         raise SampleError(str(err)) from None
+
+
+def run_checkpoints(recipe: Recipe, objective: Objective, run_dir: str) -> Checkpoints:
+    """The checkpoints of the run in ``run_dir``, their best chosen as the run chose it: by the value
+    ``trainer.evals.best`` names (a task's, a held-out source's, a built-in metric's: higher is
+    better where it is for that value), else by ``eval/loss``. (A Python metric marked ``best`` that
+    a script passed to ``Recipe.train`` is not in the record: the best is then by ``eval/loss``.)"""
+    metric, higher = best_criterion(builtin_metrics(objective), recipe.trainer.evals)
+    return Checkpoints(
+        epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep, best_metric=metric, higher_is_better=higher
+    )
 
 
 def choose_step(checkpoints: Checkpoints, run_dir: str, *, step: int | None, latest: bool) -> int:
@@ -207,11 +220,11 @@ def restore(
     ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
     recipe = load_recipe(run_dir, overrides, prog)
     recorded = load_recipe(run_dir) if overrides else None
-    checkpoints = Checkpoints(epath.Path(os.path.abspath(run_dir)), keep=recipe.trainer.keep)
+    objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD), recorded)
+    objective = recorded_tokenizer(objective, run_dir)
+    checkpoints = run_checkpoints(recipe, objective, run_dir)
     try:
         chosen = choose_step(checkpoints, run_dir, step=step, latest=latest)
-        objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD), recorded)
-        objective = recorded_tokenizer(objective, run_dir)
         # The module exactly as the trainer built it, then only the parameters (or their EMA) read back.
         abstract = nnx.eval_shape(lambda: adapt.build_model(recipe, objective))
         graphdef, abstract_params, rest = _split(abstract, recipe)

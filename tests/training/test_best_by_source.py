@@ -112,6 +112,17 @@ def test_overfit_run_keeps_per_source_values_chooses_the_best_by_one_and_dew_eva
     (end,) = [r for r in records if r.get("event") == "end"]
     by = {key: min(evals, key=lambda s: evals[s][key]) for key in ("eval/web/loss", "eval/loss", "eval/code/loss")}
     assert end["best_step"] == by["eval/web/loss"] and len(set(by.values())) == 3, by
+    # dew-sample's and dew-eval's "best" checkpoint is that one too, read from the run's record.
+    from dew.inference import restore
+
+    run_dir = str(tmp_path / "ck" / "run")
+    checkpoints = restore.run_checkpoints(recipe, objective, run_dir)
+    try:
+        assert restore.choose_step(checkpoints, run_dir, step=None, latest=False) == by["eval/web/loss"]
+    finally:
+        checkpoints.close()
+    _, best = evaluating.run(parse_args([run_dir]))  # dew-eval RUN: the best checkpoint's
+    assert Path(best).name == f"step{by['eval/web/loss']}-mixture.json", best
     # dew-eval of a saved step reports each source's values, the loop's at that step.
     _, written = evaluating.run(parse_args([str(tmp_path / "ck" / "run"), "--step", "4"]))
     again = json.loads(Path(written).read_text())["metrics"]

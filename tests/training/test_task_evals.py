@@ -269,6 +269,14 @@ def test_tasks_every_n_steps_land_in_the_journal_choose_the_best_and_stop_the_ru
     (end,) = [r for r in records if r.get("event") == "end"]
     lls = {s: r["eval/ll/loglikelihood"] for s, r in scored.items()}
     assert end["best_step"] == max(lls, key=lls.__getitem__)
+    # dew-sample's "best" checkpoint is that one too (higher is better for a log-likelihood).
+    from dew.inference import restore
+
+    checkpoints = restore.run_checkpoints(recipe, objective, str(tmp_path / "ck" / "run"))
+    try:
+        assert checkpoints.best_step() == max(lls, key=lls.__getitem__)
+    finally:
+        checkpoints.close()
     # dew-eval scores the saved step as the loop did.
     _, written = evaluating.run(parse_args([str(tmp_path / "ck" / "run"), "--step", "4", "--tasks-only"]))
     again = json.loads(Path(written).read_text())
