@@ -80,9 +80,18 @@ def build_run[R: RunConfig](run: R) -> tuple[R, Any, Dataset]:
     load the dataset at the trainer's batch, fill in the model fields that follow from it, and
     build the objective. Returns the resolved run (what run.json records): with muP on, its
     optimizer groups are muP's (``dew.training.optim.mup``)."""
+    given = run.model.config
     run = with_checkpoint_fields(run)  # trainer.init_from's config.json, before the data's fields
     dataset = run.data.load(batch_size=run.trainer.batch_size, seed=run.trainer.seed)
-    run = resolve(run, dataset)
+    try:
+        run = resolve(run, dataset)
+    except ConfigError as err:  # say where a field the run did not set came from
+        filled = [k for k in run.model.config.keys() - given.keys() if f"model.config.{k}=" in str(err)]
+        if not filled:
+            raise
+        raise ConfigError(
+            f"{err} ({filled[0]} is config.json's of trainer.init_from={run.trainer.init_from!r})"
+        ) from None
     objective = build_objective(run, dataset)
     from dew.training.optim.mup import (
         with_mup_groups,

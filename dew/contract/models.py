@@ -93,6 +93,10 @@ class Architecture:
     data_fields: ClassVar[tuple[str, ...]] = ()
     """Fields that follow from the data; the recipe fills them in from the dataset and the
     objective."""
+    padded_fields: ClassVar[tuple[str, ...]] = ()
+    """Those of ``data_fields`` the model may hold more of than the data gives: an explicit value at
+    least the data's is the model's (rows no id of the data uses: a vocabulary padded to a multiple
+    of 128 for the matmuls, as a checkpoint's may be); a smaller one is refused."""
     role: ClassVar[str]
     """The call the built module answers, which objectives train through: ``denoiser``
     (``model(x_t, t[, labels])`` -> a prediction shaped like ``x_t``) or ``causal_lm``
@@ -206,20 +210,23 @@ def with_data_fields(name: str, values: Mapping[str, object], from_data: Mapping
 
     ``from_data`` is what the dataset (and the objective) say (``input_size``, ``vocab_size``,
     ``seq_len``, ...); only the architecture's data fields are taken from it. An explicit value that
-    differs from the data's raises naming both, instead of being overridden.
+    differs from the data's raises naming both, instead of being overridden; one of its
+    ``padded_fields`` may be larger than the data's, and stays.
     """
     arch = architecture(name)
     merged = dict(values)
     for key in arch.data_fields:
         if key not in from_data:
             continue
-        if key in merged and merged[key] != from_data[key]:
+        given, data = merged.get(key), from_data[key]
+        padded = key in arch.padded_fields and isinstance(given, int) and isinstance(data, int) and given > data
+        if key in merged and given != data and not padded:
+            larger = f", or set it >= {data!r} (rows past the data's are padding)" if key in arch.padded_fields else ""
             raise ConfigError(
-                f"model.config.{key}={merged[key]!r} conflicts with the data's "
-                f"{key}={from_data[key]!r} (architecture {name!r}); drop the field "
-                "and it follows the data"
+                f"model.config.{key}={given!r} conflicts with the data's {key}={data!r} "
+                f"(architecture {name!r}); drop the field and it follows the data{larger}"
             )
-        merged[key] = from_data[key]
+        merged[key] = given if padded else data
     return merged
 
 

@@ -223,12 +223,6 @@ def compose_config(overrides: Sequence[str], conf: str) -> Any:
 # ------------------------------------------------------------------------ a Hugging Face directory
 
 
-def hf_vocab_size(directory: str) -> int:
-    """``config.json``'s ``vocab_size``: the data must give it (``rebuild`` refuses other data)."""
-    with open(os.path.join(directory, HF_CONFIG)) as fh:
-        return int(json.load(fh)["vocab_size"])
-
-
 def hf_architecture(directory: str) -> None:
     """Refuse, in one line, a Hugging Face directory that holds another model than dew reads, naming
     what it holds (``config.json``'s ``architectures`` and ``model_type``) and what dew reads."""
@@ -268,8 +262,7 @@ def hf_recipe(directory: str, parsed: Sequence[Override], conf: str) -> Recipe:
             f"{model.get('architecture')!r} model"
         )
     given = model.get("config") or {}
-    given = json.loads(given) if isinstance(given, str) else given  # a JSON field, as the composition holds it
-    model["config"] = {**given, "vocab_size": hf_vocab_size(directory)}
+    model["config"] = json.loads(given) if isinstance(given, str) else given  # a JSON field, as composed
     values["trainer"]["init_from"] = directory
     values["trainer"]["name"] = os.path.basename(directory.rstrip("/")) or "hf"
     try:

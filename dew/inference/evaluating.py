@@ -238,9 +238,12 @@ def scored_tasks(
 
 def rebuild(t: Target) -> tuple[Recipe, Objective, Dataset]:
     """(resolved recipe, objective, dataset) as dew-train builds them, the model fields that follow
-    from the data filled in from the data; a model the data does not give (another vocabulary,
-    another sequence length than the run's or the directory's) is refused in one line."""
-    from_data = architecture(t.recipe.model.architecture).data_fields
+    from the data filled in from the data; a model the data does not give (a vocabulary larger than
+    the model's rows, another sequence length than the run's or the directory's) is refused in one
+    line. A padded field (``Architecture.padded_fields``: a vocabulary with rows past the data's)
+    stays the model's."""
+    arch = architecture(t.recipe.model.architecture)
+    from_data = [k for k in arch.data_fields if k not in arch.padded_fields]
     config = {k: v for k, v in t.recipe.model.config.items() if k not in from_data}
     unfilled = dataclasses.replace(t.recipe, model=dataclasses.replace(t.recipe.model, config=config))
     try:

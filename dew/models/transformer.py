@@ -28,6 +28,7 @@ class Transformer(Architecture):
 
     Fields = TransformerFields
     data_fields = ("vocab_size", "seq_len")
+    padded_fields = ("vocab_size",)
     role = "causal_lm"
     fields: TransformerFields
 

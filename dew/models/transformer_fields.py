@@ -17,7 +17,9 @@ class TransformerFields(PrecisionFields):
     """Fields of ``transformer``: a decoder-only causal LM (RMSNorm, RoPE, SwiGLU, GQA)."""
 
     vocab_size: int = 50304
-    """Vocabulary size. From the data."""
+    """Rows of the embedding and the head. From the data; may be set larger (padding rows no id of
+    the data uses, as Qwen2.5's 151,936 rows for 151,665 tokens): the logits and the loss are over
+    every row, sampling draws the data's ids alone."""
     seq_len: int = 1024
     """Longest sequence (RoPE is computed up to it). From the data."""
     hidden_size: int = 768

@@ -51,6 +51,7 @@ class NextToken:
     knobs: Any
     """``NextTokenKnobs`` (``dew.objectives.next_token``), from the registration's ``build``."""
     vocab_size: int
+    """The data's vocabulary: the ids sampling draws (the model's rows may be more: padding)."""
     seq_len: int
     tokenizer: Mapping[str, object] | None = None
     """The dataset's tokenizer record, for decoding samples and for the start token."""
@@ -142,6 +143,7 @@ class NextToken:
             window=self.seq_len,
             top_k=top_k,
             cached=cache,
+            vocab=self.vocab_size,
         )
 
     def sample_text(

@@ -22,7 +22,9 @@ tokens per ``seq_len - keep`` new tokens. The context start of the token at inde
 ``context_start(i, window)``; both paths use it, so they draw the same tokens.
 
 Token ``j`` is drawn with the key ``fold_in(key, j)`` (``j`` its index in the sequence), from the
-logits shaped by temperature and top-k: the same seed gives the same samples.
+logits shaped by temperature and top-k: the same seed gives the same samples. Only the data's ids
+are drawn: a model whose vocabulary is padded past the data's (``vocab`` < its rows, as Qwen2.5's
+151,936 rows for 151,665 tokens) has logits for ids no tokenizer decodes, which are left out.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def context_start(i: jax.Array | int, window: int) -> jax.Array | int:
     return jnp.where(i < window, 0, moved) if isinstance(i, jax.Array) else (0 if i < window else moved)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "new", "window", "top_k", "cached"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "new", "window", "top_k", "cached", "vocab"))
 def generate(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -64,9 +66,11 @@ def generate(
     window: int,
     top_k: int,
     cached: bool,
+    vocab: int | None = None,
 ) -> jax.Array:
     """The prompt followed by ``new`` drawn tokens, ``(B, P + new)`` int32, from the model
-    ``nnx.merge(graphdef, state)`` whose context is ``window`` tokens.
+    ``nnx.merge(graphdef, state)`` whose context is ``window`` tokens, each among the ids below
+    ``vocab`` (None: every row of the logits).
 
     Compiled once per model structure, batch, prompt length, ``new``, ``top_k`` and path; the
     parameters, the prompt's ids, the key and the temperature are arguments.
@@ -77,6 +81,7 @@ def generate(
     span = min(window, total)  # the cache size, or the uncached buffer's length
 
     def draw(logits_BxV: jax.Array, j: jax.Array | int) -> jax.Array:
+        logits_BxV = logits_BxV[:, :vocab]  # a padded vocabulary's rows past the data's are never drawn
         return jax.random.categorical(jax.random.fold_in(key, j), shape_logits(logits_BxV, temperature, top_k))
 
     # Padded by ``span`` so the uncached path's window slice never runs off the end (a dynamic slice

@@ -259,13 +259,19 @@ def _fixtures() -> list[str]:
 @pytest.mark.parametrize("name", _fixtures())
 def test_a_transformers_fixture_gives_transformers_loss(name, tmp_path):
     """Each window of the fixture as its own token file (a window never crosses files): dew-eval's
-    loss over them is the mean of transformers' per-token losses."""
+    loss over them is the mean of transformers' per-token losses. The data's vocabulary is the
+    tokenizer's where the directory has one: 300 ids for qwen2's 320 embedding rows (padded, as
+    Qwen2.5's are), whose logits and loss are over every row, as transformers'."""
+    from dew.data.tokenizer import PretrainedTokenizer
+
     directory = FIXTURES / name
     ref = json.loads((directory / "reference.json").read_text())
     windows = np.asarray(ref["windows"])
     for i, window in enumerate(windows):
         np.save(tmp_path / f"w{i}.npy", window.astype(np.uint16))
     vocab = json.loads((directory / "config.json").read_text())["vocab_size"]
+    if (directory / "tokenizer.json").is_file():
+        vocab = PretrainedTokenizer.from_path(str(directory)).vocab_size
     files = f"{tmp_path}/w*.npy"
     out = tmp_path / "result.json"
     result = _eval(

@@ -87,6 +87,24 @@ def test_data_fields_fill_in_and_conflicts_raise():
         with_data_fields("simple_dit", {"num_classes": 100}, data)
 
 
+def test_a_vocabulary_may_be_padded_past_the_datas():
+    """transformer's ``vocab_size`` (its ``padded_fields``) may be larger than the data's: the
+    model's rows; a smaller one, or a padded ``seq_len`` or simple_dit vocabulary, is refused."""
+    data = {"vocab_size": 300, "seq_len": 16}
+    assert with_data_fields("transformer", {"vocab_size": 320}, data) == {"vocab_size": 320, "seq_len": 16}
+    assert with_data_fields("transformer", {}, data)["vocab_size"] == 300
+    with pytest.raises(ConfigError) as caught:
+        with_data_fields("transformer", {"vocab_size": 256}, data)
+    assert str(caught.value) == (
+        "model.config.vocab_size=256 conflicts with the data's vocab_size=300 (architecture 'transformer'); "
+        "drop the field and it follows the data, or set it >= 300 (rows past the data's are padding)"
+    )
+    with pytest.raises(ConfigError, match="model.config.seq_len=32 conflicts with the data's seq_len=16"):
+        with_data_fields("transformer", {"seq_len": 32}, data)
+    with pytest.raises(ConfigError, match="model.config.vocab_size=320 conflicts with the data's vocab_size=300"):
+        with_data_fields("simple_dit", {"vocab_size": 320}, data)
+
+
 def test_model_config_writes_the_runs_precision_where_declared():
     config = ModelConfig(
         "transformer",

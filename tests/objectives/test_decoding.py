@@ -126,3 +126,13 @@ def test_bad_lengths_are_refused_with_the_limit():
         o.sample(model, 1, jax.random.PRNGKey(0), prompt=list(range(L)))
     with pytest.raises(ValueError, match="1 to seq_len=8"):
         model.init_cache(1, L + 1)
+
+
+def test_a_padded_vocabulary_draws_only_the_datas_ids():
+    """A model of 2·V rows (``vocab_size`` padded past the data's V, as Qwen2.5's embedding is) draws
+    among the data's V ids alone: at a temperature that makes the rows near-uniform, 96 draws over
+    the whole table would fall past V with probability 1 - 2^-96."""
+    o, model = objective(vocab_size=2 * V)
+    assert model(jnp.zeros((1, L), jnp.int32)).shape == (1, L, 2 * V)  # the logits are every row's
+    ids = np.asarray(o.sample(model, 8, jax.random.PRNGKey(0), temperature=1e4, max_new_tokens=12))
+    assert ids.max() < V and len(set(ids[:, 1:].ravel().tolist())) > V // 2  # near-uniform over the V

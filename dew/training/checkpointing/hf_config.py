@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ CONFIG, GENERATION = "config.json", "generation_config.json"
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 ARCHITECTURE = Transformer.name
 """dew's architecture whose blocks are these families' (its registered name, read from its class)."""
+EMBEDDING = "embed/embedding"
+"""The path of the transformer's token embedding (``vocab_size`` rows), as ``trainer.init_skip`` names it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 """The ``rope_type`` values dew computes (``default``: no scaling)."""
 
 CHECKED = {
+    "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",
     "depth": "num_hidden_layers",
     "num_heads": "num_attention_heads",
@@ -233,12 +237,15 @@ def scaling_dict(scaling: RopeScaling | None) -> dict[str, Any] | None:
 
 def model_config(path: str, field: str = FIELD) -> dict[str, Any]:
     """The ``model.config`` of dew's ``transformer`` that the directory ``path`` fills: every field
-    ``CHECKED`` names (``seq_len`` and ``vocab_size`` follow the data)."""
+    ``CHECKED`` names (``seq_len`` follows the data). ``vocab_size`` is the embedding's rows, which
+    may be more than the tokenizer's ids (Qwen2.5-0.5B: 151,936 rows for 151,665 tokens, padded to
+    a multiple of 128); the data's ids lie below it (``Architecture.padded_fields``)."""
     c = read_config(path, field)
     family = family_of(c, path, field)
     theta, scaling = rope_of(c, path, field)
     heads = c["num_attention_heads"]
     return {
+        "vocab_size": c["vocab_size"],
         "hidden_size": c["hidden_size"],
         "depth": c["num_hidden_layers"],
         "num_heads": heads,
@@ -263,7 +270,9 @@ def with_checkpoint_fields[R: RunConfig](run: R) -> R:
     gives (``model_config``) and the run does not set filled in from its ``config.json``; a field
     the run sets to another value is refused by name, as a data field is. Without such a directory
     (no ``init_from``, a dew run, another architecture, a directory no longer there whose fields the
-    record already holds) ``run`` is returned as it is."""
+    record already holds) ``run`` is returned as it is. A run whose ``trainer.init_skip`` leaves the
+    embedding (``EMBEDDING``) freshly initialised has a vocabulary of its own: its ``vocab_size``
+    follows its data (or its own value), not the directory."""
     source = run.trainer.init_from
     if source is None or run.model.architecture != ARCHITECTURE:
         return run
@@ -271,6 +280,8 @@ def with_checkpoint_fields[R: RunConfig](run: R) -> R:
     if directory is None or not is_directory(directory):
         return run
     theirs = model_config(directory)
+    if any(re.fullmatch(pattern, EMBEDDING) for pattern in run.trainer.init_skip):
+        del theirs["vocab_size"]
     given = dict(run.model.config)
     for key in theirs.keys() & given.keys():
         if _typed(key, given[key]) != _typed(key, theirs[key]):

@@ -29,12 +29,24 @@ def token_data(tmp: Path, vocab: int) -> Path:
     return tmp / "train.bin"
 
 
-def recipe(tmp: Path, source: str | Path, *overrides: str):
-    """``dew-train``'s typed config: token windows of the fixture's vocabulary, ``trainer.init_from``
-    the source, no ``model.config`` unless ``overrides`` give one."""
+def tokenizer_vocab(source: str | Path) -> int:
+    """The ids of the directory's tokenizer (300 for each family's fixture, fewer than the qwen2
+    fixture's 320 embedding rows, padded as Qwen2.5's are), else its ``config.json``'s rows."""
+    from dew.data.tokenizer import PretrainedTokenizer
+
+    if not Path(source).is_dir():
+        return 300
+    if (Path(source) / "tokenizer.json").is_file():
+        return PretrainedTokenizer.from_path(str(source)).vocab_size
+    return json.loads((Path(source) / "config.json").read_text())["vocab_size"]
+
+
+def recipe(tmp: Path, source: str | Path, *overrides: str, vocab: int | None = None):
+    """``dew-train``'s typed config: token windows of the fixture's tokenizer's vocabulary (or
+    ``vocab``), ``trainer.init_from`` the source, no ``model.config`` unless ``overrides`` give one."""
     from tests.training.mesh_runs import compose
 
-    vocab = json.loads((Path(source) / "config.json").read_text())["vocab_size"] if Path(source).is_dir() else 300
+    vocab = vocab or tokenizer_vocab(source)
     return compose(
         "data=token_windows",
         f"data.path={token_data(tmp, vocab)}",
@@ -80,6 +92,7 @@ def test_init_from_fills_every_field_the_run_leaves_out(tmp_path: Path, name: st
         config["intermediate_size"],
     )
     assert got["tie_embeddings"] == config["tie_word_embeddings"]
+    assert got["vocab_size"] == config["vocab_size"] == {"qwen2": 320}.get(name, 300)  # the embedding's rows
     assert (got["qkv_bias"], got["qk_norm"], got["sliding_window"]) == {
         "t5-f32": (False, False, None),
         "qwen2": (True, False, None),
@@ -128,6 +141,61 @@ def test_dew_train_from_a_directory_alone_then_rebuilt_without_it(tmp_path: Path
     restored = restore(str(tmp_path / "ck" / "tuned"))
     scales = nnx.state(restored.model, nnx.Param)["blocks"]["attn"]["q_norm"]["scale"]
     assert scales.shape == (2, 8)
+
+
+@pytest.mark.slow
+def test_a_padded_directory_fine_tunes_as_it_is_and_exports_its_rows(tmp_path: Path):
+    """The qwen2 fixture pads its embedding as Qwen2.5's is (320 rows for a tokenizer of 300 ids):
+    ``dew-train ... trainer.init_from=DIR`` with no ``model.config`` trains on data of the tokenizer's
+    300 ids with the directory's 320 rows, run.json records 320, and ``dew-export`` writes the 320
+    rows back (that transformers loads it: ``make.py --check-export``). Once the directory is gone,
+    ``dew-sample`` and ``dew-eval`` rebuild the run from its record: 320 rows over the data's 300 ids."""
+    import jax
+    from safetensors import safe_open
+
+    from dew.build import build_run
+    from dew.cli import export
+    from dew.cli.eval import parse_args
+    from dew.inference import evaluating
+    from dew.inference.restore import restore
+
+    source = copy(tmp_path, "qwen2")
+    run, objective, dataset = build_run(recipe(tmp_path, source))
+    assert (run.model.config["vocab_size"], dataset.model_fields()["vocab_size"]) == (320, 300)
+    run.train(objective, dataset, name="padded")
+    run_dir = tmp_path / "ck" / "padded"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["model"]["config"]["vocab_size"] == 320
+    shutil.rmtree(source)  # the record alone gives the model's rows now
+    restored = restore(str(run_dir))  # dew-sample's rebuild
+    ids, _ = restored.objective.sample_text(restored.model, jax.random.key(0), 2, max_new_tokens=6)
+    assert ids.shape == (2, 7) and ids.max() < 300
+    _, written = evaluating.run(parse_args([str(run_dir), f"data.val_path={tmp_path / 'train.bin'}"]))
+    assert np.isfinite(json.loads(Path(str(written)).read_text())["metrics"]["eval/loss"])
+    export.main([str(tmp_path / "ck" / "padded"), "--to", str(tmp_path / "hf")])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["vocab_size"] == 320
+    with safe_open(str(tmp_path / "hf" / "model.safetensors"), "np") as f:
+        assert f.get_slice("model.embed_tokens.weight").get_shape() == [320, 16]
+
+
+def test_a_vocabulary_past_the_directorys_rows_is_refused_in_one_line(tmp_path: Path):
+    """Data of more ids than the directory's embedding has rows (another tokenizer's) is refused
+    before anything is written, naming both and where the model's came from; a ``vocab_size`` the
+    run sets against ``config.json``'s is refused by name as the other fields are."""
+    from dew.build import build_run
+    from dew.contract.typed import ConfigError
+
+    source = FIXTURES / "qwen2"
+    with pytest.raises(ConfigError) as caught:
+        build_run(recipe(tmp_path, source, vocab=400))
+    assert str(caught.value) == (
+        "model.config.vocab_size=320 conflicts with the data's vocab_size=400 (architecture 'transformer'); "
+        "drop the field and it follows the data, or set it >= 400 (rows past the data's are padding) "
+        f"(vocab_size is config.json's of trainer.init_from='{source}')"
+    )
+    with pytest.raises(ConfigError, match=r"model.config.vocab_size=300 conflicts with config.json .* vocab_size=320"):
+        build_run(recipe(tmp_path, source, "model.config={vocab_size: 300}"))
+    assert nothing_written(tmp_path)
 
 
 def test_dew_plan_takes_the_model_from_the_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
