@@ -128,6 +128,7 @@ def test_bad_lengths_are_refused_with_the_limit():
         model.init_cache(1, L + 1)
 
 
+@pytest.mark.slow
 def test_a_padded_vocabulary_draws_only_the_datas_ids():
     """A model of 2·V rows (``vocab_size`` padded past the data's V, as Qwen2.5's embedding is) draws
     among the data's V ids alone: at a temperature that makes the rows near-uniform, 96 draws over
