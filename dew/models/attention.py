@@ -81,6 +81,18 @@ def cudnn_obstacles(dtype: DTypeLike, head_dim: int) -> list[str]:
     return obstacles
 
 
+def mup_scale(head_dim: int, width_multiplier: float, base_head_dim: int | None) -> float:
+    """muP's attention scale ``sqrt(base)/head_dim``, ``base`` the head_dim at the base width:
+    ``base_head_dim``, unset ``head_dim / width_multiplier`` (the heads' width grows with the model).
+    muP scales by ``1/head_dim`` because trained queries and keys correlate, so their dot product
+    grows with head_dim rather than its square root; measured from the base, the scale is the
+    standard ``1/sqrt(head_dim)`` there, as every other muP multiplier is (docs/mup.md)."""
+    base = base_head_dim if base_head_dim is not None else head_dim / width_multiplier
+    if base == head_dim:  # the standard scale, to the last bit
+        return 1.0 / math.sqrt(head_dim)
+    return math.sqrt(base) / head_dim
+
+
 def choose_implementation(impl: str, dtype: DTypeLike, head_dim: int) -> Literal["xla", "cudnn"]:
     """Resolve ``attention_impl`` (``auto``, ``xla``, ``cudnn``) to the kernel that will run."""
     if impl == "xla":

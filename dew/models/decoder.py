@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dew.models import stack
-from dew.models.attention import Attention, rope_tables
+from dew.models.attention import Attention, mup_scale, rope_tables
 from dew.models.axes import constrain, param
 from dew.models.kv_cache import KVCache
 from dew.models.precision import Precision
@@ -88,8 +88,7 @@ def attention_scale(f: TransformerFields) -> float:
     head = head_dim(f)
     if not f.mup:
         return 1.0 / head**0.5
-    base = f.mup_base_head_dim if f.mup_base_head_dim is not None else head / width_multiplier(f)
-    return base**0.5 / head
+    return mup_scale(head, width_multiplier(f), f.mup_base_head_dim)
 
 
 class DecoderBlock(nnx.Module):

@@ -39,6 +39,15 @@ same, ``blocks/attn/o/kernel`` ``(depth, num_heads, head_dim, hidden)``), ``bloc
 ``blocks/mlp_out``, ``final_layer/adaLN_modulation``, ``final_layer/linear``. The 2-D sin-cos position
 embedding is fixed and is not a parameter.
 
+**muP** (``mup``; docs/mup.md has the reasoning and the coordinate check). With the width multiplier
+``m = hidden_size / mup_base_width``: the output (``final_layer``'s) is divided by ``m``, attention is
+scaled by ``sqrt(b)/head_dim`` (``b`` the head_dim at the base width, ``mup_base_head_dim``), the
+timestep MLP's second matrix (``hidden x hidden``) starts at ``0.02 / sqrt(m)``, and the patch
+embedding at the base width's Xavier scale (its fan-in is the patch's, which does not grow). The
+other hidden matrices keep Xavier's initialisation, whose variance ``2 / (fan_in + fan_out)`` already
+falls as ``1/m``, muP's law; the adaLN modulations and the final layer start at zero, which every
+width shares. At the base width the model is the standard one.
+
 ``dew.models.simple_dit.DIT_PRESETS`` holds the paper's model sizes (Table 1) by name, ``S/2`` ...
 ``XL/8``; ``conf/model/dit_*.yaml`` are the patch-2 ones.
 """
@@ -54,7 +63,7 @@ import numpy as np
 from flax import nnx
 
 from dew.models import stack
-from dew.models.attention import Attention
+from dew.models.attention import Attention, mup_scale
 from dew.models.axes import constrain, param
 from dew.models.precision import Precision
 
@@ -64,8 +73,33 @@ if TYPE_CHECKING:
 TIME_SCALE = 1000.0
 """``t`` in [0, 1] is multiplied by this before the sinusoidal embedding (DiT's timesteps are 0..999)."""
 
-_normal = nnx.initializers.normal(0.02)
+INIT_STD = 0.02
+"""Standard deviation of the embedding tables and the timestep MLP (DiT's reference code)."""
+
+_normal = nnx.initializers.normal(INIT_STD)
 _zeros = nnx.initializers.zeros_init()
+
+
+def width_multiplier(f: SimpleDiTFields) -> float:
+    """muP's ``m``; ``SimpleDiT.mup_width_multiplier`` (``dew.models.simple_dit``) gives the optimizer's
+    groups the same number."""
+    return f.hidden_size / f.mup_base_width if f.mup else 1.0
+
+
+def attention_scale(f: SimpleDiTFields) -> float:
+    """``1/sqrt(head_dim)``, and under muP ``sqrt(base)/head_dim`` (``dew.models.attention.mup_scale``)."""
+    head = f.hidden_size // f.num_heads
+    return mup_scale(head, width_multiplier(f), f.mup_base_head_dim) if f.mup else 1.0 / math.sqrt(head)
+
+
+def patch_init(f: SimpleDiTFields) -> nnx.Initializer:
+    """The patch embedding's: Xavier-uniform, whose variance ``2 / (fan_in + hidden)`` falls with the
+    width; under muP the base width's, since an input layer's fan-in (the patch) does not grow."""
+    if not f.mup:
+        return nnx.initializers.xavier_uniform()
+    fan_in = f.patch_size**2 * f.in_channels
+    scale = (fan_in + f.hidden_size) / (fan_in + f.mup_base_width)  # 1.0 exactly at the base width
+    return nnx.initializers.variance_scaling(scale, "fan_avg", "uniform")
 
 
 # ------------------------------------------------------------------------------------ embeddings
@@ -110,11 +144,14 @@ def timestep_embedding(t_B: jax.Array, dim: int, max_period: float = 10000.0) ->
 class TimestepEmbedder(nnx.Module):
     """``t`` -> sinusoid of ``TIME_SCALE · t`` -> MLP (Linear, SiLU, Linear)."""
 
-    def __init__(self, hidden: int, precision: Precision, rngs: nnx.Rngs, frequency_size: int = 256):
+    def __init__(
+        self, hidden: int, precision: Precision, rngs: nnx.Rngs, frequency_size: int = 256, out_std: float = INIT_STD
+    ):
         self.frequency_size = frequency_size
         kw = dict(rngs=rngs, bias_init=param(_zeros, "embed"), **precision.linear_kwargs)
         self.mlp_in = nnx.Linear(frequency_size, hidden, kernel_init=param(_normal, "features", "embed"), **kw)
-        self.mlp_out = nnx.Linear(hidden, hidden, kernel_init=param(_normal, None, "embed"), **kw)
+        out_init = nnx.initializers.normal(out_std)
+        self.mlp_out = nnx.Linear(hidden, hidden, kernel_init=param(out_init, None, "embed"), **kw)
 
     def __call__(self, t_B: jax.Array) -> jax.Array:
         freq_BxF = timestep_embedding(TIME_SCALE * t_B, self.frequency_size)
@@ -142,6 +179,7 @@ class DiTBlock(nnx.Module):
             precision=precision,
             rngs=rngs,
             impl=f.attention_impl,
+            scale=attention_scale(f),
             kernel_init=nnx.initializers.xavier_uniform(),
         )
         xavier = nnx.initializers.xavier_uniform()
@@ -225,13 +263,13 @@ class SimpleDiT(nnx.Module):
                 f.patch_size**2 * f.in_channels,
                 D,
                 rngs=rngs,
-                kernel_init=param(nnx.initializers.xavier_uniform(), "features", "embed"),
+                kernel_init=param(patch_init(f), "features", "embed"),
                 bias_init=param(_zeros, "embed"),
                 **precision.linear_kwargs,
             )
             self.out_channels = f.in_channels * (2 if f.learn_sigma else 1)
             out_features = f.patch_size**2 * self.out_channels
-        self.t_embedder = TimestepEmbedder(D, precision, rngs)
+        self.t_embedder = TimestepEmbedder(D, precision, rngs, out_std=INIT_STD / math.sqrt(width_multiplier(f)))
         self.y_embedder = (
             nnx.Embed(
                 f.num_classes + 1, D, embedding_init=param(_normal, "classes", "embed"), rngs=rngs, **precision.dtypes
@@ -297,6 +335,8 @@ class SimpleDiT(nnx.Module):
             remat=f.remat,
         )
         out = constrain(self.final_layer(h_BxTxD, c_BxD), "batch", "length", "vocab" if self.tokens else "features")
+        if f.mup:  # muP's readout multiplier, 1/m
+            out = out / jnp.asarray(width_multiplier(f), out.dtype)
         if not self.tokens:
             out = unpatchify(out, f.patch_size, self.out_channels)
         return (out, max_logits_LxN) if return_max_logits else out

@@ -57,6 +57,10 @@ class SimpleDiT(Architecture):
     def data_kind(self) -> str:
         return "image" if self.fields.vocab_size is None else "tokens"
 
+    def mup_width_multiplier(self) -> float | None:
+        # the layers' m (dew.models.dit.width_multiplier), for the optimizer's groups
+        return self.fields.hidden_size / self.fields.mup_base_width if self.fields.mup else None
+
     def matmul_params(self) -> tuple[int, int, int]:
         """``(per-token weights, per-example weights, tokens)``: the timestep MLP and the adaLN
         modulations act once per example on the conditioning vector, not per token."""

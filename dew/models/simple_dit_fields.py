@@ -37,6 +37,19 @@ class SimpleDiTFields(PrecisionFields):
     embedding and the output is vocabulary-sized. From the data."""
     learn_sigma: bool = False
     """Double the output channels to predict a variance as well (DiT's learned-sigma variant)."""
+    mup: bool = False
+    """Apply muP's multipliers (the transformer's, where a DiT's parts correspond; docs/mup.md): the
+    output divided by the width multiplier, attention scaled by ``sqrt(base head_dim) / head_dim``,
+    the timestep MLP's second matrix initialised with ``0.02 / sqrt(width multiplier)`` and the patch
+    embedding with the base width's Xavier scale (the other hidden matrices' Xavier initialisation
+    already scales as muP's). At the base width the model is the standard one;
+    ``model.config.mup=true`` also brings the optimizer's muP groups (``dew.training.optim.mup``)."""
+    mup_base_width: int = 256
+    """The width the muP multipliers are relative to (width multiplier = hidden_size / this)."""
+    mup_base_head_dim: int | None = None
+    """The head_dim at the base width, which muP's attention scale ``sqrt(this) / head_dim`` is
+    relative to. Unset: ``head_dim / width multiplier`` (the heads widen with the model at a fixed
+    ``num_heads``); set it to head_dim when the number of heads grows instead."""
     scan_layers: bool = True
     """Stack the blocks and scan over them (compile time flat in depth); False unrolls."""
     remat: RematPolicy = "minimal_with_context"
@@ -44,7 +57,11 @@ class SimpleDiTFields(PrecisionFields):
     dots, minimal or minimal_with_context (``dew.models.stack``; measured in docs/performance.md)."""
 
     def __post_init__(self) -> None:
-        check_positive(self, "input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads")
+        check_positive(
+            self, "input_size", "in_channels", "patch_size", "hidden_size", "depth", "num_heads", "mup_base_width"
+        )
+        if self.mup_base_head_dim is not None:
+            check_positive(self, "mup_base_head_dim")
         check_divides(self, "num_heads", "hidden_size")
         if self.mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio={self.mlp_ratio} must be > 0")

@@ -190,21 +190,28 @@ def group_labels(tree: optax.Params, groups: Sequence[ParamGroup]) -> Any:
     return labels
 
 
+MUP_HIDDEN_PATTERNS: tuple[str, ...] = (r"(^|/)t_embedder/mlp_out/kernel$",)
+"""Matrices muP takes as hidden although ``EMBEDDING_PATTERNS`` names them: simple_dit's timestep MLP
+reads a fixed 256-wide sinusoid (``mlp_in``, an input layer), but its second matrix is
+``hidden x hidden``, whose fan-in grows with the width (docs/mup.md: the coordinate check)."""
+
+
 def mup_param_groups(
     params: optax.Params,
     width_multiplier: float,
     *,
     embedding_patterns: Sequence[str] = EMBEDDING_PATTERNS,
     non_matrix_patterns: Sequence[str] = NON_MATRIX_PATTERNS,
+    hidden_patterns: Sequence[str] = MUP_HIDDEN_PATTERNS,
 ) -> tuple[ParamGroup, ...]:
     """lm-engine's muP split of ``params`` into parameter groups (first match wins).
 
     - norms, biases and every other non-matrix parameter (rank < 2, or a path matching
       ``non_matrix_patterns``, since a scanned stack gives them a layer axis): weight decay 0 at the
       run's rate;
-    - the hidden matrices (every other leaf not matching ``embedding_patterns``): the run's rate
-      divided by ``width_multiplier`` (m_width, the model's width over its base width), the run's
-      weight decay;
+    - the hidden matrices (every other leaf not matching ``embedding_patterns``, or matching
+      ``hidden_patterns``): the run's rate divided by ``width_multiplier`` (m_width, the model's
+      width over its base width), the run's weight decay;
     - embeddings and the output head (``embedding_patterns``): the normal group, i.e. no group.
 
     Each group's pattern lists its exact paths (anchored, escaped), so the record in run.json is the
@@ -217,7 +224,9 @@ def mup_param_groups(
         text = path_str(path)
         if len(jnp.shape(leaf)) < 2 or any(re.search(p, text) for p in non_matrix_patterns):
             no_decay.append(text)
-        elif not any(re.search(p, text) for p in embedding_patterns):
+        elif any(re.search(p, text) for p in hidden_patterns) or not any(
+            re.search(p, text) for p in embedding_patterns
+        ):
             hidden.append(text)
     groups = []
     if no_decay:

@@ -5,6 +5,7 @@ the run, typed groups that conflict with them and architectures without muP are 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,37 @@ from tests.training.optim.test_build import TREE
 TINY_LM = {"vocab_size": 64, "seq_len": 16, "hidden_size": 32, "depth": 1, "num_heads": 2, "mup_base_width": 16}
 
 
-def test_an_architecture_without_mup_is_refused_naming_those_with_it():
+def test_an_architecture_without_mup_is_refused_naming_those_with_it(monkeypatch):
+    from dew.models.simple_dit import SimpleDiT
+
+    # every built-in architecture has muP: simple_dit without its muP fields stands for one that has not
+    declared = SimpleDiT.declared()
+    monkeypatch.setattr(SimpleDiT, "declared", classmethod(lambda cls: tuple(n for n in declared if "mup" not in n)))
     with pytest.raises(
         ConfigError,
         match="model.config.mup: architecture 'simple_dit' has no muP parametrization; muP is available on transformer",
     ):
         ModelConfig(architecture="simple_dit", config={"mup": True})
+
+
+def test_a_dit_with_mup_on_carries_the_groups_its_parts_take():
+    dit = {"input_size": 8, "in_channels": 1, "hidden_size": 32, "depth": 1, "num_heads": 2, "num_classes": 4}
+    run = RunConfig(model=ModelConfig(architecture="simple_dit", config={**dit, "mup": True, "mup_base_width": 16}))
+    resolved = with_mup_groups(run, _Model(run.model))
+    no_decay, hidden = resolved.optim.param_groups
+    assert (no_decay.weight_decay, hidden.lr_multiplier) == (0.0, 0.5)  # width 32 over base 16
+    # hidden: the blocks' matrices, both adaLN modulations and the timestep MLP's hidden x hidden matrix;
+    # the patch, timestep (its first layer) and class embeddings and the readout at the run's rate
+    assert hidden.pattern == (
+        "^(?:blocks/adaLN_modulation/kernel|blocks/attn/k/kernel|blocks/attn/o/kernel|blocks/attn/q/kernel|"
+        "blocks/attn/v/kernel|blocks/mlp_in/kernel|blocks/mlp_out/kernel|final_layer/adaLN_modulation/kernel|"
+        "t_embedder/mlp_out/kernel)$"
+    )
+    assert not any(
+        re.search(g.pattern, p)
+        for g in (no_decay, hidden)
+        for p in ("x_embedder/kernel", "t_embedder/mlp_in/kernel", "y_embedder/embedding", "final_layer/linear/kernel")
+    )
 
 
 @pytest.mark.parametrize(
