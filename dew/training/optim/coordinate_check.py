@@ -35,8 +35,10 @@ import optax
 from flax import nnx
 
 from dew.contract.config import OptimConfig
+from dew.contract.dynamics import PREFIX
 from dew.contract.models import Architecture, of
 from dew.models import stack
+from dew.training.dynamics import activation_metrics
 from dew.training.optim.build import build_optimizer
 from dew.training.optim.mup import mup_groups
 
@@ -149,16 +151,17 @@ def _rms(x: jax.Array) -> jax.Array:
 
 def layer_rms(sown: nnx.State) -> dict[str, jax.Array]:
     """Each captured layer's output RMS: a module's method output by its path (norms left out), and
-    each block's output from the mean squares its stack sowed."""
-    layers: dict[str, jax.Array] = {}
+    each block's output from the mean squares its stack sowed, read as the training dynamics read
+    them (``dew.training.dynamics.activation_metrics``)."""
+    blocks = f"{PREFIX}act_rms/"
+    layers = {name.removeprefix(blocks): value for name, value in activation_metrics(sown).items()}
     for path, variable in nnx.to_flat_state(sown):
         names = [str(p) for p in path]
         value = variable.get_value() if isinstance(variable, nnx.Variable) else variable
         value = value[0] if isinstance(value, tuple) else value
         if names[-1] == stack.OUTPUT_MS:
-            prefix = "_".join(names[:-1]) or "blocks"
-            layers.update({f"{prefix}_{i}": jnp.sqrt(ms) for i, ms in enumerate(value)})
-        elif len(names) > 1 and not any("norm" in n for n in names):  # the model's own call is "output"
+            continue  # the blocks', above
+        if len(names) > 1 and not any("norm" in n for n in names):  # the model's own call is "output"
             name = "/".join(n for n in names if n != "__call__")
             if name not in READOUTS:
                 layers[name] = _rms(value)
