@@ -6,7 +6,7 @@
     dew-runs diff checkpoints/lr-sweep/0-... checkpoints/lr-sweep/1-...
     dew-runs plot checkpoints/lr-sweep --metric train/loss,eval/loss -o lr-sweep.png
     dew-runs show checkpoints/digits
-    dew-runs goodput checkpoints/lr-sweep -o goodput.png       # where each run's wall time went
+    dew-runs goodput checkpoints/lr-sweep -o goodput.png       # where each run's wall time went, and the sweep's slots
     dew-runs checkpoints/digits-sweep-1a2b3c4d5e                # a study (hydra/sweeper=optuna): its trials, best first
     dew-runs plot checkpoints/digits-sweep-1a2b3c4d5e -o study.png
 
@@ -27,7 +27,7 @@ from dew.commandline.exits import EXIT_BAD_INPUT
 from dew.runs import table
 from dew.runs.compare import diff_text
 from dew.runs.discover import RunsError, find_runs
-from dew.runs.goodput import draw_ledgers, ledger, ledger_text
+from dew.runs.goodput import Ledger, draw_ledgers, ledger, ledger_text, sweep_slots, sweep_total
 from dew.runs.plot import draw, draw_dynamics, dynamics_series, plot_data
 from dew.runs.show import show_text
 from dew.runs.status import Run, read_run
@@ -193,16 +193,24 @@ def run(argv: Sequence[str]) -> str:
 
 
 def _goodput(args: argparse.Namespace) -> str:
-    """``dew-runs goodput``: each run's ledger (dew.runs.goodput), and the plot with ``-o``."""
+    """``dew-runs goodput``: each run's ledger (dew.runs.goodput), a row per sweep among the
+    directories (its slots' idle time), and the plot with ``-o``."""
     if args.output and os.path.splitext(args.output)[1].lower() not in (".png", ".svg"):
         raise RunsError(f"-o {args.output!r}: the file must end in .png or .svg")
-    runs = [r for r in load_runs(args.dirs, args.tracking) if r.journal is not None]
-    if not runs:
+    ledgers: list[Ledger] = []
+    totals: list[Ledger] = []
+    for directory in args.dirs:
+        runs = [r for r in load_runs([directory], args.tracking) if r.journal is not None]
+        mine = [ledger(r.summary.name, r.journal.written) for r in runs if r.journal is not None]
+        ledgers += mine
+        below = [os.fspath(r.path) for r in runs if os.path.normpath(os.fspath(r.path)) != os.path.normpath(directory)]
+        if mine and below and (slots := sweep_slots(directory, below)) is not None:
+            totals.append(sweep_total(f"all in {os.path.basename(os.path.normpath(directory))}", mine, slots))
+    if not ledgers:
         raise RunsError(f"no run with a journal in {', '.join(args.dirs)}")
-    ledgers = [ledger(r.summary.name, r.journal.written) for r in runs if r.journal is not None]
-    text = ledger_text(ledgers)
+    text = ledger_text(ledgers, totals)
     if args.output:
-        width, height = draw_ledgers(ledgers, args.output)
+        width, height = draw_ledgers([*ledgers, *totals], args.output)
         text += f"\nwrote {args.output} ({width}x{height})"
     return text
 

@@ -78,6 +78,7 @@ from dew.launching.search.trial import (
 from dew.launching.stop_exit import exit_after_stop
 from dew.launching.sweep_lock import leave_no_trace
 from dew.recipe import Recipe
+from dew.training.hooks import At, Hook
 from dew.training.preemption import Preempted
 from dew.training.reporting import trackers
 from dew.training.reporting.tracker import tracking_dir
@@ -88,7 +89,6 @@ if TYPE_CHECKING:
     from flax import nnx
 
     from dew.objectives.base import Objective
-    from dew.training.hooks import Hook
     from dew.training.setup import Planned, Setup
     from dew.training.step import TrainState
 
@@ -266,6 +266,7 @@ def train_set_up(
     from dew.training.trainer import train
 
     run, objective, dataset, name = planned
+    final = FinalSamples(objective, setup.path, run.trainer.seed, prog)
     try:
         with held:
             if hydra_cfg is not None and jax.process_index() == 0:
@@ -278,9 +279,10 @@ def train_set_up(
                 metrics=builtin_metrics(objective),
                 summary=objective.summary(),
                 setup=setup,
-                hooks=hooks,
+                hooks=[*hooks, final],
             )
-            write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
+            if not final.drawn:  # a run stopped early, or one that had ended already: after its end
+                write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
     except Preempted as stopped:
         line = stopped_line(stopped, run.trainer.name, name, prog=prog, hydra=hydra_cfg is not None)
         print(f"{prog}: run {name!r}: {line}", file=sys.stderr, flush=True)
@@ -375,6 +377,23 @@ def trial_hooks(recipe: RunConfig, objective: Objective, name: str, total_steps:
         direction="maximize" if higher_is_better else "minimize",
     )
     return [Prune(judge, total_steps, is_main)]
+
+
+class FinalSamples(Hook):
+    """The samples of the trained model (``write_samples``), drawn at the run's last step, before
+    its ``end`` event: the run report times them (its ``samples`` phase), and the goodput ledger
+    counts them in the run's wall time."""
+
+    phase = "samples"
+
+    def __init__(self, objective: Objective, run_path: epath.Path, seed: int, prog: str) -> None:
+        super().__init__(every=None)  # at the last step only
+        self.objective, self.run_path, self.seed, self.prog = objective, run_path, seed, prog
+        self.drawn = False
+
+    def on_step(self, at: At) -> None:
+        write_samples(self.objective, at.state, self.run_path, seed=self.seed, prog=self.prog)
+        self.drawn = True
 
 
 def write_samples(

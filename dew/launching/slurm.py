@@ -1,6 +1,7 @@
 """Where a process stands in a SLURM job, read from the variables SLURM sets: whether it is one task
 of an ``srun`` step (where JAX finds the other processes itself) and which of its node's GPUs are its
-own. Pure functions of the environment, so every layout is testable without a cluster.
+own. Pure functions of the environment, so every layout is testable without a cluster; and, asked
+of the controller (``scontrol``), when the job waited in the queue (``queue_times``).
 
 JAX's own SLURM detection takes ``SLURM_NTASKS`` for the process count and, unless told otherwise,
 ``[SLURM_LOCALID]`` for the local devices: right for one task per GPU with every GPU visible, wrong
@@ -11,8 +12,13 @@ for one task per node (each process would use GPU 0 alone) and for ``--gpus-per-
 
 from __future__ import annotations
 
+import datetime
+import logging
 import re
+import subprocess
 from collections.abc import Mapping
+
+log = logging.getLogger("dew")
 
 SPECIAL_STEPS = 0xFFFFFFF0
 """Step ids at or above this are SLURM's pseudo-steps, not ``srun`` steps: the batch script
@@ -82,3 +88,49 @@ def local_device_ids(env: Mapping[str, str]) -> list[int] | None:
         )
     share = len(visible) // tasks
     return list(range(local * share, (local + 1) * share))
+
+
+def job_spec(env: Mapping[str, str]) -> str | None:
+    """How ``scontrol`` names this process's job: ``<array job>_<task>`` for an array's task (the
+    task's own id alone would name the whole array for its first task), else ``SLURM_JOB_ID``; None
+    outside SLURM."""
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
+
+
+def job_times(shown: str) -> tuple[float, float | None] | None:
+    """``SubmitTime`` and ``StartTime`` (seconds since the epoch) from ``scontrol show job``'s
+    record, None where it names no submission. scontrol prints local time to the second, which
+    this process's clock reads the same way (the same ``TZ``)."""
+
+    def at(field: str) -> float | None:
+        m = re.search(rf"\b{field}=(\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d)", shown)
+        return None if m is None else datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").timestamp()
+
+    submitted = at("SubmitTime")
+    return None if submitted is None else (submitted, at("StartTime"))
+
+
+def queue_times(env: Mapping[str, str], timeout_s: float = 10.0) -> dict[str, float]:
+    """When this process's SLURM job was taken into the scheduler's queue (``queued``: its
+    ``SubmitTime``, which SLURM sets again when it requeues a job) and when it was given its nodes
+    (``allocated``: ``StartTime``), from ``scontrol show job``: the goodput ledger's ``queue``
+    (dew.runs.goodput). SLURM sets no variable for either. Empty outside SLURM, and where the
+    controller does not answer within ``timeout_s`` (said once in the log: the ledger then counts
+    the wait as time between starts, or not at all before the first)."""
+    spec = job_spec(env)
+    if spec is None:
+        return {}
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", spec], capture_output=True, text=True, timeout=timeout_s, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("SLURM job %s: scontrol show job did not say when it was queued (%s): no queue time", spec, err)
+        return {}
+    times = job_times(shown)
+    if times is None:
+        return {}
+    submitted, started = times
+    return {"queued": submitted, **({"allocated": started} if started is not None else {})}

@@ -173,14 +173,18 @@ def _every(every: int | None, step: int) -> bool:
 
 class Samples(Hook):
     """Samples logged to the trackers that take them (W&B, TensorBoard, MLflow) at each evaluation
-    (every process: sampling may span all of them)."""
+    (every process: sampling may span all of them), timed as the run report's ``samples`` phase
+    inside the evaluation's (the goodput ledger's ``samples``, out of ``eval``)."""
 
-    def __init__(self, tracker: Tracker, objective: Objective, seed: int) -> None:
+    def __init__(
+        self, tracker: Tracker, objective: Objective, seed: int, phase: Callable[[str], AbstractContextManager[object]]
+    ) -> None:
         super().__init__(every=None)
-        self.tracker, self.objective, self.seed = tracker, objective, seed
+        self.tracker, self.objective, self.seed, self.phase_of = tracker, objective, seed, phase
 
     def on_eval(self, step: int, values: Mapping[str, float], state: TrainState) -> None:
-        log_samples(self.tracker, self.objective, state, step, seed=self.seed)
+        with self.phase_of("samples"):
+            log_samples(self.tracker, self.objective, state, step, seed=self.seed)
 
 
 def _train(
@@ -378,7 +382,7 @@ def _parts(
     progress = [Progress(t.log_every, setup.total_steps)] if tracker.is_main else []  # the console's lines
     own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), *progress, evaluate]
     if takes_samples(t):
-        own.append(Samples(tracker, objective, t.seed))
+        own.append(Samples(tracker, objective, t.seed, phase))
     if t.early_stopping is not None:
         tasks_reported = t.evals.values() if t.evals is not None else {}
         own.append(EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion, t.evals), tasks_reported))

@@ -18,6 +18,7 @@ from dew.launching.naming import compact, short_keys
 from dew.launching.search.trial import TrialFailed, selection_value
 from dew.recipe import Recipe
 from tests.conftest import SUITE_CACHE, dew
+from tests.runs.ledger_checks import check_sweep_ledger
 from tests.training.conftest import TINY, dew_train
 
 # 3 steps, evaluated at the end (the trial's value), a checkpoint at step 2 (an interrupted trial resumes).
@@ -326,6 +327,7 @@ def test_a_study_under_the_local_launcher_refills_a_diverged_trials_slot_and_goe
     text = run([str(sweep), "--tracking", str(workdir / "tracking")])
     [failed] = [line for line in text.splitlines() if line.split()[1:2] == ["fail"]]
     assert failed.startswith("1 ") and "(run failed: nonfinite: the loss or the gradients became non-finite" in failed
+    check_sweep_ledger(sweep, workdir / "tracking", slots=2)  # the goodput ledger of a 4-trial sweep: its idle slots
 
 
 # ------------------------------------------------------------------------ the documented commands

@@ -25,7 +25,8 @@ coordinator of an ``srun`` step, is reachable without a hosts file.
   ``SLURM_STANDIN_KILL_WAIT`` seconds, 30 by default, Slurm's KillWait) and runs the script again
   under the same id with ``SLURM_RESTART_COUNT`` one higher. With ``SLURM_STANDIN_JOB_REQUEUE=0`` (a
   site's ``JobRequeue=0``) it is refused unless the job was submitted with ``--requeue``.
-  ``scontrol show job <id>`` prints the record.
+  ``scontrol show job <id>`` prints the record, its ``SubmitTime`` (the submission, or the end of
+  the run before the last requeue, as Slurm resets it) and ``StartTime`` (the current run's).
 - ``sacct -o JobID,State,NodeList --parsable2 -j <id>`` and ``squeue`` report the states submitit's
   watcher reads: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED.
 - ``scancel [--signal=SIG] <id>`` signals the job's tasks, or cancels the job.
@@ -162,6 +163,7 @@ def sbatch(args: list[str]) -> None:
             "cwd": os.getcwd(),
             "env": dict(os.environ),
             "state": "PENDING",
+            "submitted": time.time(),
             "restarts": 0,
             "requeue": False,
             "starts": [],
@@ -258,6 +260,7 @@ def run(key: str) -> None:
         out = Path(job["cwd"], output_name(job["options"].get("output", "slurm-%j.out"), env))
         out.parent.mkdir(parents=True, exist_ok=True)
         with open(out, "a") as log:
+            started = time.time()  # Slurm's StartTime: the allocation, before the script runs
             proc = subprocess.Popen(
                 ["bash", job["script"]],
                 cwd=job["cwd"],
@@ -267,7 +270,7 @@ def run(key: str) -> None:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            update(key, pgid=proc.pid, starts=[*job["starts"], time.time()])
+            update(key, pgid=proc.pid, starts=[*job["starts"], started])
             code = proc.wait()
         wait_group_gone(proc.pid)
         job = load(key)
@@ -276,7 +279,8 @@ def run(key: str) -> None:
         if not job["requeue"]:
             update(key, state="COMPLETED" if code == 0 else "FAILED", exit_code=code, pgid=None)
             return
-        update(key, state="PENDING", restarts=job["restarts"] + 1, pgid=None)
+        # Slurm gives a requeued job a new SubmitTime once its last run has ended (batch_requeue_fini)
+        update(key, state="PENDING", restarts=job["restarts"] + 1, pgid=None, submitted=time.time())
 
 
 def wait_group_gone(pgid: int) -> None:
@@ -439,14 +443,21 @@ def scontrol(args: list[str]) -> int:
         for key in keys_of(args[2]):
             job = load(key)
             nodes = int(job["options"].get("nodes", 1))
+            started = job["starts"][-1] if job["starts"] and job["state"] != "PENDING" else None
             print(
                 f"JobId={job['job_id']} ArrayJobId={job['array_job_id']} ArrayTaskId={job['array_task_id']} "
                 f"JobName={job['options'].get('job-name', '')} JobState={job['state']} Restarts={job['restarts']} "
+                f"SubmitTime={slurm_time(job.get('submitted'))} StartTime={slurm_time(started)} "
                 f"NumNodes={nodes} NodeList={node_list(nodes)}"
             )
         return 0
     print(f"scontrol: error: the stand-in does not know {' '.join(args)!r}", file=sys.stderr)
     return 1
+
+
+def slurm_time(t: float | None) -> str:
+    """A time as scontrol prints it: local time to the second, ``Unknown`` where there is none."""
+    return "Unknown" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
 def requeue_allowed(job: dict) -> bool:

@@ -6,7 +6,7 @@ state's size, a warning when the compute dtype is emulated on this backend, and 
 step is compiling; after the first step, how long that took (or that it loaded from the compilation
 cache); the progress lines, from the first step on, are ``dew.training.reporting.progress``'s. At the
 end: the final and the best evaluation with their steps, the wall time split into compile, train,
-eval and checkpoint, and the commands that come next. The trainer calls these at its chapter
+eval, samples and checkpoint, and the commands that come next. The trainer calls these at its chapter
 boundaries; the wording lives here.
 """
 
@@ -93,7 +93,9 @@ class RunReport:
         """Whether the data holds a held-out split to evaluate on: a run without one says so once, at the start."""
         self.t0 = time.perf_counter()
         self.t0_wall = time.time()
-        self.spent = {"compile": 0.0, "eval": 0.0, "checkpoint": 0.0}
+        self.spent = {"compile": 0.0, "eval": 0.0, "samples": 0.0, "checkpoint": 0.0}
+        self._inner = 0.0
+        """The time of the phases inside the one now open (samples inside an evaluation)."""
         self.began = self.t0_wall
         """When this start of the run was launched (``Setup.began``): where its start-up begins."""
         self.data_wait: Callable[[], float] = lambda: 0.0
@@ -209,23 +211,31 @@ class RunReport:
 
     @contextlib.contextmanager
     def phase(self, kind: str) -> Iterator[None]:
-        """Count the time spent inside as ``kind`` (eval or checkpoint) instead of training."""
-        start = time.perf_counter()
+        """Count the time spent inside as ``kind`` (eval, samples or checkpoint) instead of
+        training; a phase inside another (the samples an evaluation draws) is its own, not the
+        outer one's."""
+        start, outer = time.perf_counter(), self._inner
+        self._inner = 0.0
         try:
             yield
         finally:
-            self.spent[kind] += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self.spent[kind] += took - self._inner
+            self._inner = outer + took
 
     def ledger(self) -> dict[str, float]:
         """Where this start of the run has spent its wall time so far, in seconds (the journal's
         ``spent``, written with every ``stop`` and ``end`` event; ``dew-runs goodput`` adds them up):
         ``startup`` from the launch (``began``: the process's start for a dew command or job) to this
         report's (the interpreter, composing, the data, the model, the restore), then ``compile``
-        (the first step), ``data`` (waiting for batches), ``eval``, ``checkpoint`` (saves blocking
-        the loop) and ``train``, the rest: the steps and the host's work between them."""
+        (the first step), ``data`` (waiting for batches), ``eval``, ``samples`` (drawn at the
+        evaluations and at the end, ``dew.training.trainer.Samples`` and dew-train's final ones),
+        ``checkpoint`` (saves blocking the loop) and ``train``, the rest: the steps and the host's
+        work between them."""
         since = time.perf_counter() - self.t0
         data = self.data_wait()
         timed = {"compile": self.spent["compile"], "data": data, "eval": self.spent["eval"]}
+        timed["samples"] = self.spent["samples"]
         timed["checkpoint"] = self.spent["checkpoint"]
         startup = max(self.t0_wall - self.began, 0.0)
         return {
@@ -249,6 +259,7 @@ class RunReport:
                 ("compile", self.spent["compile"]),
                 ("train", train),
                 ("eval", self.spent["eval"]),
+                *([("samples", self.spent["samples"])] if self.spent["samples"] else []),
                 ("checkpoint", self.spent["checkpoint"]),
             ]
         )

@@ -30,6 +30,7 @@ from etils import epath
 from dew.contract.config import TrainerConfig
 from dew.contract.journal import read
 from dew.contract.rundir import JOURNAL, JOURNAL_VERSION, TRACKING_DIR
+from dew.launching import slurm
 from dew.training.reporting import trackers
 from dew.training.reporting.peak import measured_peak_flops
 from dew.training.run_directory import absolute
@@ -142,6 +143,8 @@ class Tracker:
             if self.journal is not None
             else []
         )
+        # Under SLURM, when the job was queued and given its nodes: the goodput ledger's queue.
+        queue = slurm.queue_times(os.environ) if self.journal is not None and not self.complete else {}
         # A resume that accepted changed settings says which (``path: old -> new``, rundir.py).
         self.event(
             "resume" if resume_step is not None else "start",
@@ -149,6 +152,7 @@ class Tracker:
             journal=JOURNAL_VERSION,
             total_steps=total_steps,
             began=round(self.began, 3),  # when this start was launched: the goodput ledger's start of it
+            **{k: round(v, 3) for k, v in queue.items()},
             **({"changed": list(changed)} if changed else {}),
         )
 
