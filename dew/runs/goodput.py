@@ -318,9 +318,11 @@ def draw_ledgers(ledgers: Sequence[Ledger], output: str) -> tuple[int, int]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    palette = plt.get_cmap("tab20")  # the dark of its ten hues, then the light: twelve buckets apart
-    colours: dict[str, Any] = {bucket: palette(2 * i % 20 + 2 * i // 20) for i, bucket in enumerate(BUCKETS)}
-    colours["idle"] = "0.82"  # a sweep's empty slots: grey
+    palette = plt.get_cmap("tab20")  # pairs of a dark and a light shade of tab10's hues
+    hues = [0, 1, 2, 3, 4, 5, 6, 8, 9]  # all but grey, which is the idle slots'
+    shades = [palette(2 * h) for h in hues] + [palette(2 * h + 1) for h in hues]
+    colours: dict[str, Any] = dict(zip(BUCKETS, shades, strict=False))
+    colours["idle"] = "0.82"
     fig, ax = plt.subplots(figsize=(10, max(3.0, 1.6 + 0.4 * len(ledgers))), dpi=100)
     names = [led.name for led in ledgers][::-1]
     left = [0.0] * len(ledgers)

@@ -70,3 +70,10 @@ def check_sweep_ledger(sweep: Path, tracking: Path, slots: int) -> Ledger:
     assert rows["all"].split()[-1] == f"{100 * total.goodput:.1f}%", text
     assert text.splitlines()[-1].startswith(f"all in {sweep.name}: {slots} slots x "), text
     return total
+
+
+def check_journal_ledger(journal: Path, name: str = "run") -> Ledger:
+    """``check_ledger_adds_up`` on the journal at ``journal``, read as written."""
+    from dew.contract.journal import read_journal
+
+    return check_ledger_adds_up(read_journal(journal, raw=True), name)
