@@ -29,6 +29,7 @@ import pytest
 
 from dew.contract.journal import read_journal
 from tests.conftest import REPO, dew, tree
+from tests.runs.ledger_checks import check_slurm_queue
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
 from tests.training.conftest import TINY, fast_env, losses, slow_steps
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
@@ -154,6 +155,9 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
     assert len(stopped) == 1 and events(requeued)[-2:] == [("resume", stopped[0]), ("end", STEPS)], events(requeued)
     until(lambda: slurm_cluster.job(job1)["state"] != "RUNNING", timeout=60)  # its processes may still be exiting
     assert slurm_cluster.job(job1)["restarts"] == 1 and slurm_cluster.job(job1)["state"] == "COMPLETED"
+    check_slurm_queue(
+        read_journal(journal(1), raw=True), slurm_cluster.job(job1)
+    )  # queued/allocated recorded, the ledger adds up
     assert losses(requeued) == losses(uninterrupted)
     pa, pb = host_params(runs[0], STEPS), host_params(runs[1], STEPS)
     assert pa.keys() == pb.keys() and all(np.array_equal(pa[k], pb[k]) for k in pa)

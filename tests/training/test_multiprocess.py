@@ -1,6 +1,7 @@
 """Several processes, one run: two processes of 4 simulated CPU devices against one of 8, a run
-moved from one process to two, a sweep of 2 jobs x 2 tasks under the local launcher preempted with
-SIGUSR2 and requeued by submitit, and a killed rank. Processes are found and killed by PID."""
+moved from one process to two (each process loading its programs from the compilation cache), a
+killed rank, and a signal as the loop ends. Processes are found and killed by PID. (A sweep's job
+of 2 tasks preempted and requeued by submitit: tests/cli/test_interrupts.py.)"""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from dew.contract.journal import read_journal
 from dew.launching.pool import free_ports
 from tests.conftest import SUITE_CACHE
+from tests.runs.ledger_checks import check_journal_ledger
 from tests.training.conftest import TINY, fast_env, losses, slow_steps
 
 pytestmark = pytest.mark.slow
@@ -44,9 +46,11 @@ def start(args: list[str], cwd: Path, env: dict[str, str], log: str) -> subproce
     )
 
 
-def pool(args: list[str], cwd: Path, tasks: int, devices: int, **extra: str) -> list[subprocess.Popen]:
+def pool(
+    args: list[str], cwd: Path, tasks: int, devices: int, log: str = "rank", **extra: str
+) -> list[subprocess.Popen]:
     """``tasks`` dew-train processes in one pool, told their places as submitit's local executor
-    tells its tasks."""
+    tells its tasks, each writing to ``<log><rank>.out``."""
     (port,) = free_ports(1).values()
     return [
         start(
@@ -64,7 +68,7 @@ def pool(args: list[str], cwd: Path, tasks: int, devices: int, **extra: str) -> 
                 JAX_NUM_CPU_DEVICES=str(devices),
                 **extra,
             ),
-            f"rank{i}.out",
+            f"{log}{i}.out",
         )
         for i in range(tasks)
     ]
@@ -135,7 +139,7 @@ def events(journal: list[dict]) -> list[tuple[str, int]]:
     return [(r["event"], r["step"]) for r in journal if r.get("event") in ("start", "stop", "resume", "end")]
 
 
-def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
+def test_one_run_across_processes_preempted_and_resumed_on_two(workdir: Path):
     # Every start below shares the suite's compilation cache: the model's initialisation, the
     # evaluation and the sampling compile once, the pool's step once for the sweep's job 0 and the
     # requeued tasks (and not at all where another test of the suite compiled them first). With every
@@ -161,62 +165,32 @@ def test_one_run_across_processes_preempted_and_requeued(workdir: Path):
         workdir / "rank0.out"
     ).read_text() + (workdir / "rank1.out").read_text()
     ref = read_journal(ref_journal)
+    check_journal_ledger(ref_journal, "ref")  # the goodput ledger of a run resumed by 2 processes adds up
     assert events(ref)[-3:] == [("stop", stop[0]["step"]), ("resume", stop[0]["step"]), ("end", STEPS)]
     run = workdir / "ck" / "ref"
     assert sorted(p.name for p in run.iterdir()) == sorted(
         [str(stop[0]["step"]), str(STEPS), ".hydra", ".lock", "run.json", "samples.png", "train.log"]
     )  # process 0 wrote alone
 
-    # (3) The run as a sweep's job of 2 tasks (4 devices each) under the local launcher; SIGUSR2 to
-    # every task mid-run: the job saves, submitit requeues it, it resumes and ends. (A sweep of
-    # several jobs, each its own run: tests/cli/test_pulse.py; a requeue asked by one rank alone:
-    # tests/cli/test_interrupts.py.)
-    sweep = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dew.cli.train",
-            "-m",
-            "hydra/launcher=local",
-            *run_args,
-            "trainer.name=sweep",
-            "optim.learning_rate=0.001",
-        ],
-        cwd=workdir,
-        env=fast_env(JAX_NUM_CPU_DEVICES="4", PYTHONPATH=pythonpath),
-        stdout=open(workdir / "sweep.out", "w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    journals = lambda: sorted((workdir / "tracking").glob("sweep-sweep-*/*/journal.jsonl"))  # noqa: E731
-    until(lambda: (len(journals()) == 1 and logged(journals()[0], 3)) or sweep.poll() is not None)
-    tasks = [
-        pid for pid in descendants(sweep.pid) if b"submitit.core._submit" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    ]
-    assert len(tasks) == 2
-    for pid in tasks:
-        os.kill(pid, signal.SIGUSR2)
-    assert wait([sweep]) == [0], (workdir / "sweep.out").read_text()
-    (swept,) = (workdir / "ck").glob("sweep-sweep-*")  # <name>-sweep-<digest of the command>
+    # (3) The same run trained by two processes of 4 devices from the start, never stopped: the same
+    # losses and parameters as 1 x 8 stopped then 2 x 4, up to the order of the gradient sums. (A
+    # sweep's job of 2 tasks stopped and requeued by submitit: tests/cli/test_interrupts.py, whose
+    # rank 1 alone takes a SIGUSR2, and tests/training/test_stall.py.)
+    twin_logs = [workdir / "twin0.out", workdir / "twin1.out"]
+    twin_pool = pool([*run_args[:-1], "trainer.name=twin"], workdir, tasks=2, devices=4, log="twin")
+    assert wait(twin_pool) == [0, 0], twin_logs[0].read_text() + twin_logs[1].read_text()
     # Every process of the pool loaded every program from the cache, process 1 too: (2) wrote them on
     # the same 2 x 4 devices (on the CPU, JAX alone writes process 0's entries, and process 1's key
     # differs from process 0's: dew.compat.cache_from_every_cpu_process).
+    twin = read_journal(workdir / "tracking" / "twin" / "journal.jsonl")
+    check_journal_ledger(workdir / "tracking" / "twin" / "journal.jsonl", "twin")
     for rank in (0, 1):
-        (log,) = swept.glob(f".submitit/*/*_{rank}_log.out")
-        counts = re.findall(r"compilation cache \S+: (\d+) hits, (\d+) misses", log.read_text())
+        counts = re.findall(r"compilation cache \S+: (\d+) hits, (\d+) misses", twin_logs[rank].read_text())
         assert counts and all(int(hits) > 0 and misses == "0" for hits, misses in counts), (rank, counts)
-    runs = sorted(p.parent for p in swept.rglob("run.json"))
-    assert len(runs) == 1 and len(list(swept.rglob(".hydra"))) == 1
-    for j in journals():
-        kinds = events(read_journal(j))
-        stopped = [s for kind, s in kinds if kind == "stop"]
-        assert len(stopped) == 1 and kinds[-2:] == [("resume", stopped[0]), ("end", STEPS)], kinds
-    job0 = read_journal(journals()[0])
-    # Job 0 is the ref run (learning rate 1e-3), trained by 2 x 4 devices with a requeue, against
-    # 1 x 8 then 2 x 4: the same losses and parameters up to the order of the gradient sums.
-    a, b = losses(ref), losses(job0)
+    assert events(twin) == [("start", 0), ("end", STEPS)]
+    a, b = losses(ref), losses(twin)
     assert a.keys() == b.keys() and all(abs(a[s] - b[s]) <= 1e-5 * abs(a[s]) for s in a), (a, b)
-    pa, pb = host_params(run, STEPS), host_params(runs[0], STEPS)
+    pa, pb = host_params(run, STEPS), host_params(workdir / "ck" / "twin", STEPS)
     assert pa.keys() == pb.keys() and all(np.allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6) for k in pa)
     print("bit for bit:", all(np.array_equal(pa[k], pb[k]) for k in pa))
 
