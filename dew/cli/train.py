@@ -385,6 +385,7 @@ class FinalSamples(Hook):
     counts them in the run's wall time."""
 
     phase = "samples"
+    after_checkpoint = True  # the last checkpoint is saved before the samples are drawn
 
     def __init__(self, objective: Objective, run_path: epath.Path, seed: int, prog: str) -> None:
         super().__init__(every=None)  # at the last step only

@@ -95,6 +95,9 @@ class Hook:
     state_key: ClassVar[str | None] = None
     """Where each checkpoint keeps this hook's ``state()`` (handed back in ``Started.saved`` on a
     resume); None keeps nothing."""
+    after_checkpoint: ClassVar[bool] = False
+    """Run after the step's checkpoint instead of before it: for a hook that only reads the state
+    (the final samples), so that a failure in it cannot cost the step's save."""
 
     def __init__(self, every: int | None = 1) -> None:
         self.every = every

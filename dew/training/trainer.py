@@ -92,7 +92,7 @@ def train(
     """Train ``objective`` on ``dataset`` as ``run`` says (``RunConfig.train``); ``metrics`` are
     evaluated beside the loss (``eval/<name>``) and one marked ``best`` chooses the best checkpoint.
     ``hooks`` run after those ``trainer.hooks`` names, before the checkpoint (a search's trial adds
-    its pruning: ``dew.launching.search.pruning``).
+    its pruning: ``dew.launching.search.pruning``), or after it where they ask (``Hook.after_checkpoint``).
 
     ``setup`` is what ``dew-train`` checked and prepared (``dew.training.setup``); without it, the
     run is set up here, its lock and signal handlers held until it ends."""
@@ -386,12 +386,14 @@ def _parts(
     if t.early_stopping is not None:
         tasks_reported = t.evals.values() if t.evals is not None else {}
         own.append(EarlyStop(t.early_stopping, *watched(t.early_stopping, metrics, criterion, t.evals), tasks_reported))
-    # The checkpoint comes last at a step, so that it holds what every hook decided there.
+    # The checkpoint comes last at a step, so that it holds what every hook decided there (but for
+    # hooks that only read the state and ask to come after it: the final samples).
     last: list[Hook] = (
         [saver, ResumeCheck(saver, dataset.iterator, every=setup.ckpt_every)] if t.check_resume else [saver]
     )
     chain = Hooks(
-        [*own, *from_config(t.hooks), *hooks, *last],
+        [*own, *from_config(t.hooks), *(h for h in hooks if not h.after_checkpoint), *last]
+        + [h for h in hooks if h.after_checkpoint],
         derive=derive,
         check_finite=saver.check_finite,
         restart=meter.restart,

@@ -44,3 +44,28 @@ def test_an_unknown_hook_or_a_bad_option_is_refused_naming_the_field():
             from_config(compose(f"trainer.hooks=[{spec}]".replace("'", "")).trainer.hooks)
     with pytest.raises(ValueError, match=r"hook 'record_loss': every=0 must be >= 1"):
         compose("trainer.hooks=[{name: record_loss, every: 0}]")
+
+
+class SaysNoAtTheEnd(Hook):
+    """Fails at the last step, after the step's checkpoint (as the final samples run)."""
+
+    after_checkpoint = True
+
+    def __init__(self) -> None:
+        super().__init__(every=None)
+
+    def on_step(self, at: At) -> None:
+        raise RuntimeError(f"no samples at step {at.step}")
+
+
+@pytest.mark.slow
+def test_a_hook_after_the_checkpoint_that_fails_costs_no_save(tmp_path):
+    from dew.build import build_run
+    from dew.training.trainer import train
+
+    recipe, objective, dataset = build_run(
+        compose(f"trainer.checkpoint_dir={tmp_path / 'ck'}", "trainer.steps=3", "trainer.checkpoint_every=null")
+    )
+    with pytest.raises(RuntimeError, match="no samples at step 3"):
+        train(recipe, objective, dataset, name="run", hooks=[SaysNoAtTheEnd()])
+    assert (tmp_path / "ck" / "run" / "3").is_dir()  # the last step's checkpoint was written first
