@@ -21,9 +21,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from dew.data.tokenizer_identity import identity
 
 LLMC_MAGIC = 20240520
 LLMC_HEADER_INTS = 256
@@ -125,7 +127,8 @@ def check_vocabulary(path: str, tokens: np.ndarray, vocab_size: int) -> None:
 
 
 def read_sidecar(paths: Sequence[str]) -> dict:
-    """The ``tokens.json`` beside ``paths`` (one per directory; all must agree)."""
+    """The ``tokens.json`` beside ``paths`` (one per directory; all must agree: on the vocabulary size,
+    and on the tokenizer where they name one, as ``dew.data.tokenizer_identity`` identifies it)."""
     records = {}
     for directory in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
         sidecar = os.path.join(directory, SIDECAR)
@@ -150,7 +153,40 @@ def read_sidecar(paths: Sequence[str]) -> dict:
     vocabs = {k: r["vocab_size"] for k, r in records.items()}
     if len(set(vocabs.values())) > 1:
         raise ValueError(f"the token files' sidecars disagree on vocab_size: {vocabs}")
+    if len(records) > 1:  # files of two tokenizers of one vocabulary size: the same ids mean other text
+        named = {k: identity(r["tokenizer"]) for k, r in records.items() if isinstance(r.get("tokenizer"), dict)}
+        if len(set(named.values())) > 1:
+            raise ValueError(
+                "the token files' sidecars name different tokenizers (the same ids mean other text): "
+                + "; ".join(f"{k}: {v}" for k, v in named.items())
+            )
     return next(iter(records.values()))
+
+
+def refuse_other_sidecars(paths: Sequence[str], record: Mapping[str, object], field: str) -> None:
+    """Refuse token files whose ``tokens.json`` names another tokenizer than ``record`` (the one
+    ``field`` names, ``file`` resolved): the ids were made by the sidecar's. Files without a sidecar,
+    or whose sidecar names none, are taken as ``field`` says."""
+    want = None
+    for directory in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
+        sidecar = os.path.join(directory, SIDECAR)
+        if not os.path.isfile(sidecar):
+            continue
+        with open(sidecar) as f:
+            try:
+                named = json.load(f).get("tokenizer")
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{sidecar}: not valid JSON ({e})") from e
+        if not isinstance(named, dict):
+            continue
+        if "file" in named:
+            named = {**named, "file": os.path.join(directory, named["file"])}
+        want = want or identity(record)
+        if (got := identity(named)) != want:
+            raise ValueError(
+                f"{field} is {want}, but {sidecar} says its token files were made by {got}: set {field} "
+                "to the files' tokenizer, or drop it to read theirs"
+            )
 
 
 def write_llmc(path: str, chunks: Iterable[np.ndarray], vocab_size: int) -> int:

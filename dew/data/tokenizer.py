@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dew.data.token_files import SIDECAR
+from dew.data.tokenizer_identity import EOS
 
 if TYPE_CHECKING:
     import tokenizers
 
 
-EOS = "<|endoftext|>"
 BYTE_VOCAB = 257
 
 

@@ -26,7 +26,14 @@ import numpy as np
 from dew.contract.data import Batch
 from dew.data.packing import DocumentWindows, Framing, PackedTable, targets_per_record
 from dew.data.pipeline import RecordDataset, Records
-from dew.data.token_files import MAKE_TOKENS, check_vocabulary, expand, open_tokens, read_sidecar
+from dew.data.token_files import (
+    MAKE_TOKENS,
+    check_vocabulary,
+    expand,
+    open_tokens,
+    read_sidecar,
+    refuse_other_sidecars,
+)
 from dew.data.tokenizer import absolute_record, load_tokenizer
 
 if TYPE_CHECKING:
@@ -140,6 +147,7 @@ def load_token_windows(spec: TokenWindowsFields, batch_size: int, seed: int) -> 
     if spec.tokenizer is not None:
         named = load_tokenizer(spec.tokenizer, "data.tokenizer")
         tokenizer = absolute_record(named)
+        refuse_other_sidecars(paths + val_paths, tokenizer, f"data.tokenizer={spec.tokenizer!r}")
         vocab_size = spec.vocab_size if spec.vocab_size is not None else named.vocab_size
         if vocab_size < named.vocab_size:
             raise ValueError(

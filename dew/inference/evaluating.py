@@ -3,14 +3,15 @@ Llama directory's) evaluated on a dataset's held-out split by the trainer's own 
 
 The recipe is the run's record with the command line's overrides (``dew.inference.composing``). The
 process is started as a run's is (``start_process``: the XLA flags, the compilation cache, the JAX
-process pool), the data and the objective are built by ``dew.build`` as dew-train builds them, and a
-model they no longer give (data of another vocabulary) is refused. The parameters of the chosen step
-(or their EMA) are restored by orbax straight into the layout the trainer gives them on the run's mesh,
-each process reading its own shards; a Hugging Face directory is read by the warm start's reader
-(``dew.training.checkpointing.warmstart``). The evaluation is the trainer's: ``compile_eval_step`` and
-``Evaluator``, the objective's loss and the metrics dew-train evaluates the objective with, summed over
-every batch on the devices, with the same per-batch keys, so the loss at a step is the one the
-trainer's journal recorded there.
+process pool), the data and the objective are built by ``dew.build`` as dew-train builds them, and
+data encoded by another tokenizer than the model's (identified by content:
+``dew.data.tokenizer_identity``) or a model they no longer give (data of another vocabulary) is
+refused. The parameters of the chosen step (or their EMA) are restored by orbax straight into the
+layout the trainer gives them on the run's mesh, each process reading its own shards; a Hugging Face
+directory is read by the warm start's reader (``dew.training.checkpointing.warmstart``). The
+evaluation is the trainer's: ``compile_eval_step`` and ``Evaluator``, the objective's loss and the
+metrics dew-train evaluates the objective with, summed over every batch on the devices, with the same
+per-batch keys, so the loss at a step is the one the trainer's journal recorded there.
 
 For a next-token model on data with a tokenizer, the bytes the targets stand for are counted beside
 (each batch carries them in a ``bytes`` field: the byte tokenizer's targets are one byte each, any
@@ -49,8 +50,9 @@ from dew.commandline.configs import conf_dir
 from dew.contract.data import Batch, Dataset, SourcedDataset, eval_sources
 from dew.contract.models import architecture
 from dew.contract.objectives import objectives, summary_name
+from dew.contract.rundir import TOKENIZER_DIR
 from dew.contract.typed import ConfigError
-from dew.data.tokenizer import from_record
+from dew.data.tokenizer import TOKENIZER_FILE, from_record, saved_record
 from dew.inference import restore
 from dew.inference.composing import EvalError, Target, target
 from dew.objectives.base import Batch as DeviceBatch
@@ -241,7 +243,9 @@ def rebuild(t: Target) -> tuple[Recipe, Objective, Dataset]:
     from the data filled in from the data; a model the data does not give (a vocabulary larger than
     the model's rows, another sequence length than the run's or the directory's) is refused in one
     line. A padded field (``Architecture.padded_fields``: a vocabulary with rows past the data's)
-    stays the model's."""
+    stays the model's. Data whose tokenizer is not the one the model was trained on (the run's, the
+    Hugging Face directory's) is refused before that, whatever its vocabulary
+    (``restore.refuse_other_tokenizer``)."""
     arch = architecture(t.recipe.model.architecture)
     from_data = [k for k in arch.data_fields if k not in arch.padded_fields]
     config = {k: v for k, v in t.recipe.model.config.items() if k not in from_data}
@@ -251,6 +255,11 @@ def rebuild(t: Target) -> tuple[Recipe, Objective, Dataset]:
     except (ConfigError, ValueError, FileNotFoundError) as err:
         raise EvalError(" ".join(str(err).split())) from None
     assert isinstance(resolved, Recipe)
+    trained_on, reuse = model_tokenizer(t)
+    try:
+        restore.refuse_other_tokenizer(trained_on, dataset, resolved.data, model_named(t), reuse)
+    except restore.SampleError as err:
+        raise EvalError(str(err)) from None
     wanted, given = t.recipe.model.config, resolved.model.config
     diff = [
         f"model.config.{k}={wanted[k]}, the data's {given.get(k)}"
@@ -264,6 +273,21 @@ def rebuild(t: Target) -> tuple[Recipe, Objective, Dataset]:
             "tokenizer (data of its shapes)"
         )
     return resolved, objective, dataset
+
+
+def model_tokenizer(t: Target) -> tuple[Mapping[str, object] | None, str]:
+    """(the tokenizer record the model was trained on, what ``dew-prepare --tokenizer`` takes to
+    encode with it): a run's ``TOKENIZER_DIR``, a Hugging Face directory's ``tokenizer.json``; no
+    record where there is none (an older run, a directory without a tokenizer)."""
+    if t.kind == "hf":
+        file = os.path.join(t.path, TOKENIZER_FILE)
+        return ({"kind": "pretrained", "file": file} if os.path.isfile(file) else None), t.path
+    folder = os.path.join(t.path, TOKENIZER_DIR)
+    return saved_record(folder), folder
+
+
+def model_named(t: Target) -> str:
+    return f"run {t.path}" if t.kind == "run" else f"the model in {t.path}"
 
 
 def parameters(

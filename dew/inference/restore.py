@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 from etils import epath
@@ -27,6 +27,7 @@ from dew.contract.data import Dataset
 from dew.contract.rundir import RUN_RECORD, TOKENIZER_DIR
 from dew.contract.typed import ConfigError, differences
 from dew.data.tokenizer import saved_record
+from dew.data.tokenizer_identity import identity
 from dew.inference import composing
 from dew.objectives.base import Objective
 from dew.objectives.metrics import builtin_metrics
@@ -152,6 +153,31 @@ def recorded_tokenizer(objective: Objective, run_dir: str) -> Objective:
     return dataclasses.replace(objective, tokenizer=record)
 
 
+def refuse_other_tokenizer(
+    trained_on: Mapping[str, object] | None, dataset: Dataset, data: object, model: str, reuse: str
+) -> None:
+    """Refuse ``dataset`` (loaded from the spec ``data``) when its tokenizer is not the one the model
+    was trained on (``trained_on``, a tokenizer record: the run's ``TOKENIZER_DIR``, a Hugging Face
+    directory's ``tokenizer.json``), identified by content (``dew.data.tokenizer_identity``): its ids
+    mean other text, and any loss on them means nothing. The vocabulary size is no test of that (a
+    padded model has rows past its data's ids). ``model`` names the model in the message, ``reuse``
+    is what ``dew-prepare --tokenizer`` takes to encode with the model's tokenizer. Data that records
+    no tokenizer (a raw file, an older sidecar), or a model that recorded none (an older run), is not
+    checked here: its vocabulary alone is."""
+    given = getattr(dataset, "tokenizer", None)
+    if not isinstance(given, Mapping) or trained_on is None:
+        return
+    want, got = identity(trained_on), identity(given)
+    if want == got:
+        return
+    fields = [f"data.{f}={v!r}" for f in ("path", "tokenizer") if (v := getattr(data, f, None)) is not None]
+    named = " ".join(fields) or f"data={getattr(data, 'name', '?')}"
+    raise SampleError(
+        f"{named}: tokenized by {got} but {model} was trained on {want}; give data encoded with the model's "
+        f"tokenizer (dew-prepare --tokenizer {reuse} --out DIR FILES...)"
+    )
+
+
 def read_step(
     checkpoints: Checkpoints, step: int, abstract_params: nnx.State, ema: bool | None
 ) -> tuple[bool, nnx.State | None]:
@@ -217,10 +243,16 @@ def restore(
 ) -> Restored:
     """Rebuild the run in ``run_dir`` (its record with the command line's ``overrides``, read as
     dew-train reads them) and restore its parameters at the best checkpoint (the latest with
-    ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one."""
+    ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one. Data the overrides
+    name is refused when its tokenizer is not the run's (``refuse_other_tokenizer``); the run's own
+    data is not checked: samples are decoded with the tokenizer the run kept (``recorded_tokenizer``),
+    even once the source it was read from holds another."""
     recipe = load_recipe(run_dir, overrides, prog)
     recorded = load_recipe(run_dir) if overrides else None
     objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD), recorded)
+    if recorded is not None and recipe.to_dict()["data"] != recorded.to_dict()["data"]:  # data named on the line
+        tokenizer_dir = os.path.join(os.path.abspath(run_dir), TOKENIZER_DIR)
+        refuse_other_tokenizer(saved_record(tokenizer_dir), dataset, recipe.data, f"run {run_dir}", tokenizer_dir)
     objective = recorded_tokenizer(objective, run_dir)
     checkpoints = run_checkpoints(recipe, objective, run_dir)
     try:

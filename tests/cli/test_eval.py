@@ -5,6 +5,8 @@ and bad input ends in one line with nothing written."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -25,6 +27,8 @@ pytestmark = pytest.mark.slow
 STEPS = ["trainer.steps=4", "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.log_every=1"]
 SEQ = 16
 CACHE = f"trainer.compilation_cache_dir={SUITE_CACHE}"
+PADDED = 320
+"""The token run's embedding rows: padded past its BPE's 300 ids, as Qwen2.5's are."""
 
 
 def _lm_overrides(data: Path) -> list[str]:
@@ -33,7 +37,7 @@ def _lm_overrides(data: Path) -> list[str]:
         f"data.path={data / 'train.bin'}",
         f"data.val_path={data / 'val.bin'}",
         f"data.seq_len={SEQ}",
-        "model.config={hidden_size: 32, depth: 1, num_heads: 4, num_kv_heads: 2}",
+        f"model.config={{hidden_size: 32, depth: 1, num_heads: 4, num_kv_heads: 2, vocab_size: {PADDED}}}",
         "model.dtype=float32",
         "trainer.batch_size=8",
     ]
@@ -41,8 +45,9 @@ def _lm_overrides(data: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
-    """A tiny digits run and a tiny next-token run on BPE tokens, each with steps 2 and 4 saved and
-    evaluated, trained in this process (compiling as the CLI subprocesses do: unoptimised)."""
+    """A tiny digits run and a tiny next-token run on BPE tokens (its vocabulary padded: ``PADDED``
+    rows for 300 ids), each with steps 2 and 4 saved and evaluated, trained in this process
+    (compiling as the CLI subprocesses do: unoptimised)."""
     from dew.build import build_run
     from dew.data.prepare import prepare
     from dew.objectives.metrics import builtin_metrics
@@ -131,11 +136,75 @@ def test_another_file_as_the_held_out_split(runs):
     assert len(list((runs["lm"] / "eval").glob("step4-token_windows*.json"))) == 2
 
 
+def test_data_of_another_tokenizer_is_refused_in_one_line(runs):
+    """The token run's 320 rows take data of any id below 320 by size: another BPE of 300 ids
+    trained on other text, and the bytes' 257, are refused by what their ids mean
+    (``dew.data.tokenizer_identity``), by dew-eval and by dew-sample, in one line that names both
+    tokenizers and how to encode with the run's, with nothing written. Other text encoded with the
+    run's tokenizer as that line says, files that record no tokenizer and a run that recorded none
+    (as older ones) are taken, as before."""
+    import shutil
+
+    from dew.cli import sample
+    from dew.commandline.configs import conf_dir
+    from dew.data.prepare import prepare
+    from dew.data.tokenizer import saved_record
+    from dew.data.tokenizer_identity import identity
+    from dew.inference import evaluating, restore
+    from dew.inference.composing import target
+    from tests.data.test_tokenizer_identity import corpus
+
+    root, run = runs["root"], runs["lm"]
+    kept = run / "tokenizer"
+    text = [str(corpus(root / "other.txt", "abcdefgh", 0))]
+    prepare(text, str(root / "other"), tokenizer="bpe", vocab_size=300, val=text)
+    prepare(text, str(root / "reused"), tokenizer=str(kept), val=text)  # the refusal's advice
+
+    def data(name: str) -> list[str]:
+        return [f"data.path={root / name / 'train.bin'}", f"data.val_path={root / name / 'val.bin'}"]
+
+    trained_on = identity(saved_record(str(kept)))
+    other = identity({"kind": "bpe", "file": str(root / "other" / "tokenizer.json")})
+    assert (other.vocab, trained_on.vocab) == (300, 300) and other != trained_on
+    before = tree(root)
+    code, err = _main(str(run), *data("other"))
+    assert (code, err) == (
+        2,
+        f"dew-eval: error: data.path='{root / 'other' / 'train.bin'}': tokenized by {other} but run {run} was "
+        f"trained on {trained_on}; give data encoded with the model's tokenizer (dew-prepare --tokenizer {kept} "
+        "--out DIR FILES...)\n",
+    )
+    code, err = _main(str(run), *data("bytes"))
+    assert code == 2 and "tokenized by bytes (vocab 257) but run" in err and len(err.splitlines()) == 1, err
+    code, err = _main(str(run), f"data.val_path={root / 'other' / 'val.bin'}")  # two sidecars, two tokenizers
+    assert code == 2 and "sidecars name different tokenizers" in err and str(other) in err, err
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), pytest.raises(SystemExit) as stop:
+        sample.main([str(run), *data("other")])
+    assert stop.value.code == 2 and stderr.getvalue().startswith(
+        f"dew-sample: error: data.path='{root / 'other' / 'train.bin'}': "
+    )
+    assert (
+        f"but run {run} was trained on {trained_on}" in stderr.getvalue() and len(stderr.getvalue().splitlines()) == 1
+    )
+    assert tree(root) == before
+    # Taken: the run's tokenizer on other text (dew-eval's rebuild, dew-sample's restore); a raw file
+    # that records no tokenizer, read by its size; a run that recorded none.
+    _, _, dataset = evaluating.rebuild(target(str(run), data("reused"), conf_dir()))
+    assert identity(dataset.tokenizer) == trained_on
+    assert restore.restore(str(run), overrides=data("reused")).step == 4
+    (root / "raw").mkdir()
+    for name in ("train.bin", "val.bin"):
+        shutil.copy(root / "other" / name, root / "raw" / name)
+    _, _, dataset = evaluating.rebuild(target(str(run), [*data("raw"), "data.vocab_size=300"], conf_dir()))
+    assert dataset.tokenizer is None
+    (root / "older").mkdir()
+    shutil.copy(run / "run.json", root / "older" / "run.json")
+    evaluating.rebuild(target(str(root / "older"), data("other"), conf_dir()))
+
+
 def _main(*args: str) -> tuple[int, str]:
     """dew-eval's main in this process: (exit status, stderr)."""
-    import contextlib
-    import io
-
     from dew.cli import eval as dew_eval
 
     err = io.StringIO()
@@ -238,6 +307,16 @@ def test_a_hugging_face_directory_gives_a_numpy_llamas_loss(runs):
     assert result["kind"] == "hf" and result["step"] is None and (hf / "eval").is_dir()
     # The run's own step 4 is the same model: the same loss.
     assert abs(result["metrics"]["eval/loss"] - _recorded(runs["lm"], 4)) < 1e-4
+    # Bytes fit its 320 rows by size, but the directory's tokenizer.json is the run's BPE: refused.
+    code, err = _main(
+        str(hf),
+        "data=token_windows",
+        f"data.path={runs['root'] / 'bytes' / 'train.bin'}",
+        f"data.val_path={runs['root'] / 'bytes' / 'val.bin'}",
+        f"data.seq_len={SEQ}",
+    )
+    assert code == 2 and "tokenized by bytes (vocab 257) but the model in" in err, err
+    assert "trained on pretrained (vocab 300, digest " in err and f"dew-prepare --tokenizer {hf} " in err, err
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf"

@@ -16,22 +16,9 @@ import shutil
 from collections.abc import Mapping
 
 from dew.data.tokenizer import BYTE_VOCAB, EOS
+from dew.data.tokenizer_identity import byte_symbols
 
 TOKENIZER, TOKENIZER_CONFIG = "tokenizer.json", "tokenizer_config.json"
-
-
-def byte_symbols() -> list[str]:
-    """GPT-2's byte-level alphabet: the printable character each byte 0..255 is written as
-    (``bytes_to_unicode``: printable Latin-1 bytes stand for themselves, the others for 256 + n)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    symbols, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            symbols[b] = chr(b)
-        else:
-            symbols[b] = chr(256 + extra)
-            extra += 1
-    return [symbols[b] for b in range(256)]
 
 
 def byte_tokenizer() -> str:
