@@ -6,18 +6,21 @@ runs this, without its tests, ``idlelib``, ``lib2to3``, ``site-packages`` and th
 packages, drawn by ``--seed`` until they hold ``--held-out`` of the bytes; the rest is the training
 text. For each split the bench runs the commands a user runs, as written in the preset's comment:
 
-    dew-prepare --out DIR/bytes TRAIN_FILES... --val HELD_OUT_FILES...
-    dew-train experiment=tiny_lm data.path=DIR/bytes/train.bin data.val_path=DIR/bytes/val.bin data.val_fraction=0
+    dew-prepare --out DIR/tokens --tokenizer bpe --vocab-size 1024 TRAIN_FILES... --val HELD_OUT_FILES...
+    dew-train experiment=tiny_lm data.path=DIR/tokens/train.bin data.val_path=DIR/tokens/val.bin data.val_fraction=0
+    dew-eval DIR/checkpoints/NAME --latest
 
-then reads the run's last held-out evaluation (every held-out window, one pass: bits per byte, the
-byte tokenizer's token being a byte), and compresses the same held-out files, concatenated as
-dew-prepare reads them, with ``bzip2 -9`` and ``xz -9`` (Python's ``bz2`` and ``lzma`` modules,
-the same formats and presets as the command-line tools). The training time is the run's own
-(``train`` in its end line: compilation, evaluation and checkpoints not included) and the whole
-command's wall time is reported beside it. The last line is the JSON record.
+(the byte-level BPE trained on the training files alone), then reads the held-out bits per byte
+from dew-eval's record (every held-out window, one pass: the loss over the bytes its scored tokens
+decode to), and compresses the same held-out files, concatenated as dew-prepare reads them, with
+``bzip2 -9`` and ``xz -9`` (Python's ``bz2`` and ``lzma`` modules, the same formats and presets as the
+command-line tools). The training time is the run's own (``train`` in its end line: compilation,
+evaluation and checkpoints not included) and the whole training command's wall time is reported
+beside it. The last line is the JSON record.
 
     JAX_PLATFORMS=cpu python bench/tiny_lm_bzip2.py --seeds 1 2 3            # three splits, as shipped
     JAX_PLATFORMS=cpu python bench/tiny_lm_bzip2.py --seeds 7 trainer.steps=300   # a quick look
+    JAX_PLATFORMS=cpu python bench/tiny_lm_bzip2.py --tokenizer byte          # UTF-8 bytes instead of the BPE
 
 Arguments after the options are dew-train overrides added to the preset's (a search's trial, a
 shorter run).
@@ -93,7 +96,7 @@ def dew(module: str, args: list[str], cwd: Path, log: Path) -> float:
     return time.monotonic() - began
 
 
-def one_split(seed: int, share: float, overrides: list[str], work: Path) -> dict:
+def one_split(seed: int, share: float, tokenizer: list[str], overrides: list[str], work: Path) -> dict:
     from dew.contract.journal import read_journal
 
     corpus = modules(Path(sysconfig.get_paths()["stdlib"]))
@@ -101,14 +104,14 @@ def one_split(seed: int, share: float, overrides: list[str], work: Path) -> dict
     work.mkdir(parents=True, exist_ok=True)
     log = work / "commands.log"
     files = [str(p) for p in train] + ["--val", *map(str, val)]
-    dew("dew.data.prepare", ["--out", "bytes", *files], work, log)
+    dew("dew.data.prepare", ["--out", "tokens", *tokenizer, *files], work, log)
     name = f"tiny_lm_split{seed}"
     wall = dew(
         "dew.cli.train",
         [
             "experiment=tiny_lm",
-            "data.path=bytes/train.bin",
-            "data.val_path=bytes/val.bin",
+            "data.path=tokens/train.bin",
+            "data.val_path=tokens/val.bin",
             "data.val_fraction=0",
             f"trainer.name={name}",
             *overrides,
@@ -116,8 +119,11 @@ def one_split(seed: int, share: float, overrides: list[str], work: Path) -> dict
         work,
         log,
     )
+    # The held-out bytes' bits as dew-eval gives them (the last step, every held-out window once):
+    # the loss over the bytes the scored tokens decode to, whatever the tokenizer.
+    dew("dew.cli.eval", [f"checkpoints/{name}", "--latest", "--out", "held_out.json"], work, log)
+    held_out = json.loads((work / "held_out.json").read_text())
     records = read_journal(work / "tracking" / name / "journal.jsonl")
-    evals = [r for r in records if "eval/bits_per_token" in r and "event" not in r]
     (end,) = [r for r in records if r.get("event") == "end"]
     # The end line: "run NAME finished at step N in 9.8 min: compile 2.1 s, train 9.6 min, eval ..."
     ends = re.findall(rf"run {name} finished at step \d+ in .*?: compile .*?, train ([\d.]+) (s|min)", log.read_text())
@@ -127,7 +133,8 @@ def one_split(seed: int, share: float, overrides: list[str], work: Path) -> dict
         "held_out_modules": held,
         "train_bytes": sum(p.stat().st_size for p in train),
         **compressed_bits_per_byte(val),
-        "tiny_lm_bits_per_byte": evals[-1]["eval/bits_per_token"],
+        "tiny_lm_bits_per_byte": held_out["metrics"]["eval/bits_per_byte"],
+        "bytes_per_token": held_out["metrics"]["eval/bytes_per_token"],
         "step": end["step"],
         "train_min": round(train_s[-1] / 60, 2) if train_s else None,
         "command_min": round(wall / 60, 2),
@@ -139,12 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one split per seed")
     parser.add_argument("--held-out", type=float, default=0.05, help="share of the corpus's bytes held out")
     parser.add_argument("--keep", default=None, help="work in this directory and keep it (default: a temporary one)")
+    parser.add_argument("--tokenizer", default="bpe", help="dew-prepare's --tokenizer (the preset's comment: bpe)")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="dew-prepare's --vocab-size for bpe (1024)")
     args, overrides = parser.parse_known_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         for seed in args.seeds:
-            row = one_split(seed, args.held_out, overrides, root / f"split{seed}")
+            tokenizer = ["--tokenizer", args.tokenizer]
+            tokenizer += ["--vocab-size", str(args.vocab_size)] if args.tokenizer == "bpe" else []
+            row = one_split(seed, args.held_out, tokenizer, overrides, root / f"split{seed}")
             rows.append(row)
             beats = row["tiny_lm_bits_per_byte"] < row["bzip2_9"]
             print(
@@ -156,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     record = {
         "bench": "tiny_lm_bzip2",
+        "tokenizer": args.tokenizer,
+        "vocab_size": args.vocab_size if args.tokenizer == "bpe" else None,
         "overrides": overrides,
         "cpus": os.cpu_count(),
         "splits": rows,
