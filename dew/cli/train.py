@@ -267,6 +267,7 @@ def train_set_up(
 
     run, objective, dataset, name = planned
     final = FinalSamples(objective, setup.path, run.trainer.seed, prog)
+    drawn = [final] if run.trainer.final_samples else []  # trainer.final_samples=false: none
     try:
         with held:
             if hydra_cfg is not None and jax.process_index() == 0:
@@ -279,9 +280,9 @@ def train_set_up(
                 metrics=builtin_metrics(objective),
                 summary=objective.summary(),
                 setup=setup,
-                hooks=[*hooks, final],
+                hooks=[*hooks, *drawn],
             )
-            if not final.drawn:  # a run stopped early, or one that had ended already: after its end
+            if drawn and not final.drawn:  # a run stopped early, or one that had ended already: after its end
                 write_samples(objective, state, setup.path, seed=run.trainer.seed, prog=prog)
     except Preempted as stopped:
         line = stopped_line(stopped, run.trainer.name, name, prog=prog, hydra=hydra_cfg is not None)

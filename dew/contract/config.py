@@ -687,6 +687,12 @@ class TrainerConfig:
     report them (a second compiled program). A multiple of ``log_every``, so that each lands in a
     report. Unset reports none."""
 
+    final_samples: bool = True
+    """Whether ``dew-train`` draws samples of the trained model into the run directory at the end of
+    the run (``samples.png`` of an image model, ``samples.txt`` of a language model: the objective's
+    own sampler and sizes). ``false`` skips them: a large model's samples can take minutes, and
+    ``dew-sample RUN`` draws them from any saved step later."""
+
     def max_time_seconds(self) -> float | None:
         """``max_time`` in seconds, None for no limit."""
         return None if self.max_time is None else duration.seconds(self.max_time, "trainer.max_time")
@@ -990,6 +996,7 @@ ADDED_FIELDS: dict[str, Any] = {
     "data.documents": False,
     "trainer.evals": None,
     "trainer.dynamics_every": None,
+    "trainer.final_samples": True,
 }
 """Fields a record gained after runs were written without them, each with the value a run written
 before behaves as: ``RunRecord.read`` fills them in where a record lacks them, so a run an older dew

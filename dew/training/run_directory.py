@@ -84,6 +84,7 @@ RESUME_FREE: tuple[str, ...] = (
     "trainer.name",
     "trainer.evals",
     "trainer.dynamics_every",
+    "trainer.final_samples",
 )
 """Settings a resume may change: they decide what is logged, evaluated, kept, traced, where it
 reports, how the process starts, how long one start of it may run and how long it may stall, never
@@ -95,7 +96,8 @@ is best, not any parameter.) The mesh and the layout decide where each shard of 
 computation lives: the checkpoint restores into the new layout (tests/training/mesh_runs.py), and
 only the order of floating-point reductions changes. How far ahead the batches are read (prefetch)
 changes when a batch is read, not which. The downstream tasks (``trainer.evals``) are evaluations; the training dynamics
-(``trainer.dynamics_every``) are measurements of the same update."""
+(``trainer.dynamics_every``) are measurements of the same update; the final samples
+(``trainer.final_samples``) are drawn from the trained model."""
 
 LENGTH: tuple[str, ...] = ("trainer.steps", "trainer.epochs")
 """The run's length: a resume may change it where the learning rate of every step already trained
