@@ -126,29 +126,38 @@ def check_vocabulary(path: str, tokens: np.ndarray, vocab_size: int) -> None:
             )
 
 
+def sidecar_record(directory: str) -> dict | None:
+    """The ``tokens.json`` in ``directory`` as read (its tokenizer's ``file`` resolved against the
+    directory, for readers elsewhere); None where there is none."""
+    sidecar = os.path.join(directory, SIDECAR)
+    if not os.path.isfile(sidecar):
+        return None
+    with open(sidecar) as f:
+        try:
+            record = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{sidecar}: not valid JSON ({e})") from e
+    tokenizer = record.get("tokenizer")
+    if isinstance(tokenizer, dict) and "file" in tokenizer:
+        record = {**record, "tokenizer": {**tokenizer, "file": os.path.join(directory, tokenizer["file"])}}
+    return record
+
+
 def read_sidecar(paths: Sequence[str]) -> dict:
     """The ``tokens.json`` beside ``paths`` (one per directory; all must agree: on the vocabulary size,
     and on the tokenizer where they name one, as ``dew.data.tokenizer_identity`` identifies it)."""
     records = {}
     for directory in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
         sidecar = os.path.join(directory, SIDECAR)
-        if not os.path.isfile(sidecar):
+        record = sidecar_record(directory)
+        if record is None:
             raise FileNotFoundError(
                 f"data.vocab_size is unset and {sidecar} does not exist: set data.vocab_size or "
                 "write the sidecar with dew-prepare"
             )
-        with open(sidecar) as f:
-            try:
-                record = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{sidecar}: not valid JSON ({e})") from e
         vocab = record.get("vocab_size")
         if not isinstance(vocab, int) or vocab < 1:
             raise ValueError(f"{sidecar}: vocab_size={vocab!r} must be a positive int")
-        tokenizer = record.get("tokenizer")
-        if isinstance(tokenizer, dict) and "file" in tokenizer:  # resolve for readers elsewhere
-            tokenizer = {**tokenizer, "file": os.path.join(directory, tokenizer["file"])}
-            record = {**record, "tokenizer": tokenizer}
         records[sidecar] = record
     vocabs = {k: r["vocab_size"] for k, r in records.items()}
     if len(set(vocabs.values())) > 1:
@@ -169,18 +178,10 @@ def refuse_other_sidecars(paths: Sequence[str], record: Mapping[str, object], fi
     or whose sidecar names none, are taken as ``field`` says."""
     want = None
     for directory in sorted({os.path.dirname(os.path.abspath(p)) for p in paths}):
-        sidecar = os.path.join(directory, SIDECAR)
-        if not os.path.isfile(sidecar):
-            continue
-        with open(sidecar) as f:
-            try:
-                named = json.load(f).get("tokenizer")
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{sidecar}: not valid JSON ({e})") from e
+        named = (sidecar_record(directory) or {}).get("tokenizer")
         if not isinstance(named, dict):
             continue
-        if "file" in named:
-            named = {**named, "file": os.path.join(directory, named["file"])}
+        sidecar = os.path.join(directory, SIDECAR)
         want = want or identity(record)
         if (got := identity(named)) != want:
             raise ValueError(
