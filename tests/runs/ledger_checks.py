@@ -46,16 +46,16 @@ def check_slurm_queue(written: Sequence[Mapping[str, Any]], job: Mapping[str, An
     return led
 
 
-def check_sweep_ledger(sweep: Path, tracking: Path, slots: int) -> Ledger:
-    """``dew-runs goodput`` on a sweep: each run's row adds up to its wall time, and the sweep's row
-    (``slots`` slots, from its recorded Hydra config) adds up to slots x span, its ``idle`` the
-    slots' time no run held."""
+def check_sweep_ledger(sweep: Path, tracking: Path, slots: int, trials: int) -> Ledger:
+    """``dew-runs goodput`` on a sweep of ``trials`` runs (each one's journal found): each run's row
+    adds up to its wall time, and the sweep's row (``slots`` slots, from its recorded Hydra config)
+    adds up to slots x span, its ``idle`` the slots' time no run held."""
     from dew.cli.runs import load_runs
     from dew.cli.runs import run as dew_runs
     from dew.runs.goodput import sweep_slots, sweep_total
 
     runs = [r for r in load_runs([str(sweep)], str(tracking)) if r.journal is not None]
-    assert len(runs) >= 4, [r.summary.name for r in runs]
+    assert len(runs) == trials, [r.summary.name for r in runs]
     ledgers = [check_ledger_adds_up(r.journal.written, r.summary.name) for r in runs if r.journal is not None]
     assert sweep_slots(str(sweep), [str(r.path) for r in runs]) == slots
     total = sweep_total("all", ledgers, slots)
