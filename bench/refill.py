@@ -696,6 +696,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-seeds", type=int, default=200, help="the seeds the model is run over")
     parser.add_argument("--smoke", action="store_true", help="3 trials, 2 slots, L=40, one round")
     parser.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it")
+    parser.add_argument(
+        "--compilation-cache",
+        type=Path,
+        default=None,
+        help="the compilation cache every run uses (default: a fresh one in the work directory); the warm-up "
+        "run fills what it lacks either way (the smoke test gives the test suite's, where its tiny runs' "
+        "programs are already)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.slots, args.length, args.eval_every, args.rounds = 3, 2, 40, 10, 1
@@ -709,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        cache = root / "xla"
+        cache = args.compilation_cache or root / "xla"
         lone_run(args, root, cache, "warm-up", args.eval_every)  # compiles every program the trials load
         lone = lone_run(args, root, cache, "lone", args.length, confine=True)
         print(
