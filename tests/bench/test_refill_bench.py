@@ -18,7 +18,7 @@ bench = importlib.import_module("bench.refill")
 def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launcher, tmp_path, capsys):
     # On the suite's compilation cache (the trials' model is TINY's, compiled alike: the bench's
     # commands inherit this process's XLA_FLAGS), so that its warm-up run loads what the suite has
-    # compiled instead of compiling it anew: 10 s of its 14 (49-53 -> 46-47 CPU-s, the whole test).
+    # compiled instead of compiling it anew: 10 s of its 14, ~4 of the test's ~50 CPU-s.
     cache = ["--compilation-cache", SUITE_CACHE]
     assert bench.main(["--smoke", "--launcher", launcher, "--keep", str(tmp_path), *cache]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
