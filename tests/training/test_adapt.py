@@ -190,9 +190,16 @@ def tiny_run(tmp: Path, quantization: Quantization | None, lora: LoRA | None) ->
     batch = {k: jnp.asarray(v) for k, v in dataset.iterator().next().items()}
     key = jax.random.key(7)
 
+    @functools.partial(jax.jit, static_argnums=0)
+    def compiled_loss(graphdef: nnx.GraphDef, state: nnx.State) -> jax.Array:
+        out = objective.loss(nnx.merge(graphdef, state), batch, key)
+        return out.total / out.count
+
     def loss(m: nnx.Module) -> float:
-        out = objective.loss(m, batch, key)
-        return float(out.total / out.count)
+        """The loss as one compiled program (one for the initial model, one for the trained one,
+        whose graphdef lists its variables' metadata in another order): run op by op it compiled
+        ~95 programs for each, 5.7 CPU-s against 2.4."""
+        return float(compiled_loss(*nnx.split(m)))
 
     initial = adapt.build_model(run, objective)
     before = loss(initial)
