@@ -27,7 +27,11 @@ from tests.training.conftest import fast_env
 
 pytestmark = pytest.mark.slow
 
-STEPS = 800
+STEPS = 500
+"""At a learning rate of 4e-3, 500 steps draw digits recognised as conditioned at 0.93, 0.95, 0.95
+over trainer seeds 0-2 (this test's is 0), a wider margin over the 0.8 asserted than the 800 steps at
+2e-3 this test trained before (0.90, 0.88, 0.885, 6 CPU-s more); 400 steps at 5e-3 gave 0.89, 0.85,
+0.895, and 400 or 600 steps at 2e-3 near chance (0.13, 0.56)."""
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,7 @@ def digits_run(tmp_path_factory):
         ),
         data=Digits(),
         optim=OptimConfig(
-            learning_rate=2e-3, schedule=schedules["cosine"](warmup_steps=50), weight_decay=0.0, clip_grads=1.0
+            learning_rate=4e-3, schedule=schedules["cosine"](warmup_steps=50), weight_decay=0.0, clip_grads=1.0
         ),
         trainer=TrainerConfig(
             name="digits",
@@ -55,7 +59,8 @@ def digits_run(tmp_path_factory):
         flow_matching=FlowMatchingKnobs(ema_decay=0.99, guidance_scale=2.0),
     )
     run, objective, dataset = build_run(recipe)
-    with pytest.MonkeyPatch.context() as mp:  # 800 steps run 2.7x faster optimised than as tests/conftest.py compiles
+    # 500 steps take 22.5 CPU-s optimised (its compile included) against 33.9 as tests/conftest.py compiles
+    with pytest.MonkeyPatch.context() as mp:
         mp.setattr(assembly, "COMPILER_OPTIONS", {"xla_backend_optimization_level": 3})  # XLA's default
         state = run.train(objective, dataset, name="digits")
     return root / "digits", state, objective
@@ -101,6 +106,7 @@ def test_dew_sample_draws_what_the_trained_model_draws_and_the_digits_are_recogn
     digits = sklearn.datasets.load_digits()
     classifier = LogisticRegression(max_iter=3000).fit(digits.data / 8.0 - 1.0, digits.target)
     accuracy = float((classifier.predict(saved["images"].reshape(200, -1)) == labels).mean())
+    print(f"recognised as conditioned: {accuracy:.3f}")
     assert accuracy >= 0.8, accuracy
 
 
