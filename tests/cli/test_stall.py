@@ -19,9 +19,10 @@ import pytest
 from dew.contract.journal import read_journal
 from dew.runs.goodput import ledger
 from dew.training.watchdog import WATCHDOG_DIR, heartbeat_name
+from tests.cli.slow_first_start import slow_first_start
 from tests.cli.test_interrupts import Tail
 from tests.cli.test_sweep_launch import finish, in_its_own_group
-from tests.training.conftest import TINY, slow_steps
+from tests.training.conftest import TINY
 from tests.training.test_multiprocess import until
 
 STEPS, CKPT, STOP_AT, TIMEOUT_S = 100, 20, 22, 10
@@ -49,9 +50,10 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_a_stopped_process_is_named_ended_and_the_job_requeued_and_finished(workdir: Path):
-    # Every program is in the suite's compilation cache: a plugin's hook makes each step 0.1 s long,
-    # so that the run is still training when the test stops one of its processes after step STOP_AT.
-    pythonpath, hook = slow_steps(workdir / "site", 0.1)
+    # Every program is in the suite's compilation cache: a plugin's hook makes each step of the first
+    # start 0.1 s long, so that the run is still training when the test stops one of its processes
+    # after step STOP_AT (7.8 s of margin); the resumed start's 80 steps run at their own pace.
+    pythonpath, hook = slow_first_start(workdir / "site", 0.1)
     proc = in_its_own_group([*LOCAL, hook], workdir, workdir / "out.log", PYTHONPATH=pythonpath)
     rank0 = Tail(lambda: list((workdir / "ck").glob("stuck-sweep-*/.submitit/*/*_0_log.*")))
     try:
