@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
+from tests.cli.slow_first_start import slow_first_start
 from tests.conftest import REPO, dew, tree
 from tests.runs.ledger_checks import check_slurm_queue
 from tests.slurm_standin import slurm_cluster, task_view  # noqa: F401 - the fixture
-from tests.training.conftest import TINY, fast_env, losses, slow_steps
+from tests.training.conftest import TINY, fast_env, losses
 from tests.training.test_multiprocess import events, host_params, logged, until, wait
 
 STEPS = 16
@@ -84,8 +85,9 @@ def test_two_nodes_of_two_tasks_train_preempt_requeue_and_resume(workdir: Path, 
     # its setup) until job 0 has compiled and run its first step, so that job 1, at its first start
     # as after its requeue, loads what job 0 compiled (started together, each job's 4 tasks compiled
     # every program). With every program loaded a step takes milliseconds: a plugin's hook makes
-    # each 0.3 s long, so that the preemption, sent at step 3, reaches job 1 before its last step.
-    pythonpath, hook = slow_steps(workdir / "site", 0.3)
+    # each step of a first start 0.3 s long, so that the preemption, sent at step 3, reaches job 1
+    # before its last step; the requeued start's steps run at their own pace.
+    pythonpath, hook = slow_first_start(workdir / "site", 0.3)
     env = fast_env(SLURM_STANDIN_JOB_REQUEUE="0", SLURM_STANDIN_KILL_WAIT="20", PYTHONPATH=pythonpath)
     env = slurm_cluster.env(no_flock(env) or env)
     compiled = workdir / "job0-compiled"
