@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import subprocess
-import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,8 +12,8 @@ import pytest
 from dew.contract.journal import read_journal
 from tests.cli.test_slurm import RUN, SLURM, setup_lines
 from tests.slurm_standin import slurm_cluster  # noqa: F401 - the fixture
-from tests.training.conftest import fast_env
-from tests.training.test_multiprocess import events, logged, until, wait
+from tests.training.conftest import dew_train, fast_env
+from tests.training.test_multiprocess import events, logged, until
 
 pytestmark = pytest.mark.slow
 
@@ -21,33 +21,23 @@ pytestmark = pytest.mark.slow
 def test_a_cancelled_job_ends_the_command_with_one_line(workdir: Path, slurm_cluster):
     env = slurm_cluster.env(fast_env(SLURM_STANDIN_KILL_WAIT="120"))
     one_node = [a for a in SLURM if not a.startswith("hydra.launcher.nodes=")] + ["hydra.launcher.nodes=1"]
-    sweep = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dew.cli.train",
-            "-m",
-            *one_node,
-            setup_lines(env),
-            *RUN,
-            "trainer.name=sc",
-            "trainer.steps=100000",
-        ],
-        cwd=workdir,
-        env=env,
-        stdout=open(workdir / "sweep.out", "w"),
-        stderr=subprocess.STDOUT,
-        text=True,
+    # The launching command forked from the suite's warm interpreter (tests/warm.py: it skips the
+    # imports of a cold start), in a thread, while this one cancels its job; its output in dew-train.out.
+    ended: list[subprocess.CompletedProcess] = []
+    args = [*one_node, setup_lines(env), *RUN, "trainer.name=sc", "trainer.steps=100000"]
+    sweep = threading.Thread(
+        target=lambda: ended.append(dew_train("-m", *args, cwd=workdir, env=env, timeout=700)), daemon=True
     )
+    sweep.start()
     journal = lambda: next((workdir / "tracking").glob("sc-sweep-*/*/journal.jsonl"), None)  # noqa: E731
-    try:
-        until(lambda: (journal() is not None and logged(journal(), 2)) or sweep.poll() is not None, timeout=400)
-        (job,) = slurm_cluster.jobs()
-        subprocess.run([slurm_cluster.state / "bin" / "scancel", job["key"]], env=env, check=True, timeout=60)
-        (code,) = wait([sweep], timeout=300)
-    finally:
-        wait([sweep], timeout=1)
-    out = (workdir / "sweep.out").read_text()
+    # (Every 0.1 s: the job trains as fast as it can, and may be cancelled at any step after the second.)
+    until(lambda: (journal() is not None and logged(journal(), 2)) or not sweep.is_alive(), 400, 0.1)
+    (job,) = slurm_cluster.jobs()
+    subprocess.run([slurm_cluster.state / "bin" / "scancel", job["key"]], env=env, check=True, timeout=60)
+    sweep.join(300)
+    assert ended, "the launching command did not end within 300 s of the scancel (or raised: see above)"
+    code = ended[0].returncode
+    out = (workdir / "dew-train.out").read_text()
     assert code == 143 and "Traceback" not in out and "UncompletedJobError" not in out, out[-3000:]
     stopped = [s for kind, s in events(read_journal(journal())) if kind == "stop"]
     (run,) = (p.parent for p in (workdir / "ck").rglob("run.json"))
