@@ -11,7 +11,6 @@ those tests stepped slowly through 80 and 12 steps that only had to end."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 PLUGIN = """
@@ -36,14 +35,7 @@ def slow_first_start(site: Path, seconds: float) -> tuple[str, str]:
     """Install the plugin (a package and its ``dew.plugins`` entry point) under ``site``: (the
     ``PYTHONPATH`` a command needs to find it, this checkout's included; the ``trainer.hooks``
     override that turns it on)."""
-    from tests.conftest import REPO
+    from tests.training.conftest import install_plugin
 
-    if not (site / "slow_first_start").is_dir():
-        (site / "slow_first_start").mkdir(parents=True)
-        (site / "slow_first_start" / "__init__.py").write_text(PLUGIN)
-        info = site / "slow_first_start-1.0.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slow-first-start\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text("[dew.plugins]\nslow_first_start = slow_first_start\n")
-    pythonpath = os.pathsep.join(p for p in [str(site), str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+    pythonpath = install_plugin(site, "slow_first_start", PLUGIN)
     return pythonpath, f"trainer.hooks=[{{name: slow_first_start, every: 1, options: {{seconds: {seconds}}}}}]"

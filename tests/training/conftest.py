@@ -177,19 +177,24 @@ class SlowSteps(Hook):
 """
 
 
-def slow_steps(site: Path, seconds: float, path: str = "") -> tuple[str, str]:
-    """Install the slow_steps plugin (a package and its ``dew.plugins`` entry point) under ``site``:
-    (the ``PYTHONPATH`` a command needs to find it, this checkout's included; the ``trainer.hooks``
-    override that turns it on)."""
+def install_plugin(site: Path, name: str, source: str) -> str:
+    """Install a one-module plugin ``name`` (``source``, with its ``dew.plugins`` entry point) under
+    ``site`` once; the ``PYTHONPATH`` a command needs to find it, this checkout's included."""
     from tests.conftest import REPO
 
-    if not (site / "slow_steps").is_dir():
-        (site / "slow_steps").mkdir(parents=True)
-        (site / "slow_steps" / "__init__.py").write_text(SLOW_STEPS_PLUGIN)
-        info = site / "slow_steps-1.0.dist-info"
+    if not (site / name).is_dir():
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text(source)
+        info = site / f"{name}-1.0.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slow-steps\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text("[dew.plugins]\nslow_steps = slow_steps\n")
-    pythonpath = os.pathsep.join(p for p in [str(site), str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[dew.plugins]\n{name} = {name}\n")
+    return os.pathsep.join(p for p in [str(site), str(REPO), os.environ.get("PYTHONPATH", "")] if p)
+
+
+def slow_steps(site: Path, seconds: float, path: str = "") -> tuple[str, str]:
+    """Install the slow_steps plugin under ``site``: (the ``PYTHONPATH`` a command needs to find it,
+    this checkout's included; the ``trainer.hooks`` override that turns it on)."""
+    pythonpath = install_plugin(site, "slow_steps", SLOW_STEPS_PLUGIN)
     path_option = f", path: '{path}'" if path else ""
     return pythonpath, f"trainer.hooks=[{{name: slow_steps, every: 1, options: {{seconds: {seconds}{path_option}}}}}]"
