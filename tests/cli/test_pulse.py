@@ -9,7 +9,7 @@ import pytest
 
 from dew.contract.journal import read_journal
 from dew.recipe import Recipe
-from tests.conftest import dew, tree
+from tests.conftest import SUITE_CACHE, dew, tree
 from tests.training.conftest import fast_env
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,9 @@ TINY = [
     "optim.schedule.warmup_steps=1",
     "flow_matching.samples_per_class=2",
     "flow_matching.sample_steps=2",
-    "trainer.compilation_cache_dir=null",
+    # The suite's compilation cache (tests/conftest.py): with null, every run here compiled all its
+    # programs, and the multirun's second job compiled again what its first had just compiled.
+    f"trainer.compilation_cache_dir={SUITE_CACHE}",
     "trainer.checkpoint_dir=ck",
 ]
 
@@ -76,6 +78,7 @@ def test_multirun_gives_each_job_its_own_run(workdir: Path):
         "trainer.name=null",
         "trainer.steps=2",
         "trainer.eval_every=null",
+        "trainer.final_samples=false",  # nothing here looks at samples (test_pulse does)
     ]
     journals = []
     for _ in range(2):  # the same command again: the same sweep, whose finished jobs are left alone
