@@ -210,10 +210,11 @@ def _run_path(args: list[str]) -> str | None:
     return f"checkpoints/{name}-sweep-" if {"-m", "--multirun"} & set(args) else f"checkpoints/{name}"
 
 
-def _read_later(command: Command, commands: list[Command]) -> tuple[bool, bool] | None:
+def _read_later(command: Command, commands: list[Command]) -> tuple[int | None, bool] | None:
     """None when no later command of the page reads the run ``command`` trains (of several commands
-    training one run, the one nearest before the reader makes it); else whether one names a step
-    of it, and whether one starts a run from it (``trainer.init_from``: its shapes must be kept)."""
+    training one run, the one nearest before the reader makes it); else the largest of its steps one
+    names (None: none is named), and whether one starts a run from it (``trainer.init_from``: its
+    shapes must be kept)."""
     run = _run_path(command.argv())
     if not run:
         return None
@@ -225,30 +226,40 @@ def _read_later(command: Command, commands: list[Command]) -> tuple[bool, bool] 
         if mode(other) != "skip":
             found = [m.group(1) or "" for m in path.finditer(other.text)]
             reads, starts = reads + found, starts or bool(found and other.program == "dew-train")
-    return (any(reads), starts) if reads else None
+    return (max((int(r[1:]) for r in reads if r), default=None), starts) if reads else None
 
 
-def _train_small(command: Command, args: list[str], steps_named: bool, shapes_kept: bool, cwd: Path) -> list[str]:
-    """Train the run a later command reads, small: batches of 8, a tiny model unless a later run
-    starts from it, and two steps unless a later command names one of its steps."""
+def _train_small(command: Command, args: list[str], step_named: int | None, shapes_kept: bool, cwd: Path) -> list[str]:
+    """Train the run a later command reads, small: no samples at the end (no later command reads
+    them; dew-sample draws its own), a tiny model unless a later run starts from it, and two steps
+    unless a later command names one of its steps: then up to that step (the last step always
+    saves a checkpoint), not the command's length."""
     from tests.conftest import dew
-    from tests.training.conftest import fast_env
+    from tests.training.conftest import TINY, fast_env
 
     tail = [  # the compilation cache stays the suite's (cli_env's DEW_COMPILATION_CACHE): pages train alike
         "flow_matching.samples_per_class=1",
         "flow_matching.sample_steps=1",
-        "trainer.batch_size=8",
-        "trainer.log_every=1",
+        "trainer.final_samples=false",
     ]
-    if not shapes_kept and not any(a.startswith("model.config=") for a in args):
-        tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
-    if not steps_named:
+    tiny = not shapes_kept and not any(a.startswith("model.config=") for a in args)
+    digits = "experiment=digits" in args and not any(a.startswith("data=") for a in args)
+    if tiny and digits:  # TINY's model and batch: the programs the trainer's tests compiled, loaded
+        tail += [o for o in TINY if o.startswith(("model.config.", "trainer.batch_size="))]
+    else:  # a batch that other data fill (docs/data.md's photos: 12 images)
+        tail += ["trainer.batch_size=8"]
+        if tiny:
+            tail += ["model.config.depth=1", "model.config.hidden_size=32", "model.config.num_heads=2"]
+    if step_named is None:
         tail += [
             "trainer.steps=2",
+            "trainer.log_every=1",
             "trainer.eval_every=2",
             "trainer.checkpoint_every=null",
             "optim.schedule.warmup_steps=0",
         ]
+    else:  # docs/weights.md's base: 100 steps of the 200 it trains, the step its later commands name
+        tail += [f"trainer.steps={step_named}"]
     result = dew(*args, *tail, cwd=cwd, env=fast_env(**command.env()), timeout=600)
     if result.returncode:
         return [
