@@ -151,6 +151,10 @@ def test_the_same_sweep_twice_is_refused_while_its_jobs_are_alive(workdir: Path)
     try:
         held = lambda: any(holder(p / SWEEP_LOCK_DIR) for p in (workdir / "ck").glob("twice-sweep-*"))  # noqa: E731
         until(lambda: held() or first.poll() is not None, 300)
+        # Stopped while the second command runs: its flock stays held (the lock asks for a live
+        # holder, not a running one), and it trains nothing meanwhile (it trained a core's worth
+        # through the second command's start).
+        os.kill(first.pid, signal.SIGSTOP)
         again = dew(*args, cwd=workdir, env=fast_env())
     finally:
         os.kill(first.pid, signal.SIGKILL)
