@@ -9,6 +9,8 @@ prepared token directory, token shards: ``user_dir``).
   command shown with its output (a ``$``-prompt block) must print that output's first line.
 - A training command (``dew-train`` or ``dew-recipe`` otherwise) runs with ``--check``: everything a launch checks
   before training, nothing written.
+- A line that checks what an earlier line of the page checked (the same words, ``--check`` written
+  or not: README's sweep), nothing written since, reads that check's result: one process, not two.
 - A command a page marks (``<!-- dew-docs: skip ... -->``, ``# not run: ...``) is reported with
   the page's reason and not run; any other command that is not dew's fails the test (it must be
   marked).
@@ -162,8 +164,15 @@ def mode(command: Command) -> str:
 def run_page(commands: list[Command], cwd: Path) -> list[str]:
     """Run a page's commands in order in ``cwd``: the problems, one line each (empty: all ran)."""
     problems, variables = [], {}
+    checked: dict[tuple[str, ...], tuple[int, str]] = {}
+    """The page's checks by their words (``_check_key``) since the last command that may write: a
+    line that checks them again (README's sweep, then the same line with ``--check``) reads the
+    result instead of a second process (~1 CPU-s each)."""
     for command in commands:
         how = mode(command)
+        key = _check_key(command, variables, cwd) if how in ("check", "full") else None
+        if how not in ("skip", "unmarked", "check") and command.program not in CHECKED:
+            checked.clear()  # a command that may write: a check after it is run again
         if how == "skip":
             print(f"not run: {command} ({command.skip})")
         elif how == "unmarked":
@@ -177,6 +186,9 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
             variables[name] = result.stdout
             if result.returncode or not result.stdout:
                 problems.append(f"{command}: set nothing ({result.stderr.strip()})")
+        elif key in checked:  # the same check as an earlier line's, nothing written since
+            status, stderr = checked[key]
+            problems += [f"{command}: exit {status}: {stderr.strip()}"] if status else []
         elif how == "full":
             problems += _full(command, variables, cwd)
         else:
@@ -184,12 +196,27 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
             args = words[words.index(command.program) + 1 :]
             # A SLURM launch is checked where sbatch exists (the stand-in's: a check submits nothing).
             env = install(cwd.parent / "slurm").env(cli_env(**command.env()))
-            status, stderr = _check(args, cwd, env, command.program)
+            status, stderr = checked[key] = _check(args, cwd, env, command.program)
             if status:
                 problems.append(f"{command}: exit {status}: {stderr.strip()}")
             elif read := _read_later(command, commands):
+                checked.clear()
                 problems += _train_small(command, args, *read, cwd)
     return problems
+
+
+def _check_key(command: Command, variables: dict[str, str], cwd: Path) -> tuple[str, ...] | None:
+    """What a check of ``command`` runs (program, environment, words after the shell's expansions,
+    ``--check`` aside): a training command's check, or a ``dew-train --check ...`` line that shows
+    no output; None for anything else."""
+    argv = command.argv()
+    if command.program not in CHECKED or (mode(command) == "full" and (INFO_FLAGS & set(argv) != {"--check"})):
+        return None
+    if command.output or SHELL.search(command.text):
+        return None
+    words = [w for w in _words(command, variables, cwd) if w != "--check"]
+    env = [f"{k}={v}" for k, v in sorted(command.env().items())]
+    return (*env, *words[words.index(command.program) :])
 
 
 # --- runs a later command reads: trained small ------------------------------------------------------
