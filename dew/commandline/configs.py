@@ -44,9 +44,20 @@ def launch_dir() -> str:
     raise FileNotFoundError(f"dew's launch/ directory is missing beside {here}")
 
 
+_registered: tuple[object, ...] | None = None
+"""What the last ``register_configs`` stored: the store and the registries' members."""
+
+
 def register_configs() -> None:
-    """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore."""
+    """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore: once for
+    each set of registered datasets, schedules and trackers (a plugin loaded since stores again).
+    The schemas are ~0.07 CPU-s of every command's start, and the launchers, the inference commands
+    and the tests' own compositions register them again in one process."""
+    global _registered
     cs = ConfigStore.instance()
+    members = (id(cs), *datasets.items(), *schedules.items(), *tracker_classes.items())
+    if members == _registered:
+        return
     cs.store(name="dew_run", node=schema_of(Recipe))
     # The ignores below: typeshed's lru_cache takes a Hashable, and mypy checks a class object
     # against its instances' __hash__; a class is hashable.
@@ -63,6 +74,7 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("dew_sweep", sweep_name, replace=True)
     OmegaConf.register_new_resolver("dew_job", job_dirname, replace=True)
     OmegaConf.register_new_resolver("dew_launch_dir", lambda: Path(launch_dir()).as_uri(), replace=True)
+    _registered = members
 
 
 def group_listing() -> str:
