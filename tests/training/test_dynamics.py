@@ -60,19 +60,23 @@ def rms(x: np.ndarray | list[np.ndarray]) -> float:
 def expected(objective, params, rest, graphdef, tx, state, batch, key) -> dict[str, float]:
     """Every dynamics metric, recomputed outside the step."""
 
-    def outputs(p):  # one program for speed; the blocks still run one by one
-        walked: list[jax.Array] = []
-        with blocks_walked(walked):
-            objective.loss(nnx.merge(graphdef, p, rest), batch, key)
-        return walked
-
     def mean_loss(p):
         out = objective.loss(nnx.merge(graphdef, p, rest), batch, key)
         return out.total / out.count
 
-    grads = jax.jit(jax.grad(mean_loss))(params)
-    updates, _ = jax.jit(tx.update)(grads, state.opt_state, params)
-    want = {f"dynamics/act_rms/blocks_{i}": rms(np.asarray(h)) for i, h in enumerate(jax.jit(outputs)(params))}
+    def recompute(p, opt_state):
+        """The gradients, the update and each block's output, in one program (three programs, one
+        each, cost 1.5 CPU-s more over the two step tests); the blocks still run one by one, and
+        the gradients go through the model as it is (traced before the walk)."""
+        grads = jax.grad(mean_loss)(p)
+        updates, _ = tx.update(grads, opt_state, p)
+        walked: list[jax.Array] = []
+        with blocks_walked(walked):
+            objective.loss(nnx.merge(graphdef, p, rest), batch, key)
+        return grads, updates, walked
+
+    grads, updates, walked = jax.jit(recompute)(params, state.opt_state)
+    want = {f"dynamics/act_rms/blocks_{i}": rms(np.asarray(h)) for i, h in enumerate(walked)}
     trees = {"grad_rms": grads, "update_rms": updates, "param_rms": params}
     flat = {
         k: {"/".join(map(str, p)): np.asarray(v.get_value()) for p, v in nnx.to_flat_state(t)} for k, t in trees.items()
