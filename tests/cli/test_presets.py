@@ -36,13 +36,6 @@ TOKENS = "data.path=data/tiny/train.bin"
 EXPERIMENTS = {"digits": [*SAMPLES], "tiny_lm": [TOKENS], "tiny_mdlm": [TOKENS]}
 """Each experiment preset and the overrides it needs besides the model and the length: a token file
 for the token runs (the path the preset's own comment names)."""
-OPTIMISED = {"tiny_lm"}
-"""The experiments whose run compiles with XLA's default optimisation (``cli_env(unoptimised=False)``)
-instead of the suite's unoptimised flag: tiny_lm's 231 steps of 64 x 64 tokens run faster than the
-extra compilation costs (19.8-23.7 -> 14.1-20.8 CPU-s over four runs each on a fresh cache, load
-6-9), and no other test trains these shapes (the search test's tiny_lm trials are 4 x 16 tokens), so
-no cache entry it could share is lost. tiny_mdlm is not: its end samples' program costs more
-optimised (14.8 -> 18.2)."""
 SEARCHES = {
     "digits": (["experiment=digits", *SAMPLES, "trainer.batch_size=32"], 2),
     "tiny_lm": (["experiment=tiny_lm", TOKENS, "trainer.batch_size=4", "data.seq_len=16"], 1),
@@ -166,8 +159,7 @@ def test_an_experiment_preset_trains_as_shipped(name, presets_dir):
     from dew.contract.journal import read_journal
 
     work = presets_dir
-    run_env = cli_env(unoptimised=False) if name in OPTIMISED else env(work)
-    result = dew_train(*experiment_command(name), cwd=work, env=run_env, timeout=600)
+    result = dew_train(*experiment_command(name), cwd=work, env=env(work, name), timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     shipped = preset("experiment", name)
     record = json.loads((work / "ck" / name / "run.json").read_text())
