@@ -170,7 +170,8 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
     result instead of a second process (~1 CPU-s each)."""
     for command in commands:
         how = mode(command)
-        key = _check_key(command, variables, cwd) if how in ("check", "full") else None
+        words = _words(command, variables, cwd) if how == "check" or (how == "full" and _only_checks(command)) else []
+        key = _check_key(command, words) if words else None
         if how not in ("skip", "unmarked", "check") and command.program not in CHECKED:
             checked.clear()  # a command that may write: a check after it is run again
         if how == "skip":
@@ -192,7 +193,6 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
         elif how == "full":
             problems += _full(command, variables, cwd)
         else:
-            words = _words(command, variables, cwd)
             args = words[words.index(command.program) + 1 :]
             # A SLURM launch is checked where sbatch exists (the stand-in's: a check submits nothing).
             env = install(cwd.parent / "slurm").env(cli_env(**command.env()))
@@ -205,17 +205,18 @@ def run_page(commands: list[Command], cwd: Path) -> list[str]:
     return problems
 
 
-def _check_key(command: Command, variables: dict[str, str], cwd: Path) -> tuple[str, ...] | None:
-    """What a check of ``command`` runs (program, environment, words after the shell's expansions,
-    ``--check`` aside): a training command's check, or a ``dew-train --check ...`` line that shows
-    no output; None for anything else."""
-    argv = command.argv()
-    if command.program not in CHECKED or (mode(command) == "full" and (INFO_FLAGS & set(argv) != {"--check"})):
-        return None
-    if command.output or SHELL.search(command.text):
-        return None
-    words = [w for w in _words(command, variables, cwd) if w != "--check"]
+def _only_checks(command: Command) -> bool:
+    """A ``dew-train --check ...`` line (or dew-recipe's) that shows no output and uses no shell
+    syntax: it runs what the check of its words without ``--check`` runs."""
+    flags = INFO_FLAGS & set(command.argv())
+    return command.program in CHECKED and flags == {"--check"} and not command.output and not SHELL.search(command.text)
+
+
+def _check_key(command: Command, words: list[str]) -> tuple[str, ...]:
+    """What a check of ``command`` runs: its environment and its words after the shell's expansions
+    (``words``), ``--check`` aside."""
     env = [f"{k}={v}" for k, v in sorted(command.env().items())]
+    words = [w for w in words if w != "--check"]
     return (*env, *words[words.index(command.program) :])
 
 
