@@ -20,7 +20,7 @@ from dew.contract.journal import read_journal
 from dew.data.specs import Digits, TokenWindows
 from dew.recipe import Recipe
 from tests.cli.test_compose import compose_recipe
-from tests.conftest import REPO, dew
+from tests.conftest import REPO, SUITE_CACHE, dew
 from tests.training.conftest import fast_env
 
 TINY_MODEL = '{"depth": 1, "hidden_size": 32, "num_heads": 2, "patch_size": 2}'
@@ -38,7 +38,9 @@ HYDRA = [
     "trainer.log_every=1",
     "trainer.eval_every=null",
     "trainer.checkpoint_every=null",
-    "trainer.compilation_cache_dir=null",
+    # The suite's compilation cache, the same path on both command lines (run.json records it): the
+    # second run loads the programs the first compiled (with none, each compiled them all).
+    f"trainer.compilation_cache_dir={SUITE_CACHE}",
     "flow_matching.samples_per_class=1",
     "flow_matching.sample_steps=1",
     "trainer.name=same",
@@ -47,7 +49,7 @@ TYRO = (
     f"data:digits --model.dtype float32 --model.config '{TINY_MODEL}' optim.schedule:cosine "
     "--optim.schedule.warmup-steps 1 --optim.learning-rate 0.003 --trainer.steps 2 --trainer.batch-size 16 "
     "--trainer.log-every 1 --trainer.eval-every None --trainer.checkpoint-every None "
-    "--trainer.compilation-cache-dir None --flow-matching.samples-per-class 1 --flow-matching.sample-steps 1 "
+    f"--trainer.compilation-cache-dir {SUITE_CACHE} --flow-matching.samples-per-class 1 --flow-matching.sample-steps 1 "
     "--trainer.name same"
 )
 
