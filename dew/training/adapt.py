@@ -83,6 +83,21 @@ def init_model(run: RunConfig, objective: Objective) -> tuple[nnx.GraphDef, nnx.
     return graphdefs[0], params, rest
 
 
+def abstract_model(run: RunConfig, objective: Objective) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
+    """``init_model``'s split with the trainable parameters as shapes (``jax.ShapeDtypeStruct``), for
+    a start that reads every one of them from a source: none is initialised to be overwritten (a
+    Hugging Face model's random initialisation is as large as the model). The rest of the module
+    is concrete, computed by a program whose unused parameters XLA drops."""
+    which = trainable(run.lora)
+    graphdef, params, *others = nnx.split(nnx.eval_shape(lambda: build_model(run, objective)), which, ...)
+    rest = others[0]
+    if jax.tree.leaves(rest):
+        rest = jax.jit(
+            lambda: nnx.split(build_model(run, objective), which, ...)[-1], compiler_options=INIT_COMPILER_OPTIONS
+        )()
+    return graphdef, params, rest
+
+
 def adapt(
     architecture: Architecture, module: nnx.Module, *, quantization: Quantization | None, lora: LoRA | None, seed: int
 ) -> nnx.Module:

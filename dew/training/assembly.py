@@ -104,7 +104,12 @@ def initial_params(
     """(graph, parameters, the rest of the module) of the run's model as its initialisation makes
     them, with ``trainer.init_from``'s weights loaded onto ``mesh`` for a run that is not
     ``resuming`` (a warm start; a LoRA run's base on every start)."""
-    graphdef, params, rest = adapt.init_model(run, objective)
+    t = run.trainer
+    if t.init_from is not None and run.lora is None and not resuming and not t.init_skip:
+        # every parameter comes from the source: its shapes are the target, nothing is initialised
+        graphdef, params, rest = adapt.abstract_model(run, objective)
+    else:
+        graphdef, params, rest = adapt.init_model(run, objective)
     params, rest = warmstart.load(run, params, rest, mesh, resuming=resuming, run_dir=run_dir)
     return graphdef, params, rest
 
