@@ -106,7 +106,7 @@ def initial_params(
     ``resuming`` (a warm start; a LoRA run's base on every start)."""
     t = run.trainer
     if t.init_from is not None and run.lora is None and not resuming and not t.init_skip:
-        # every parameter comes from the source: its shapes are the target, nothing is initialised
+        # every parameter comes from the source: its shapes are the target, none is initialised
         graphdef, params, rest = adapt.abstract_model(run, objective)
     else:
         graphdef, params, rest = adapt.init_model(run, objective)
