@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import sklearn.datasets
 
 from dew.data.specs import Digits, datasets
 
@@ -14,6 +13,10 @@ SEED = 7
 
 @pytest.fixture(scope="module")
 def raw():
+    # Imported here, not at the top: every pytest worker collects every module, and scikit-learn's
+    # import (SciPy's with it) is ~1.4 CPU-s that only the worker running these tests needs.
+    import sklearn.datasets
+
     bunch = sklearn.datasets.load_digits()
     return bunch.images, bunch.target
 

@@ -7,14 +7,12 @@ import io
 import json
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from dew.data.hf_images import load_hf_images
 from dew.data.images import ImageError
 from dew.data.specs import HFImages
 from tests.data.shapes import CLASSES, draw
@@ -40,6 +38,8 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     """The same records three ways: ``disk`` (save_to_disk: train 8 a class, validation 2 a class,
     Image and ClassLabel features), ``parquet`` (train.parquet and val.parquet written by pyarrow:
     {bytes, path} structs and string labels) and ``jsonl`` (file paths relative to the file, int labels)."""
+    import datasets  # here, not at the top: each pytest worker collects every module (0.7-2 CPU-s)
+
     root = tmp_path_factory.mktemp("hf")
     train, validation = encoded(8, 0), encoded(2, 1)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
@@ -69,6 +69,8 @@ def sources(tmp_path_factory) -> dict[str, Path]:
 
 
 def load(path: Path, sources: dict[str, Path], batch_size: int = 8, **fields: object):
+    from dew.data.hf_images import load_hf_images  # imports datasets: see sources()
+
     spec = HFImages(path=str(path), image_size=SIZE, cache_dir=str(sources["cache"]), **fields)
     return load_hf_images(spec, batch_size=batch_size, seed=5)
 
@@ -163,6 +165,8 @@ def test_a_missing_field_or_split_is_named(sources):
 
 
 def test_an_empty_split_is_named(sources, tmp_path):
+    import datasets
+
     empty = datasets.Dataset.from_dict(
         {"image": [], "label": []},
         features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)}),
