@@ -303,13 +303,15 @@ def xla_cache(tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_a_median_pruner_prunes_the_bad_rates_before_their_end(workdir: Path, xla_cache):
-    # Four trials (two good rates, then each bad rate once), not the space's eight: the four after
-    # them repeated what these show (a bad rate pruned at step 5, a good one completed), ~2 CPU-s each.
+    # Three trials (two good rates, which complete and so start the pruner's judging, then a bad
+    # rate), not the space's eight: the five after them repeated what these show (a bad rate pruned
+    # at step 5, a good one completed), ~2 CPU-s each; the fourth, the other bad rate, was pruned at
+    # step 5 against the same two completed trials as the third.
     result = dew_train(
-        *SEARCH, "hydra.sweeper.n_jobs=1", "hydra.sweeper.n_trials=4", xla_cache, cwd=workdir, timeout=600
+        *SEARCH, "hydra.sweeper.n_jobs=1", "hydra.sweeper.n_trials=3", xla_cache, cwd=workdir, timeout=600
     )
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
-    check_the_bad_rates_were_pruned(workdir, n_trials=4)
+    check_the_bad_rates_were_pruned(workdir, n_trials=3)
 
 
 @pytest.mark.slow
