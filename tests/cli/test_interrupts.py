@@ -37,7 +37,14 @@ from tests.cli.test_sweep_launch import finish, in_its_own_group, tasks
 from tests.training.conftest import TINY, losses
 from tests.training.test_multiprocess import events, host_params
 
-STEPS, CKPT, EVAL = 240, 20, 40  # room for the stops: one lands up to ~50 steps after its Ctrl-C
+# Room for the stops: one lands up to ~50 steps after its Ctrl-C. An evaluation every 20 steps and a
+# checkpoint every 10 (they were 40 and 20) let the evaluation and checkpoint moments wait at most 20
+# and 10 steps for their step (at most 30 fewer steps than before across the chain), so the run is 30
+# steps shorter with the same room after the last stop: a step of a 2-process run costs ~0.1 CPU-s
+# (most of it each process's loop), and the uninterrupted run and the chain's last launch each train
+# 30 fewer; a save or an evaluation of this model costs too little to measure beside it (a 240-step
+# launch saving every 20 steps or once: 35.3 against 35.6 CPU-s at load 12).
+STEPS, CKPT, EVAL = 210, 10, 20
 LOCAL = [
     "-m",
     "hydra/launcher=local",
@@ -85,8 +92,9 @@ def log_paths(workdir: Path, name: str) -> list[Path]:
 class Tail:
     """The text of the files ``find()`` lists, read as they grow: each look reads only what was
     appended, and lists the files again at most every 0.2 s. Globbing and reading the whole logs at
-    each look (every 10 ms) took 6.6 CPU-s of the test's own process run alone, against 3.0 now
-    (2026-12-04; 16.8 in a loaded suite run), CPU the tasks it waits for need."""
+    each look (every 10 ms) took 6.6 CPU-s of the test's own process run alone, against 3.0
+    (2026-12-04; 16.8 in a loaded suite run), CPU the tasks it waits for need; it looks every 20 ms
+    since 2026-12-06."""
 
     def __init__(self, find: Callable[[], list[Path]]) -> None:
         self.find, self.listed = find, 0.0
@@ -144,7 +152,7 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, how: bool 
                 began = time.monotonic()
             if reached(trigger, began, rank1 if how == "usr2" else rank0):
                 break
-            time.sleep(0.01)
+            time.sleep(0.02)  # a look every 20 ms: a few steps' time at most, and a Ctrl-C lands later still
             rank0 = logs.read()  # this launch's rank 0 (its job's, a requeue's)
             rank1 = logs1.read() if how == "usr2" else ""
         if how in ("usr2", "term"):
