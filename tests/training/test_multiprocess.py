@@ -18,9 +18,10 @@ import pytest
 
 from dew.contract.journal import read_journal
 from dew.launching.pool import free_ports
+from tests.cli.slow_first_start import slow_first_start
 from tests.conftest import SUITE_CACHE
 from tests.runs.ledger_checks import check_journal_ledger
-from tests.training.conftest import TINY, fast_env, losses, slow_steps
+from tests.training.conftest import TINY, fast_env, losses
 
 pytestmark = pytest.mark.slow
 
@@ -143,9 +144,11 @@ def test_one_run_across_processes_preempted_and_resumed_on_two(workdir: Path):
     # Every start below shares the suite's compilation cache: the model's initialisation, the
     # evaluation and the sampling compile once, the pool's step once for the sweep's job 0 and the
     # requeued tasks (and not at all where another test of the suite compiled them first). With every
-    # program loaded a step takes milliseconds: a plugin's hook makes each 0.1 s long, so that the
-    # signals below, sent at step 3, reach the run before its last step.
-    pythonpath, hook = slow_steps(workdir / "site", 0.1)
+    # program loaded a step takes milliseconds: a plugin's hook makes each step of a start from step
+    # 0 take 0.1 s, so that the signal below, sent at step 3, reaches the run before its last step.
+    # The resumed 2-process start steps at its own pace: nothing signals it, and a pool's steps cost
+    # CPU on both processes while they sleep (tests/cli/slow_first_start.py).
+    pythonpath, hook = slow_first_start(workdir / "site", 0.1)
     run_args = [*RUN, f"trainer.compilation_cache_dir={SUITE_CACHE}", hook]
     # (1) One process of 8 devices, stopped by SIGUSR2: a checkpoint at the step, status 128 + 12.
     ref_journal = workdir / "tracking" / "ref" / "journal.jsonl"
