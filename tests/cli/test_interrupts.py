@@ -39,12 +39,13 @@ from tests.training.test_multiprocess import events, host_params
 
 # Room for the stops: one lands up to ~50 steps after its Ctrl-C. An evaluation every 20 steps and a
 # checkpoint every 10 (they were 40 and 20) let the evaluation and checkpoint moments wait at most 20
-# and 10 steps for their step (at most 30 fewer steps than before across the chain), so the run is 30
-# steps shorter with the same room after the last stop: a step of a 2-process run costs ~0.1 CPU-s
-# (most of it each process's loop), and the uninterrupted run and the chain's last launch each train
-# 30 fewer; a save or an evaluation of this model costs too little to measure beside it (a 240-step
+# and 10 steps for their step, 30 fewer across the chain: its checkpoint stop landed at step 71, 71
+# and 70 in three runs (load 10, 10 and 3), where it landed at 108 with 40 and 20, so 180 steps (they
+# were 240) leave it 109-110 steps of room (it had 132 of 240). A step of a
+# 2-process run costs ~0.1 CPU-s, and the uninterrupted run and the chain's last launch each train
+# 60 fewer; a save or an evaluation of this model costs too little to measure beside it (a 240-step
 # launch saving every 20 steps or once: 35.3 against 35.6 CPU-s at load 12).
-STEPS, CKPT, EVAL = 210, 10, 20
+STEPS, CKPT, EVAL = 180, 10, 20
 LOCAL = [
     "-m",
     "hydra/launcher=local",
