@@ -86,7 +86,13 @@ def check_samples(objective: Objective) -> None:
 def run(args: argparse.Namespace) -> str:
     """Sample as ``args`` say; returns the file written."""
     r = restore(
-        args.run_dir, step=args.step, latest=args.latest, ema=args.ema, overrides=args.overrides, prog="dew-sample"
+        args.run_dir,
+        step=args.step,
+        latest=args.latest,
+        ema=args.ema,
+        overrides=args.overrides,
+        prog="dew-sample",
+        start=True,
     )
     check_samples(r.objective)
     r = for_inference(r)

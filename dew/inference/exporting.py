@@ -31,7 +31,13 @@ def run(args: argparse.Namespace) -> str:
             raise merge.MergeError(str(err)) from None
     check(load_recipe(args.run_dir, args.overrides, "dew-export"), merge_lora=args.merge_lora)  # before the rebuild
     r = restore(
-        args.run_dir, step=args.step, latest=args.latest, ema=args.ema, overrides=args.overrides, prog="dew-export"
+        args.run_dir,
+        step=args.step,
+        latest=args.latest,
+        ema=args.ema,
+        overrides=args.overrides,
+        prog="dew-export",
+        start=True,
     )
     if args.merge_lora:
         params = merge.merged(r.model, r.recipe)

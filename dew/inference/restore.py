@@ -37,6 +37,7 @@ from dew.training.adapters.merge import merged_model
 from dew.training.checkpointing import warmstart
 from dew.training.checkpointing.checkpoints import CheckpointDamagedError, Checkpoints
 from dew.training.evaluate import best_criterion
+from dew.training.setup import start_process
 
 
 class SampleError(Exception):
@@ -240,14 +241,19 @@ def restore(
     ema: bool | None = None,
     overrides: Sequence[str] = (),
     prog: str = "dew-sample",
+    start: bool = False,
 ) -> Restored:
     """Rebuild the run in ``run_dir`` (its record with the command line's ``overrides``, read as
     dew-train reads them) and restore its parameters at the best checkpoint (the latest with
     ``latest``, or ``step``); ``ema`` None uses the EMA when the run kept one. Data the overrides
     name is refused when its tokenizer is not the run's (``refuse_other_tokenizer``); the run's own
     data is not checked: samples are decoded with the tokenizer the run kept (``recorded_tokenizer``),
-    even once the source it was read from holds another."""
+    even once the source it was read from holds another. ``start``: this process is the command's
+    own, no backend open yet: it starts as the run's (``start_process``: the run's ``trainer.xla_flags``,
+    its compilation cache, its NaN checks), as dew-eval's does, alone (no process pool)."""
     recipe = load_recipe(run_dir, overrides, prog)
+    if start:
+        start_process(dataclasses.replace(recipe.trainer, multi_host=False))
     recorded = load_recipe(run_dir) if overrides else None
     objective, dataset = rebuild(recipe, os.path.join(run_dir, RUN_RECORD), recorded)
     if recorded is not None and recipe.to_dict()["data"] != recorded.to_dict()["data"]:  # data named on the line

@@ -130,6 +130,10 @@ def test_text_run_samples_decoded_text(tmp_path):
     run.train(objective, dataset, name="md")
     assert json.loads((tmp_path / "ck" / "md" / "run.json").read_text())["model"]["config"]["vocab_size"] == 258
     out = tmp_path / "s.txt"
+    # dew-sample starts its process as the run's: the run's XLA flags (an XLA dump here) and its
+    # compilation cache, named as overrides of the record as dew-train takes them.
+    cache, dump = tmp_path / "cache", tmp_path / "dump"
+    started = [f"trainer.compilation_cache_dir={cache}", f"trainer.xla_flags='--xla_dump_to={dump}'"]
     result = dew(
         str(tmp_path / "ck" / "md"),
         "--count",
@@ -138,6 +142,7 @@ def test_text_run_samples_decoded_text(tmp_path):
         "4",
         "--out",
         str(out),
+        *started,
         cwd=tmp_path,
         script="dew.cli.sample",
         env=fast_env(),
@@ -146,6 +151,8 @@ def test_text_run_samples_decoded_text(tmp_path):
     text = out.read_text()
     assert text.count("--- sample ") == 2 and text in result.stdout
     assert "2 sequences (step 4, EMA, seed 0)" in result.stdout
+    cached = sorted(p.name for p in cache.iterdir())
+    assert cached and any(dump.iterdir()), (cached, sorted(dump.iterdir()))  # the sampler compiled under both
     again = dew(
         str(tmp_path / "ck" / "md"),
         "--count",
@@ -154,11 +161,13 @@ def test_text_run_samples_decoded_text(tmp_path):
         "4",
         "--out",
         str(tmp_path / "t.txt"),
+        *started,
         cwd=tmp_path,
         script="dew.cli.sample",
         env=fast_env(),
     )
     assert again.returncode == 0 and (tmp_path / "t.txt").read_text() == text  # same seed, same text
+    assert sorted(p.name for p in cache.iterdir()) == cached  # loaded what the first compiled: nothing new
     refused = dew(str(tmp_path / "ck" / "md"), "--max-new-tokens", "5", cwd=tmp_path, script="dew.cli.sample")
     assert (
         refused.returncode == 2
