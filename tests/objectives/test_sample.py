@@ -10,8 +10,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-import sklearn.datasets
-from sklearn.linear_model import LogisticRegression
 
 from dew.build import build_run
 from dew.config import ModelConfig, OptimConfig, TrainerConfig
@@ -103,6 +101,10 @@ def test_dew_sample_draws_what_the_trained_model_draws_and_the_digits_are_recogn
     here = np.asarray(objective.sample(state.model(ema=True), labels, jax.random.PRNGKey(3)))
     np.testing.assert_array_equal(saved["images"], here)
     # Quality: a classifier trained on scikit-learn's real digits labels them as conditioned.
+    # (Imported here: every pytest worker collects this module; scikit-learn's import is ~1.4 CPU-s.)
+    import sklearn.datasets
+    from sklearn.linear_model import LogisticRegression
+
     digits = sklearn.datasets.load_digits()
     classifier = LogisticRegression(max_iter=3000).fit(digits.data / 8.0 - 1.0, digits.target)
     accuracy = float((classifier.predict(saved["images"].reshape(200, -1)) == labels).mean())
