@@ -161,7 +161,9 @@ class Slots:
     SLURM's ``task/cgroup`` plugin or ``systemd-run -p CPUQuota`` would need a daemon this machine
     does not run."""
 
-    def __init__(self, n: int, cpus: float, marker: str):
+    def __init__(self, n: int, cpus: float, marker: str | None):
+        """``marker``: the folder under which the command's job processes run; None for a command
+        whose one process the caller puts in a slot itself (``enter``): then nothing is watched."""
         import threading
 
         found = cgroup_root()
@@ -171,7 +173,7 @@ class Slots:
                 "with cpu); run it as root, or with --slot-cpus 0 (the slots then share this machine's cores)"
             )
         root, self.version = found
-        self.marker = marker.encode()
+        self.marker = None if marker is None else marker.encode()
         self.parent = root / f"dew-bench-refill-{os.getpid()}-{next(Slots._made)}"
         self.parent.mkdir()
         # The whole command (the launching process and its jobs) before anything else on the machine
@@ -210,7 +212,8 @@ class Slots:
         """Each held process: the processes of its job (one list, shared by them all)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
+        if self.marker is not None:
+            self._thread.start()
 
     _made = itertools.count()
 
@@ -309,7 +312,12 @@ class Slots:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+        for pid, _ in self.waiting:  # held still (a command that failed): never left stopped
+            for member in self.followers[pid]:
+                with contextlib.suppress(OSError):
+                    os.kill(member, signal.SIGCONT)
         for slot in range(len(self.paths)):
             for pid in self.procs(slot):  # none should be left; a command that failed may leave its jobs
                 with contextlib.suppress(OSError):
@@ -607,7 +615,9 @@ def lone_run(
         f"trainer.compilation_cache_dir={cache}",
         f"trainer.name={name}",
     ]
-    slot = Slots(1, args.slot_cpus, "\0") if confine and args.slot_cpus else None
+    # No marker: the run's one process is put in the slot as it starts (``preexec_fn``), and a
+    # watcher would take any other command's job processes on the machine for this one's.
+    slot = Slots(1, args.slot_cpus, None) if confine and args.slot_cpus else None
     began = time.time()
     try:
         done = subprocess.run(

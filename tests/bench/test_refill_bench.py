@@ -5,6 +5,7 @@ last line is the record with every figure the page quotes."""
 import importlib
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,48 @@ def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launche
     idle = seeds["by_seed"][str(seeds["median_seed"])][0]
     assert seeds["deciles"]["refill_idle_share"][3] <= idle <= seeds["deciles"]["refill_idle_share"][5]
     assert record["slot_cpus"] == (round(0.9 * os.cpu_count() / 2, 3) if bench.cgroup_root() else 0.0)
+
+
+def test_slots_take_only_their_commands_job_processes_and_leave_none_stopped(tmp_path):
+    """A command's slots take the job processes under its own folder, and no other command's: the lone
+    run's slot once watched for the marker "\\0", which every command line holds, and stopped every
+    submitit task on the machine (another test's) for good. A job held for a slot is resumed at close."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def job(folder):
+        folder.mkdir(parents=True, exist_ok=True)  # a stand-in for `python -u -m submitit.core._submit FOLDER`
+        sleep = "import time; time.sleep(60)"
+        return subprocess.Popen([sys.executable, "-c", sleep, "submitit.core._submit", str(folder)], cwd=folder)
+
+    def state(proc):
+        return Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    def until(check):
+        deadline = time.monotonic() + 10
+        while not check():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+
+    if bench.cgroup_root() is None:  # no writable cgroup here: the slots refuse, saying what to do
+        with pytest.raises(SystemExit, match="--slot-cpus 0"):
+            bench.Slots(1, 0.5, None)
+        return
+    other, procs = job(tmp_path / "other"), []
+    try:
+        lone = bench.Slots(1, 0.5, None)  # the lone run's: its one process is put in the slot by its caller
+        time.sleep(0.3)  # fifteen of a watcher's looks
+        lone.close()
+        assert state(other) != "T"
+        slots = bench.Slots(1, 0.5, str(tmp_path / "mine"))
+        procs = [job(tmp_path / "mine" / "0"), job(tmp_path / "mine" / "1")]
+        until(lambda: slots.jobs == 2 and slots.placed)  # the first in the slot, the second held until it empties
+        assert sorted(slots.placed) == [procs[0].pid] and state(procs[1]) == "T" and state(other) != "T"
+        slots.close()
+        assert state(procs[1]) != "T" and state(other) != "T"
+    finally:
+        for proc in (other, *procs):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
