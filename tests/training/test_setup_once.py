@@ -41,11 +41,13 @@ def test_python_and_dew_train_set_a_run_up_through_one_function():
     for phase in ("listen", "check_setup", "claim"):
         assert found[phase] == {("training/setup.py", "set_up")}, phase
     # dew-train --check sets the process's flags to count its devices, dew-eval joins the process pool
-    # to evaluate: neither sets a run up.
+    # to evaluate, dew-sample and dew-export take the run's flags and compilation cache (restore's
+    # start=True): none of them sets a run up.
     assert found["start_process"] == {
         ("training/setup.py", "set_up"),
         ("cli/train.py", "check_single_run"),
         ("inference/evaluating.py", "run"),
+        ("inference/restore.py", "restore"),
     }
 
 
