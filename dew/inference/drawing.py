@@ -18,7 +18,7 @@ import numpy as np
 from dew.contract.objectives import can_sample, summary_name
 from dew.contract.rundir import SAMPLE_PREFIX
 from dew.data.tokenizer import from_record
-from dew.inference.restore import Restored, SampleError, for_inference, restore
+from dew.inference.restore import Restored, SampleError, for_inference, restore_named
 from dew.objectives.base import Objective
 from dew.sampling import to_uint8, write_grid
 
@@ -85,15 +85,7 @@ def check_samples(objective: Objective) -> None:
 
 def run(args: argparse.Namespace) -> str:
     """Sample as ``args`` say; returns the file written."""
-    r = restore(
-        args.run_dir,
-        step=args.step,
-        latest=args.latest,
-        ema=args.ema,
-        overrides=args.overrides,
-        prog="dew-sample",
-        start=True,
-    )
+    r = restore_named(args, "dew-sample")
     check_samples(r.objective)
     r = for_inference(r)
     stem = os.path.join(args.run_dir, f"{SAMPLE_PREFIX}-step{r.step}-seed{args.seed}")

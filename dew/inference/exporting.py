@@ -10,7 +10,7 @@ import tempfile
 
 from flax import nnx
 
-from dew.inference.restore import Restored, load_recipe, restore
+from dew.inference.restore import Restored, load_recipe, restore_named
 from dew.recipe import Recipe
 from dew.training.adapters import merge
 from dew.training.checkpointing import hf_llama, hf_tokenizer, hf_weights
@@ -30,15 +30,7 @@ def run(args: argparse.Namespace) -> str:
         except ValueError as err:
             raise merge.MergeError(str(err)) from None
     check(load_recipe(args.run_dir, args.overrides, "dew-export"), merge_lora=args.merge_lora)  # before the rebuild
-    r = restore(
-        args.run_dir,
-        step=args.step,
-        latest=args.latest,
-        ema=args.ema,
-        overrides=args.overrides,
-        prog="dew-export",
-        start=True,
-    )
+    r = restore_named(args, "dew-export")
     if args.merge_lora:
         params = merge.merged(r.model, r.recipe)
         merge.write_run(r.recipe, params, args.to, step=r.step, merged_from=os.path.abspath(args.run_dir))

@@ -10,6 +10,7 @@ step and what is wrong, and the newest intact step before it is read instead
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -280,6 +281,21 @@ def restore(
     _, rest = warmstart.load(recipe, params, rest, None, resuming=True, run_dir=run_dir)  # a LoRA run's base
     model = nnx.merge(graphdef, params, rest)
     return Restored(recipe, objective, dataset, model, chosen, ema_used, params, tuple(damaged))
+
+
+def restore_named(args: argparse.Namespace, prog: str) -> Restored:
+    """The run a command line names (``run_dir``, ``--step``, ``--latest``, ``--ema`` and the
+    overrides: dew-sample's and dew-export's), restored in the command's own process, which starts
+    as the run's (``restore``'s ``start``)."""
+    return restore(
+        args.run_dir,
+        step=args.step,
+        latest=args.latest,
+        ema=args.ema,
+        overrides=args.overrides,
+        prog=prog,
+        start=True,
+    )
 
 
 def for_inference(r: Restored) -> Restored:

@@ -53,9 +53,10 @@ def test_a_stopped_process_is_named_ended_and_the_job_requeued_and_finished(work
     # Every program is in the suite's compilation cache: a plugin's hook makes each step of the first
     # start SLOW_S long, so that the run is still training when the test stops one of its processes
     # after step STOP_AT (38 steps, 7.6 s of margin); the resumed start's 40 steps run at their own
-    # pace. A step of a 2-process run costs ~0.1 CPU-s however long it sleeps (most of it each
-    # process's loop), so the margin is bought with slower steps rather than more of them: the run
-    # was 100 steps of 0.1 s, whose resumed start trained 80 steps and saved 4 checkpoints.
+    # pace. A step of a 2-process run costs ~0.1 CPU-s however long it sleeps (the step's own work,
+    # its all-reduces over gloo: py-spy finds ~4 ms of it in Python), so the margin is bought with
+    # slower steps rather than more of them: the run was 100 steps of 0.1 s, whose resumed start
+    # trained 80 steps and saved 4 checkpoints.
     pythonpath, hook = slow_first_start(workdir / "site", SLOW_S)
     proc = in_its_own_group([*LOCAL, hook], workdir, workdir / "out.log", PYTHONPATH=pythonpath)
     rank0 = Tail(lambda: list((workdir / "ck").glob("stuck-sweep-*/.submitit/*/*_0_log.*")))
