@@ -25,11 +25,13 @@ from tests.training.conftest import TINY
 TIMEOUT_S = 0.4
 
 
-def watchdog(run_dir: Path, *, process: int = 0, count: int = 1) -> tuple[Watchdog, list[Stall]]:
+def watchdog(
+    run_dir: Path, *, process: int = 0, count: int = 1, timeout_s: float = TIMEOUT_S
+) -> tuple[Watchdog, list[Stall]]:
     """A watchdog on ``run_dir`` whose stalls are recorded, not acted on (the thread stops watching
     after the first)."""
     found: list[Stall] = []
-    dog = Watchdog(TIMEOUT_S, epath.Path(run_dir), process=process, count=count, stalled=found.append)
+    dog = Watchdog(timeout_s, epath.Path(run_dir), process=process, count=count, stalled=found.append)
     return dog, found
 
 
@@ -37,8 +39,8 @@ def started(step: int = 0) -> types.SimpleNamespace:
     return types.SimpleNamespace(tracker=None, step=step)
 
 
-def wait_past_the_timeout() -> None:
-    time.sleep(TIMEOUT_S * 2.5)
+def wait_past_the_timeout(timeout_s: float = TIMEOUT_S) -> None:
+    time.sleep(timeout_s * 2.5)
 
 
 def test_the_first_step_is_not_timed_the_next_are(tmp_path: Path):
@@ -102,7 +104,9 @@ def test_the_heartbeat_says_the_process_its_step_and_what_it_does(tmp_path: Path
 
 
 def test_a_peer_whose_heartbeat_stopped_is_named_as_not_running(tmp_path: Path):
-    dog, found = watchdog(tmp_path, process=0, count=3)
+    # A 2 s timeout (ticks of 0.5 s): the running peer's writer thread must not look stale for missing
+    # 3 ticks, which at 0.4 s (ticks of 0.1 s) a loaded suite's scheduling once made it (2026-12-06).
+    dog, found = watchdog(tmp_path, process=0, count=3, timeout_s=2.0)
     beats = tmp_path / WATCHDOG_DIR
     beats.mkdir()
     stale = time.time() - STALE_TICKS * dog.tick_s - 5
@@ -134,7 +138,7 @@ def test_a_peer_whose_heartbeat_stopped_is_named_as_not_running(tmp_path: Path):
     try:
         dog.before(0)
         dog.before(38)
-        wait_past_the_timeout()
+        wait_past_the_timeout(2.0)
     finally:
         alive.set()
         writer.join()
