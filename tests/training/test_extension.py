@@ -25,7 +25,9 @@ from tests.training.conftest import journal, load_params, losses, steps_on_disk,
 
 # A constant rate after a 10-step warmup: cosine with its floor at the peak.
 CONSTANT_AFTER_WARMUP = ["optim.schedule.warmup_steps=10", "optim.schedule.floor_ratio=1.0"]
-QUIET = ["trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.log_every=25"]
+QUIET = ["trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.log_every=10"]
+# The length of the run both slow tests compare with (a tiny step costs ~10 ms, a run ~2 CPU-s).
+WHOLE = [*CONSTANT_AFTER_WARMUP, *QUIET, "trainer.steps=60"]
 
 
 def _same_params(a: Path, b: Path, step: int) -> None:
@@ -35,33 +37,42 @@ def _same_params(a: Path, b: Path, step: int) -> None:
         np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
-@pytest.mark.slow
-def test_a_finished_run_trained_further_equals_one_run_of_the_new_length(tmp_path: Path):
-    # 40 steps grown to 80 (they were 100 and 200: 400 steps trained, ~6 CPU-s more): past the warmup's
-    # 10, and the grown run crosses an epoch of the digits (1,617 images: 50 batches of 32) after its resume.
-    quiet = [*QUIET, "trainer.log_every=10"]
-    _, whole, whole_journal = train_tiny(tmp_path, *CONSTANT_AFTER_WARMUP, *quiet, "trainer.steps=80", name="whole")
-    _, run, _ = train_tiny(tmp_path, *CONSTANT_AFTER_WARMUP, *quiet, "trainer.steps=40", name="grown")
-    assert steps_on_disk(run) == [40]
-    _, run, grown_journal = train_tiny(tmp_path, *CONSTANT_AFTER_WARMUP, *quiet, "trainer.steps=80", name="grown")
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """A run of 60 steps trained at once (its directory, its journal): what the extended run and the
+    run stopped by trainer.max_time each end on. One run for both tests: each trained its own
+    (~2 CPU-s a tiny run, almost all of it fixed cost)."""
+    tmp = tmp_path_factory.mktemp("whole")
+    _, run, records = train_tiny(tmp, *WHOLE, name="whole")
+    return run, records
 
-    # The schedule past step 40: the peak, as in the run trained to 80 at once (and the warmup's
+
+@pytest.mark.slow
+def test_a_finished_run_trained_further_equals_one_run_of_the_new_length(tmp_path: Path, whole):
+    # 20 steps grown to 60 (they were 100 and 200, then 40 and 80): past the warmup's 10, and the
+    # grown run crosses an epoch of the digits (1,617 images: 50 batches of 32) after its resume.
+    whole, whole_journal = whole
+    _, run, _ = train_tiny(tmp_path, *WHOLE, "trainer.steps=20", name="grown")
+    assert steps_on_disk(run) == [20]
+    _, run, grown_journal = train_tiny(tmp_path, *WHOLE, name="grown")
+
+    # The schedule past step 20: the peak, as in the run trained to 60 at once (and the warmup's
     # rates before it were the same at either length, which is why the extension was accepted).
     peak = Recipe.load(str(run)).optim.learning_rate
     rates = losses(grown_journal, "train/lr")
-    assert [s for s in rates if s > 40] == [50, 60, 70, 80]
-    assert all(rates[s] == np.float32(peak) for s in rates if s > 40)
+    assert [s for s in rates if s > 20] == [30, 40, 50, 60]
+    assert all(rates[s] == np.float32(peak) for s in rates if s > 20)
     assert rates == losses(whole_journal, "train/lr") and losses(grown_journal) == losses(whole_journal)
-    _same_params(whole, run, 80)
+    _same_params(whole, run, 60)
 
-    # The record says 80 steps; the journal says where the length changed; dew-runs reads it as done.
-    assert Recipe.load(str(run)).trainer.steps == 80
+    # The record says 60 steps; the journal says where the length changed; dew-runs reads it as done.
+    assert Recipe.load(str(run)).trainer.steps == 60
     events = [(r["event"], r["step"]) for r in grown_journal if r.get("event") in ("start", "resume", "extend", "end")]
-    assert events == [("start", 0), ("resume", 40), ("extend", 40), ("end", 80)]
+    assert events == [("start", 0), ("resume", 20), ("extend", 20), ("end", 60)]
     extend = next(r for r in grown_journal if r.get("event") == "extend")
-    assert (extend["from_steps"], extend["to_steps"]) == (40, 80)
+    assert (extend["from_steps"], extend["to_steps"]) == (20, 60)
     summary = read_run(epath.Path(run), "grown", tracking=str(tmp_path / "tracking")).summary
-    assert (summary.status, summary.step, summary.total_steps) == ("finished", 80, 80)
+    assert (summary.status, summary.step, summary.total_steps) == ("finished", 60, 60)
 
 
 def _recorded(tmp: Path, schedule: object, steps: int, reached: int) -> Recipe:
@@ -134,15 +145,16 @@ def test_a_bad_max_time_is_refused_naming_the_field(value: str):
 
 
 @pytest.mark.slow
-def test_max_time_stops_with_a_checkpoint_and_the_run_resumes_bit_for_bit(tmp_path: Path):
-    run_args = ["trainer.steps=12", *QUIET]
-    _, whole, whole_journal = train_tiny(tmp_path, *run_args, name="whole")
+def test_max_time_stops_with_a_checkpoint_and_the_run_resumes_bit_for_bit(tmp_path: Path, whole):
+    # The same run as the extension's whole run of 60, which it ends on: the ~48 steps more that the
+    # resume trains here cost less than a 12-step run of its own did (~0.5 against ~2 CPU-s).
+    whole, whole_journal = whole
     # 10 ms: spent before the first step ends (the set-up and the compilation count), so the run
     # stops at its first step boundary, whatever this machine's speed.
     with pytest.raises(Preempted) as stopped:
-        train_tiny(tmp_path, *run_args, "trainer.max_time=0.01", name="cut")
+        train_tiny(tmp_path, *WHOLE, "trainer.max_time=0.01", name="cut")
     at = stopped.value.step
-    assert stopped.value.reason == MAX_TIME and 1 <= at < 12
+    assert stopped.value.reason == MAX_TIME and 1 <= at < 60
     assert "trainer.max_time reached" in str(stopped.value)
     assert steps_on_disk(tmp_path / "ck" / "cut") == [at]
     last = [r for r in journal(tmp_path, "cut") if "event" in r][-1]
@@ -151,9 +163,9 @@ def test_max_time_stops_with_a_checkpoint_and_the_run_resumes_bit_for_bit(tmp_pa
     assert summary.status == "stopped" and summary.reason is not None and summary.reason.startswith("max_time")
 
     # A later command, with another limit (a resume may change it), trains the rest.
-    _, cut, cut_journal = train_tiny(tmp_path, *run_args, "trainer.max_time=1h", name="cut")
+    _, cut, cut_journal = train_tiny(tmp_path, *WHOLE, "trainer.max_time=1h", name="cut")
     assert losses(cut_journal) == losses(whole_journal)
-    _same_params(whole, cut, 12)
+    _same_params(whole, cut, 60)
 
 
 def test_a_max_time_stop_exits_with_timeouts_status():
