@@ -26,7 +26,8 @@ from tests.training.conftest import journal, load_params, losses, steps_on_disk,
 # A constant rate after a 10-step warmup: cosine with its floor at the peak.
 CONSTANT_AFTER_WARMUP = ["optim.schedule.warmup_steps=10", "optim.schedule.floor_ratio=1.0"]
 QUIET = ["trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.log_every=10"]
-# The length of the run both slow tests compare with (a tiny step costs ~10 ms, a run ~2 CPU-s).
+# The length of the run both slow tests compare with (in this process a tiny step costs ~9 ms of
+# CPU, a 12-step run ~1.6 CPU-s: a run's cost is almost all fixed).
 WHOLE = [*CONSTANT_AFTER_WARMUP, *QUIET, "trainer.steps=60"]
 
 
@@ -40,8 +41,7 @@ def _same_params(a: Path, b: Path, step: int) -> None:
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory) -> tuple[Path, list[dict]]:
     """A run of 60 steps trained at once (its directory, its journal): what the extended run and the
-    run stopped by trainer.max_time each end on. One run for both tests: each trained its own
-    (~2 CPU-s a tiny run, almost all of it fixed cost)."""
+    run stopped by trainer.max_time each end on: one run for both tests, where each trained its own."""
     tmp = tmp_path_factory.mktemp("whole")
     _, run, records = train_tiny(tmp, *WHOLE, name="whole")
     return run, records
@@ -147,7 +147,8 @@ def test_a_bad_max_time_is_refused_naming_the_field(value: str):
 @pytest.mark.slow
 def test_max_time_stops_with_a_checkpoint_and_the_run_resumes_bit_for_bit(tmp_path: Path, whole):
     # The same run as the extension's whole run of 60, which it ends on: the ~48 steps more that the
-    # resume trains here cost less than a 12-step run of its own did (~0.5 against ~2 CPU-s).
+    # resume trains here cost less than the 12-step reference run it trained did (0.4 against 1.6
+    # CPU-s, measured in one process with the programs cached).
     whole, whole_journal = whole
     # 10 ms: spent before the first step ends (the set-up and the compilation count), so the run
     # stops at its first step boundary, whatever this machine's speed.
