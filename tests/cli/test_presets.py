@@ -2,7 +2,7 @@
 trained by a test here, without overriding what the preset sets, except what makes it affordable,
 each for a stated reason (``SHRUNK``): the model, through the ``model.config.*`` sizes; the run's
 length, to one step past the preset's largest warmup (a run shorter than its warmup is refused, or
-fails its trial: docs/search.md); a search's trial count. Every
+fails its trial: docs/search.md); a token run's windows; a search's trial count. Every
 other override sets a field the preset leaves alone (a test checks that), and the compilation cache
 is shared through ``DEW_COMPILATION_CACHE``, not an override."""
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dew.runs.study_storage import journal
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO
 from tests.training.conftest import dew_train, fast_env
 
 CONF = REPO / "conf"
@@ -25,15 +25,22 @@ SHRUNK = {
     "model.config.hidden_size",
     "model.config.num_heads",
     "trainer.steps",
+    "data.seq_len",
     "hydra.sweeper.n_trials",
 }
 """The keys a preset sets that these tests override, each to shrink the run: a width-32, one-block
-model instead of the preset's; the shortest run its warmup allows; a few trials instead of 20."""
+model instead of the preset's; the shortest run its warmup allows; 16-token windows instead of 64
+(the token presets: their windows are a size of the run as the model's are, and a step of 64 x 64
+tokens cost 2.3x what 64 x 16 does: tiny_lm's 231 steps 21.4 -> 9.0-10.4 CPU-s, tiny_mdlm's 101
+15.2 -> 9.5, 2026-12-07; docs/mup.md's tiny_lm commands check the shipped windows and batch in
+tests/cli/test_docs.py, and bench/tiny_lm_bzip2.py trains them); a few trials instead of 20."""
 SAMPLES = ["flow_matching.samples_per_class=1", "flow_matching.sample_steps=1"]
 """The end-of-run sample grid of an image run, at its smallest (no preset sets it)."""
 TOKENS = "data.path=data/tiny/train.bin"
 
-EXPERIMENTS = {"digits": [*SAMPLES], "tiny_lm": [TOKENS], "tiny_mdlm": [TOKENS]}
+WINDOWS = "data.seq_len=16"
+"""The token presets' windows, shrunk (``SHRUNK``)."""
+EXPERIMENTS = {"digits": [*SAMPLES], "tiny_lm": [TOKENS, WINDOWS], "tiny_mdlm": [TOKENS, WINDOWS]}
 """Each experiment preset and the overrides it needs besides the model and the length: a token file
 for the token runs (the path the preset's own comment names)."""
 SEARCHES = {
@@ -135,22 +142,6 @@ def presets_dir(tmp_path_factory) -> Path:
     return work
 
 
-OPTIMISED = {"tiny_lm"}
-"""The experiment presets compiled with XLA's default optimisation, not the suite's unoptimised
-flag: tiny_lm's 231 steps of 64 x 64 tokens run ~40% faster for ~2 s more compiling (its command
-22.0-23.7 -> 18.2-21.3 CPU-s over four and three runs), and no other test compiles its programs.
-The others lose by it (digits 8.7 -> 10.8, tiny_mdlm 15.1 -> 16.5: 101 steps), and so do the search
-presets' trials (tiny_lm's 501 steps of 4 x 16 tokens: 5.7 -> 7.6; digits' load ``TINY``'s
-programs, compiled unoptimised)."""
-
-
-def env(work: Path, name: str | None = None) -> dict[str, str]:
-    """The suite's environment: its compilation cache (``DEW_COMPILATION_CACHE``) too, so a preset
-    shrunk to the suite's model loads the programs other tests compiled; an ``OPTIMISED`` one's
-    XLA_FLAGS without the suite's unoptimised flag."""
-    return cli_env(unoptimised=False) if name in OPTIMISED else fast_env()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_an_experiment_preset_trains_as_shipped(name, presets_dir):
@@ -159,7 +150,7 @@ def test_an_experiment_preset_trains_as_shipped(name, presets_dir):
     from dew.contract.journal import read_journal
 
     work = presets_dir
-    result = dew_train(*experiment_command(name), cwd=work, env=env(work, name), timeout=600)
+    result = dew_train(*experiment_command(name), cwd=work, env=fast_env(), timeout=600)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     shipped = preset("experiment", name)
     record = json.loads((work / "ck" / name / "run.json").read_text())
@@ -181,7 +172,7 @@ def test_a_search_preset_completes_its_trials_with_int_warmups(name, presets_dir
     from dew.cli.runs import run
 
     work = presets_dir
-    result = dew_train(*search_command(name), cwd=work, env=env(work), timeout=900)
+    result = dew_train(*search_command(name), cwd=work, env=fast_env(), timeout=900)
     assert result is not None and result.returncode == 0, result.stdout[-3000:]
     [sweep] = list((work / "ck").glob(f"{name}-sweep-*"))  # each search preset is its experiment's
     storage = journal(str(sweep / "study.journal"))
