@@ -69,7 +69,7 @@ the run), which is the job's own time, not the slot's idle time. Per command:
 
     JAX_PLATFORMS=cpu python bench/refill.py [--launcher local|slurm|both] [--rounds 2] [--length 4000]
     JAX_PLATFORMS=cpu python bench/refill.py --slot-cpus 0    # the slots share the machine's cores
-    JAX_PLATFORMS=cpu python bench/refill.py --smoke    # 3 trials, 2 slots, L=40, one round: the test's
+    JAX_PLATFORMS=cpu python bench/refill.py --smoke    # 3 trials, 2 slots, L=40, one round, no warm-up: the test's
 
 The last line printed is JSON: {"bench": "refill", "local": {"wall_ratio": ..., "refill_idle_share": ...,
 ...}, "slurm": {...}, "targets": {"local": {"refill_idle_share_met": ..., "wall_ratio_met": ...}, ...}, ...}.
@@ -704,20 +704,30 @@ def main(argv: list[str] | None = None) -> int:
         "varies with the lone run's timing (docs/performance.md names the seed it ran)",
     )
     parser.add_argument("--model-seeds", type=int, default=200, help="the seeds the model is run over")
-    parser.add_argument("--smoke", action="store_true", help="3 trials, 2 slots, L=40, one round")
+    parser.add_argument("--smoke", action="store_true", help="3 trials, 2 slots, L=40, one round, --no-warm-up")
+    parser.add_argument(
+        "--no-warm-up",
+        dest="warm_up",
+        action="store_false",
+        help="no warm-up run before the lone run: the lone run fills the compilation cache itself (the trials "
+        "still load their programs), its start-up then holding what it compiled",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it")
     parser.add_argument(
         "--compilation-cache",
         type=Path,
         default=None,
         help="the compilation cache every run uses (default: a fresh one in the work directory); the warm-up "
-        "run fills what it lacks either way (the smoke test gives the test suite's, where its tiny runs' "
-        "programs are already)",
+        "run (with --no-warm-up the lone run) fills what it lacks either way (the smoke test gives the test "
+        "suite's, where its tiny runs' programs are already)",
     )
     args = parser.parse_args(argv)
     if args.smoke:
         args.trials, args.slots, args.length, args.eval_every, args.rounds = 3, 2, 40, 10, 1
         args.threshold = 1.6  # the bad rate: 1.71 at step 10, the good one: 1.46
+        # A smoke run checks that the bench runs and records, not its figures: the warm-up is a cold
+        # dew-train of its own (~4 CPU-s of the smoke test's ~53, whatever the cache holds).
+        args.warm_up = False
     if args.slot_cpus is None:
         args.slot_cpus = round(0.9 * (os.cpu_count() or 1) / args.slots, 3) if cgroup_root() else 0.0
     launchers = list(LAUNCHERS) if args.launcher == "both" else [args.launcher]
@@ -728,7 +738,8 @@ def main(argv: list[str] | None = None) -> int:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         cache = args.compilation_cache or root / "xla"
-        lone_run(args, root, cache, "warm-up", args.eval_every)  # compiles every program the trials load
+        if args.warm_up:  # compiles every program the trials load (else the lone run does)
+            lone_run(args, root, cache, "warm-up", args.eval_every)
         lone = lone_run(args, root, cache, "lone", args.length, confine=True)
         print(
             f"a lone run of {args.length} steps: {lone['wall_s']:.1f} s, {lone['step_s'] * 1e3:.2f} ms a step, "
@@ -774,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         "length": args.length,
         "eval_every": args.eval_every,
         "threshold": args.threshold,
+        "warm_up": args.warm_up,
         "slot_cpus": args.slot_cpus,
         "sampler": args.sampler,
         "seed": args.seed,

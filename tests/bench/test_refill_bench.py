@@ -1,6 +1,6 @@
-"""bench/refill.py at its smoke size (3 trials, 2 slots, 40 to 160 steps) on the SLURM stand-in, so the
-command docs/performance.md quotes cannot rot: both modes run, they draw the same trials, and the
-last line is the record with every figure the page quotes."""
+"""bench/refill.py at its smoke size (3 trials, 2 slots, 40 to 160 steps, no warm-up run) on the SLURM
+stand-in, so the command docs/performance.md quotes cannot rot: both modes run, they draw the same
+trials, and the last line is the record with every figure the page quotes."""
 
 import importlib
 import json
@@ -18,12 +18,14 @@ bench = importlib.import_module("bench.refill")
 @pytest.mark.parametrize("launcher", ["slurm"])  # the local launcher's refill: tests/cli/test_search.py
 def test_batches_and_refilled_slots_run_the_same_trials_and_are_measured(launcher, tmp_path, capsys):
     # On the suite's compilation cache (the trials' model is TINY's, compiled alike: the bench's
-    # commands inherit this process's XLA_FLAGS), so that its warm-up run loads what the suite has
-    # compiled instead of compiling it anew: 10 s of its 14, ~4 of the test's ~50 CPU-s.
+    # commands inherit this process's XLA_FLAGS), so that its lone run loads what the suite has
+    # compiled instead of compiling it anew. --smoke runs no warm-up before the lone run (the lone
+    # run fills the cache the trials load from): a cold dew-train fewer, ~4 CPU-s.
     cache = ["--compilation-cache", SUITE_CACHE]
     assert bench.main(["--smoke", "--launcher", launcher, "--keep", str(tmp_path), *cache]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert record["bench"] == "refill" and (record["trials"], record["slots"], record["rounds"]) == (3, 2, 1)
+    assert record["warm_up"] is False and not (tmp_path / "tracking" / "warm-up").exists()
     assert launcher in record and ({"local", "slurm"} - {launcher}).isdisjoint(record)
     figures = record[launcher]
     assert figures["same_draws"] and figures["draws_matching"] == [3]  # the seeded random sampler: one sequence
