@@ -339,9 +339,10 @@ def test_an_export_is_the_model_transformers_computes(tmp_path: Path, family: st
     extra = EXPORTED[family]
     base = {"vocab_size": 40, "seq_len": 12, "hidden_size": 32, "depth": 2, "num_heads": 4, "mlp_hidden": 48}
     f = of("transformer", {**base, **extra, "dtype": "float32", "scan_layers": False}).fields
-    model = architecture("transformer")(f).build(nnx.Rngs(params=0))
-    state = nnx.state(model, nnx.Param)
-    # NumPy's draws: jax.random.normal compiled a program per parameter shape.
+    # Built as shapes, then every parameter drawn with NumPy: an initialisation ran a program per
+    # parameter shape (jax.random.normal's, ~1.3 CPU-s for the first family), all of it overwritten.
+    model = nnx.eval_shape(lambda: architecture("transformer")(f).build(nnx.Rngs(params=0)))
+    state = nnx.state(model, nnx.Param)  # the model's only variables
     rng = np.random.default_rng(1)
     nnx.update(model, jax.tree.map(lambda x: jnp.asarray(rng.standard_normal(x.shape) * 0.3, x.dtype), state))
     tokens = np.random.default_rng(0).integers(0, 40, (2, 12)).astype(np.int32)
