@@ -53,3 +53,53 @@ def test_arrays_are_stored_uncompressed_and_a_compressed_step_still_restores(tmp
         part, _ = checkpoints.restore_part(step, {"params": abstract["params"]})
         assert _equal(part["params"], state["params"])
     checkpoints.close()
+
+
+REPLICAS = """
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from etils import epath
+from dew.training.checkpointing.checkpoints import Checkpoints
+
+compiled = []
+COMPILE = "/jax/core/compile/backend_compile_duration"
+jax.monitoring.register_event_duration_secs_listener(lambda event, _, **kw: event == COMPILE and compiled.append(event))
+replicated = NamedSharding(jax.make_mesh((2,), ("data",)), PartitionSpec())
+found = {}
+for name, size in (("small", 1024), ("large", 2**20)):  # 4 KiB, and 4 MiB: 2 MiB a replica
+    state = {"w": jax.device_put(jnp.arange(size, dtype=jnp.float32), replicated)}
+    checkpoints = Checkpoints(epath.Path(sys.argv[1]) / name, keep=1)
+    before = len(compiled)
+    checkpoints.save(1, state, {}, None)
+    checkpoints.wait()
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    back, _ = checkpoints.restore(1, abstract)
+    found[name] = [len(compiled) - before, bool(np.array_equal(np.asarray(back["w"]), np.asarray(state["w"])))]
+    checkpoints.close()
+print(json.dumps(found))
+"""
+
+
+def test_a_small_replicated_array_is_written_whole_and_a_large_one_by_its_replicas(tmp_path: Path):
+    """orbax splits the writing of a replicated array among its replicas, each part a slice of a
+    device's buffer: a program compiled per shape and device on a run's first save. dew's saves
+    split only parts of at least ``REPLICA_SLICE_BYTES`` (1 MiB): a 4 KiB array replicated on two
+    devices is saved with no program compiled (orbax's default compiled 2), a 4 MiB one still
+    split (its two slices compiled), and both restore bit for bit."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, cli_env
+
+    proc = subprocess.run(
+        [sys.executable, "-c", REPLICAS, str(tmp_path)],
+        cwd=REPO,
+        env=cli_env(JAX_NUM_CPU_DEVICES="2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"small": [0, True], "large": [2, True]}
