@@ -67,6 +67,13 @@ def perturb(*models: nnx.Module) -> None:
         nnx.update(model, moved)
 
 
+def forward(model: nnx.Module, *inputs: jax.Array) -> np.ndarray:
+    """``model(*inputs)`` compiled as one program: op by op, the DiT's first forward compiled each op
+    on its own (1.13 + 0.31 CPU-s for the base-width pair, against 0.59 + 0.40)."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda state, *inputs: nnx.merge(graphdef, state)(*inputs))(state, *inputs))
+
+
 @pytest.mark.slow
 def test_dit_under_mup_at_its_base_width_is_the_standard_model():
     standard, base = dit(hidden_size=48), dit(mup=True, hidden_size=48)
@@ -77,9 +84,9 @@ def test_dit_under_mup_at_its_base_width_is_the_standard_model():
     perturb(standard, base)
     x = jax.random.normal(jax.random.key(2), (2, 8, 8, 1))
     t, y = jnp.array([0.3, 0.7]), jnp.array([1, 4])
-    out = standard(x, t, y)
-    assert float(jnp.abs(out).max()) > 0.1
-    np.testing.assert_array_equal(np.asarray(base(x, t, y)), np.asarray(out))
+    out = forward(standard, x, t, y)
+    assert float(np.abs(out).max()) > 0.1
+    np.testing.assert_array_equal(forward(base, x, t, y), out)
 
 
 @pytest.mark.slow
@@ -95,4 +102,4 @@ def test_dit_under_mup_divides_its_output_by_the_width_multiplier_and_rescales_i
     nnx.update(narrow, nnx.state(wide))
     x, t, y = jax.random.normal(jax.random.key(2), (2, 8, 8, 1)), jnp.array([0.3, 0.7]), jnp.array([1, 4])
     narrow.blocks.attn.scale = wide.blocks.attn.scale  # the same attention: only the readout differs
-    np.testing.assert_allclose(narrow(x, t, y), wide(x, t, y) / 2, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(forward(narrow, x, t, y), forward(wide, x, t, y) / 2, rtol=1e-5, atol=1e-7)
