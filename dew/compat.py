@@ -242,6 +242,41 @@ def hydra_reports(report: Callable[[Exception], None]) -> Iterator[None]:
         utils.run_and_report = original
 
 
+@contextlib.contextmanager
+def hydra_groups_listed_once() -> Iterator[None]:
+    """Within it, Hydra's config loader answers every listing of a group's options (what ``--help``
+    and ``--hydra-help`` print: each config group and its options) from one copy of its config
+    repository per primary config and overrides. hydra-core 1.3.8's ``ConfigLoaderImpl.get_group_options``
+    deep-copies the whole repository (every config the ConfigStore holds: dew's schemas, Hydra's,
+    the launchers' and sweepers') for each listing, five or so a group: ``dew-train --help`` took
+    2.1 CPU-s, ~1.2 of it those copies (py-spy, 2026-12-07). A listing reads the copy (its search
+    path set up once, as each copy's is) and never changes it, so one copy gives every listing the
+    same answer."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.object_type import ObjectType
+
+    original = ConfigLoaderImpl.get_group_options
+    copies: dict[tuple[int, str | None, tuple[str, ...]], Any] = {}
+
+    def get_group_options(
+        self: ConfigLoaderImpl,
+        group_name: str,
+        results_filter: ObjectType | None = ObjectType.CONFIG,
+        config_name: str | None = None,
+        overrides: list[str] | None = None,
+    ) -> list[str]:
+        key = (id(self), config_name, tuple(overrides or ()))
+        if key not in copies:
+            copies[key] = self._parse_overrides_and_create_caching_repo(config_name, list(overrides or ()))[1]
+        return copies[key].get_group_options(group_name, results_filter)
+
+    ConfigLoaderImpl.get_group_options = get_group_options  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ConfigLoaderImpl.get_group_options = original  # type: ignore[method-assign]
+
+
 def hydra_sweep_dir(err: BaseException) -> str | None:
     """The sweep directory of the Hydra sweeper an error was raised through (Hydra's basic sweeper
     writes its ``multirun.yaml`` there before it composes the jobs), None when it came through no

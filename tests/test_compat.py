@@ -331,3 +331,34 @@ def test_a_schema_twin_pickled_by_value_keeps_its_default_factories():
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert json.loads(done.stdout) == {"name": "loss_ema", "every": 1, "options": {"decay": 0.9}}
+
+
+def test_hydra_groups_listed_once_lists_what_hydra_lists_from_one_copy_of_the_repository(monkeypatch):
+    """``--help`` and ``--hydra-help`` list every config group and its options: inside
+    ``hydra_groups_listed_once`` the listing is Hydra's own, character for character, made from
+    one copy of the config repository where Hydra makes one for each group's listings."""
+    from hydra import initialize_config_dir
+    from hydra._internal.config_repository import CachingConfigRepository
+    from hydra.core.global_hydra import GlobalHydra
+
+    from dew.commandline.configs import conf_dir, register_configs
+
+    copies = []
+    made = CachingConfigRepository.__init__
+
+    def counted(self, delegate):
+        copies.append(delegate)
+        made(self, delegate)
+
+    monkeypatch.setattr(CachingConfigRepository, "__init__", counted)
+    GlobalHydra.instance().clear()
+    register_configs()
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        listed = hydra.format_config_groups(lambda group: True)
+        by_hydra = len(copies)
+        with compat.hydra_groups_listed_once():
+            once = hydra.format_config_groups(lambda group: True)
+    GlobalHydra.instance().clear()
+    assert once == listed and "optim/schedule: cosine, linear, power" in listed and "hydra/launcher: " in listed
+    assert by_hydra > 50 and len(copies) - by_hydra == 1

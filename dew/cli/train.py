@@ -497,7 +497,11 @@ def main() -> None:
     ):
         fail(problem)
     try:
-        with compat.hydra_reports(report_hydra_error):
+        listing = args is not None and (args.help or args.hydra_help)  # the config groups, printed
+        with (
+            compat.hydra_reports(report_hydra_error),
+            compat.hydra_groups_listed_once() if listing else contextlib.nullcontext(),
+        ):
             hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")(train_from_hydra)()
     except KeyboardInterrupt:  # Ctrl-C twice on a run alone (dew.training.preemption), a basic sweep's job
         if debugging():
