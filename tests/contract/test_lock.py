@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,10 +33,10 @@ ARGS = [
 ]
 
 
-def _wait(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
+def _wait(condition, first: threading.Thread, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert proc.poll() is None, f"the first run ended (status {proc.returncode})"
+        assert first.is_alive(), "the first run ended"
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
@@ -43,35 +44,37 @@ def _wait(condition, proc: subprocess.Popen, timeout: float = 300) -> None:
 @pytest.mark.slow
 def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(workdir: Path):
     run = workdir / "ck" / "r"
-    log = open(workdir / "first.out", "w")
-    first = subprocess.Popen(
-        [sys.executable, "-m", "dew.cli.train", *ARGS],
-        cwd=workdir,
-        env=fast_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # The first from the warm interpreter too (tests/warm.py, through dew_train in a thread, as
+    # tests/cli/test_runs.py's SIGTERM run): what is tested is the lock it holds, not its start (a
+    # cold start's imports, ~1.5 CPU-s, spared). Its pid is the one its lock names.
+    ended: list[subprocess.CompletedProcess | None] = []
+    first = threading.Thread(target=lambda: ended.append(dew_train(*ARGS, cwd=workdir)), daemon=True)
+    first.start()
+    pid = None
     try:
         _wait(lambda: (run / "2").is_dir(), first)  # it holds the lock and has a checkpoint
+        pid = holder(run)["pid"]
         # Stopped, it keeps its flock (holder() asks for a live process, not a running one) and trains
         # no further while the second starts: it had trained through the second's whole start.
-        os.kill(first.pid, signal.SIGSTOP)
-        assert holder(run) == {"host": socket.gethostname(), "pid": first.pid, "started": holder(run)["started"]}
+        os.kill(pid, signal.SIGSTOP)
+        assert holder(run) == {"host": socket.gethostname(), "pid": pid, "started": holder(run)["started"]}
 
         started = time.monotonic()
         # From the warm interpreter: the refusal comes after the start, which it does not test. A
         # second that waited for the lock (or for the stopped first) would run into the timeout.
         second = dew(*ARGS, cwd=workdir, env=fast_env(), timeout=300)
         elapsed = time.monotonic() - started
-        assert first.poll() is None  # refused while the first still holds it, not after orbax's barrier
+        assert first.is_alive()  # refused while the first still holds it, not after orbax's barrier
         assert second.returncode == EXIT_BUSY, second.stderr
-        assert f"is in use by process {first.pid} on {socket.gethostname()}" in second.stderr
+        assert f"is in use by process {pid} on {socket.gethostname()}" in second.stderr
         assert "Traceback" not in second.stderr and "orbax-checkpoint-tmp" not in second.stderr
         print(f"the second dew-train was refused {elapsed:.2f} s after it started (Hydra and the config)")
     finally:
-        os.kill(first.pid, signal.SIGKILL)
-        first.wait()
-        log.close()
+        pid = pid or (holder(run) or {}).get("pid")  # never leave the first behind
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        first.join(300)  # dew_train SIGKILLs a run past its timeout (300 s)
+    assert ended and ended[0] is not None and ended[0].returncode == -signal.SIGKILL, ended
     assert holder(run) is None  # the kernel released the lock with the process
 
     # The resume stops itself at its first step boundary (a resume may change max_time): from the warm
