@@ -6,9 +6,13 @@ atexit handlers). The child is a real process: what the command launches, locks,
 is the command's own; what it skips is the ~1.5 CPU-s of imports every cold start pays (most of a
 ``--check``'s time: ~200 such commands in the suite).
 
-What a cold start would read differently is never run warm (``warm_env``): an environment whose
+What a cold start would read differently is never run warm (``Server.serves``): an environment whose
 import-time variables (JAX_*, XLA_*, PYTHON*, thread counts, ...) differ from the server's, a
-module the server did not import. Tests of start-up itself (the first Ctrl-C, the console's first
+module the server did not import. Two JAX variables are the exceptions: ``JAX_COORDINATOR_ADDRESS``,
+read when the pool starts, and ``JAX_NUM_CPU_DEVICES``, read at import but used only when a backend
+starts, which a child sets as the import would have (``APPLIED``): the ranks of the multi-process
+tests run warm, started with ``start`` (used as a ``subprocess.Popen``: a pid to signal, an end to
+wait for) where ``run`` waits for the command's end. Tests of start-up itself (the first Ctrl-C, the console's first
 lines, the installed scripts) start their processes cold, with ``subprocess`` directly.
 
 Run as ``python -m tests.warm``: the server. Requests and answers are JSON lines on its
@@ -46,6 +50,12 @@ AT_IMPORT = (
     "TENSORSTORE",
     "DEW_NO_PLUGINS",
 )
+APPLIED = {"JAX_NUM_CPU_DEVICES": "jax_num_cpu_devices"}
+"""JAX options JAX reads from the environment at import and uses only when a backend starts (which
+the server never does): a child given another value sets the option to it before the command runs,
+as a cold start's import would have, so the command runs warm (multi-process tests' ranks)."""
+AT_RUN = ("JAX_COORDINATOR_ADDRESS",)
+"""JAX_* variables JAX reads when the command runs (``jax.distributed.initialize``), not at import."""
 MODULES = (
     "dew.cli.train",
     "dew.cli.recipe",
@@ -147,6 +157,9 @@ def serve() -> dict:
                     os.close(woken)
                     os.close(wake)
                     return request
+                if request.get("started"):  # ``start``: the caller signals the child by its pid
+                    answer.write(json.dumps({"id": request["id"], "pid": pid}) + "\n")
+                    answer.flush()
                 timeout = request.get("timeout")
                 children[pid] = (
                     request["id"],
@@ -182,6 +195,11 @@ def become(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    import jax
+
+    for variable, option in APPLIED.items():
+        if variable in os.environ:
+            jax.config.update(option, int(os.environ[variable]))
     sys.path[0] = os.getcwd()  # what ``python -m`` puts first
     sys.argv = [request["module"], *request["args"]]
     import runpy
@@ -211,6 +229,7 @@ class Server:
         )
         self.lock = threading.Lock()
         self.waiting: dict[str, tuple[threading.Event, dict]] = {}
+        self.started: dict[str, tuple[threading.Event, dict]] = {}
         self.ready = self.proc.stdout.readline().strip() == "ready"
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -230,20 +249,45 @@ class Server:
     def _read(self) -> None:
         for line in self.proc.stdout:
             answer = json.loads(line)
+            if "status" not in answer:  # a started child's pid (``start``)
+                started, box = self.started.pop(answer["id"])
+                box.update(answer)
+                started.set()
+                continue
             event, box = self.waiting.pop(answer["id"])
             box.update(answer)
             global child_cpu
             child_cpu += answer.get("cpu", 0.0)
             event.set()
-        for event, box in list(self.waiting.values()):  # the server died: whoever waits runs cold
+        for event, box in [*self.waiting.values(), *self.started.values()]:  # the server died
             box["lost"] = True
             event.set()
 
     def serves(self, module: str, env: dict[str, str]) -> bool:
         if not self.ready or self.proc.poll() is not None or module not in MODULES:
             return False
-        keys = set(env) | set(self.env)
+        keys = (set(env) | set(self.env)) - set(AT_RUN) - {k for k in APPLIED if k in env}
         return not any(k.startswith(AT_IMPORT) and env.get(k) != self.env.get(k) for k in keys)
+
+    def send(self, request: dict) -> tuple[threading.Event, dict] | None:
+        """Send ``request`` (its id given here): the event set when its child ended and the box
+        its answer fills, or None where the server is gone. A ``started`` request's box gets the
+        child's pid first (``started`` set, then ``pid`` in the box)."""
+        with self.lock:
+            self.count += 1
+            request["id"] = rid = f"{os.getpid()}-{self.count}"
+            event, box = threading.Event(), {}
+            self.waiting[rid] = (event, box)
+            if request.get("started"):
+                self.started[rid] = (request.pop("started_event"), box)
+            try:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                self.waiting.pop(rid, None)
+                self.started.pop(rid, None)
+                return None
+        return event, box
 
     def run(
         self,
@@ -258,29 +302,13 @@ class Server:
         ``log``, both its streams are appended to that file, and the result's stdout is what it
         appended."""
         with tempfile.TemporaryDirectory(prefix="dew-warm-") as tmp:
-            with self.lock:
-                self.count += 1
-                rid = f"{os.getpid()}-{self.count}"
-                event, box = threading.Event(), {}
-                self.waiting[rid] = (event, box)
-                request = {
-                    "id": rid,
-                    "module": module,
-                    "args": list(args),
-                    "cwd": str(cwd),
-                    "env": env,
-                    "timeout": timeout,
-                    "stdout": f"{tmp}/out",
-                    "stderr": f"{tmp}/err",
-                    "log": None if log is None else str(log),
-                }
-                start = log.stat().st_size if log is not None and log.exists() else 0
-                try:
-                    self.proc.stdin.write(json.dumps(request) + "\n")
-                    self.proc.stdin.flush()
-                except (BrokenPipeError, ValueError):
-                    self.waiting.pop(rid, None)
-                    return None
+            start = log.stat().st_size if log is not None and log.exists() else 0
+            request = {"module": module, "args": list(args), "cwd": str(cwd), "env": env, "timeout": timeout}
+            request |= {"stdout": f"{tmp}/out", "stderr": f"{tmp}/err", "log": None if log is None else str(log)}
+            sent = self.send(request)
+            if sent is None:
+                return None
+            event, box = sent
             event.wait()
             if box.get("lost"):
                 return None
@@ -294,11 +322,61 @@ class Server:
                 raise subprocess.TimeoutExpired(argv, timeout, out, err)
             return subprocess.CompletedProcess(argv, box["status"], out, err)
 
+    def start(self, module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Started | None:
+        """The command started, both its streams appended to ``log``, as ``subprocess.Popen``
+        starts it: its pid known at once, its end awaited later. None where the server is gone."""
+        started = threading.Event()
+        request = {"module": module, "args": list(args), "cwd": str(cwd), "env": env, "timeout": None}
+        request |= {"log": str(log), "started": True, "started_event": started}
+        sent = self.send(request)
+        if sent is None:
+            return None
+        started.wait()
+        if sent[1].get("lost"):
+            return None
+        return Started([sys.executable, "-m", module, *args], *sent)
+
+
+class Started:
+    """A command the server started (``start``), used as a ``subprocess.Popen``: ``pid``,
+    ``poll``, ``wait``, ``returncode``. The server, its parent, reaps it; its end is the server's
+    answer."""
+
+    def __init__(self, args: list[str], ended: threading.Event, answer: dict) -> None:
+        self.args, self.ended, self.answer = args, ended, answer
+        self.pid: int = answer["pid"]
+
+    @property
+    def returncode(self) -> int | None:
+        return self.answer.get("status") if self.ended.is_set() else None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        if self.answer.get("lost"):
+            raise RuntimeError(f"the warm server ended before {self.args} did")
+        return self.answer["status"]
+
 
 _server: Server | None = None
 child_cpu = 0.0
 """CPU seconds of this process's warm commands so far (a cold one's are the process's RUSAGE_CHILDREN)."""
 _started = threading.Lock()
+
+
+def serving(module: str, env: dict[str, str]) -> Server | None:
+    """This process's warm server (started at the first command) where it can run ``module`` with
+    ``env`` as a cold start would; None where it cannot (or DEW_TESTS_COLD=1)."""
+    global _server
+    with _started:
+        if _server is None and os.environ.get("DEW_TESTS_COLD") != "1":
+            from tests.conftest import cli_env
+
+            _server = Server(cli_env())
+    return _server if _server is not None and _server.serves(module, env) else None
 
 
 def run(
@@ -307,14 +385,9 @@ def run(
     """``python -m module args`` in ``cwd`` with ``env``: warm where it reads what a cold start would.
     With ``log`` (both streams appended there, as ``Server.run`` says): None where it cannot run warm,
     for the caller to run it cold its own way."""
-    global _server
-    with _started:
-        if _server is None and os.environ.get("DEW_TESTS_COLD") != "1":
-            from tests.conftest import cli_env
-
-            _server = Server(cli_env())
-    if _server is not None and _server.serves(module, env):
-        result = _server.run(module, args, cwd, env, timeout, log)
+    server = serving(module, env)
+    if server is not None:
+        result = server.run(module, args, cwd, env, timeout, log)
         if result is not None:
             return result
     if log is not None:
@@ -322,6 +395,14 @@ def run(
     return subprocess.run(
         [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def start(module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Started | None:
+    """``python -m module args`` in ``cwd`` with ``env``, started warm (``Server.start``: used as a
+    ``subprocess.Popen``), both streams appended to ``log``; None where it cannot start warm, for
+    the caller to start it cold."""
+    server = serving(module, env)
+    return None if server is None else server.start(module, args, cwd, env, log)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from dew.launching.pool import free_ports
+from tests import warm
 from tests.conftest import SUITE_CACHE, tree
 from tests.training.conftest import fast_env, journal, losses
 
@@ -235,7 +236,7 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, args, says):
     assert tree(runs["root"]) == before
 
 
-def test_two_processes_give_the_journal_loss(runs):
+def test_two_processes_give_the_journal_loss(runs, tmp_path):
     """Two dew-eval processes in one JAX pool (one CPU device each), as submitit's local executor
     starts a job's tasks: the batch split over both, and the token run's parameters too (fsdp: each
     process holds half of every matrix); the loss the one-process training recorded."""
@@ -244,39 +245,46 @@ def test_two_processes_give_the_journal_loss(runs):
         out = runs["root"] / f"{name}-2p.json"
         (port,) = free_ports(1).values()
         args = [str(runs[name]), "--step", str(step), "--out", str(out), *layout]
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "dew.cli.eval", *args],
-                env=fast_env(
-                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                    SUBMITIT_EXECUTOR="local",
-                    SUBMITIT_LOCAL_JOB_ID=str(port),
-                    SUBMITIT_LOCAL_NTASKS="2",
-                    SUBMITIT_LOCAL_GLOBALID=str(i),
-                    SUBMITIT_LOCAL_LOCALID=str(i),
-                    SUBMITIT_LOCAL_NODEID="0",
-                    SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-                ),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for i in range(2)
-        ]
+        logs = [tmp_path / f"{name}-2p-{i}.out" for i in range(2)]
+        procs = [started(args, tmp_path, rank_env(port, i), log) for i, log in enumerate(logs)]
         deadline = time.monotonic() + 300
-        outs = []
         for p in procs:
             try:
-                outs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
             finally:
                 if p.poll() is None:
                     os.kill(p.pid, 9)  # JAX's pool catches SIGTERM
                     p.wait()
+        outs = [log.read_text() for log in logs]
         assert [p.returncode for p in procs] == [0, 0], outs
         result = json.loads(out.read_text())
         assert result["processes"] == 2 and result["devices"] == 2
         assert abs(result["metrics"]["eval/loss"] - _recorded(runs[name], step)) < 1e-6
         assert "eval/loss" in outs[0] and "eval/loss" not in outs[1]  # process 0 reports
+
+
+def rank_env(port: int, rank: int) -> dict[str, str]:
+    """Rank ``rank``'s environment in a pool of 2 on ``port``, as submitit's local executor sets it."""
+    return fast_env(
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+        SUBMITIT_EXECUTOR="local",
+        SUBMITIT_LOCAL_JOB_ID=str(port),
+        SUBMITIT_LOCAL_NTASKS="2",
+        SUBMITIT_LOCAL_GLOBALID=str(rank),
+        SUBMITIT_LOCAL_LOCALID=str(rank),
+        SUBMITIT_LOCAL_NODEID="0",
+        SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+    )
+
+
+def started(args: list[str], cwd: Path, env: dict[str, str], log: Path) -> subprocess.Popen | warm.Started:
+    """``dew-eval args``, its output written to ``log``: forked from the suite's warm interpreter
+    (tests/warm.py), cold where it cannot be."""
+    if (proc := warm.start("dew.cli.eval", args, cwd, env, log)) is not None:
+        return proc
+    return subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.eval", *args], cwd=cwd, env=env, stdout=open(log, "a"), stderr=subprocess.STDOUT
+    )
 
 
 def test_a_hugging_face_directory_gives_a_numpy_llamas_loss(runs):

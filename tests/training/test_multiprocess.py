@@ -18,6 +18,7 @@ import pytest
 
 from dew.contract.journal import read_journal
 from dew.launching.pool import free_ports
+from tests import warm
 from tests.cli.slow_first_start import slow_first_start
 from tests.conftest import SUITE_CACHE
 from tests.runs.ledger_checks import check_journal_ledger
@@ -35,7 +36,12 @@ RUN = [
 ]
 
 
-def start(args: list[str], cwd: Path, env: dict[str, str], log: str) -> subprocess.Popen:
+def start(args: list[str], cwd: Path, env: dict[str, str], log: str) -> subprocess.Popen | warm.Started:
+    """``dew-train args`` in ``cwd``, its output appended to ``log`` there, used as a ``Popen``:
+    forked from the suite's warm interpreter (tests/warm.py: the ranks' JAX_NUM_CPU_DEVICES and
+    coordinator set as a cold start reads them), cold where it cannot be (a ``PYTHONPATH`` hook)."""
+    if (started := warm.start("dew.cli.train", args, cwd, env, cwd / log)) is not None:
+        return started
     out = open(cwd / log, "a")
     return subprocess.Popen(
         [sys.executable, "-m", "dew.cli.train", *args],
@@ -49,7 +55,7 @@ def start(args: list[str], cwd: Path, env: dict[str, str], log: str) -> subproce
 
 def pool(
     args: list[str], cwd: Path, tasks: int, devices: int, log: str = "rank", **extra: str
-) -> list[subprocess.Popen]:
+) -> list[subprocess.Popen | warm.Started]:
     """``tasks`` dew-train processes in one pool, told their places as submitit's local executor
     tells its tasks, each writing to ``<log><rank>.out``."""
     (port,) = free_ports(1).values()
@@ -75,7 +81,7 @@ def pool(
     ]
 
 
-def wait(procs: list[subprocess.Popen], timeout: float = 600) -> list[int]:
+def wait(procs: list[subprocess.Popen | warm.Started], timeout: float = 600) -> list[int]:
     deadline = time.monotonic() + timeout
     try:
         while any(p.poll() is None for p in procs):
