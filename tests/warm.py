@@ -54,6 +54,10 @@ APPLIED = {"JAX_NUM_CPU_DEVICES": "jax_num_cpu_devices"}
 """JAX options JAX reads from the environment at import and uses only when a backend starts (which
 the server never does): a child given another value sets the option to it before the command runs,
 as a cold start's import would have, so the command runs warm (multi-process tests' ranks)."""
+JAX_SETS = {"TF_CPP_MIN_LOG_LEVEL": "1", "TPU_SKIP_MDS_QUERY": "1"}
+"""What JAX's import puts in the environment where it is unset (jax/__init__.py; the second on a
+machine without TPUs), as a cold start's import would: an environment made before this process
+imported JAX lacks them, one made after holds them, and either runs as the other."""
 AT_RUN = ("JAX_COORDINATOR_ADDRESS",)
 """JAX_* variables JAX reads when the command runs (``jax.distributed.initialize``), not at import."""
 MODULES = (
@@ -267,7 +271,8 @@ class Server:
         if not self.ready or self.proc.poll() is not None or module not in MODULES:
             return False
         keys = (set(env) | set(self.env)) - set(AT_RUN) - {k for k in APPLIED if k in env}
-        return not any(k.startswith(AT_IMPORT) and env.get(k) != self.env.get(k) for k in keys)
+        mine, theirs = {**JAX_SETS, **env}, {**JAX_SETS, **self.env}
+        return not any(k.startswith(AT_IMPORT) and mine.get(k) != theirs.get(k) for k in keys)
 
     def send(self, request: dict) -> tuple[threading.Event, dict] | None:
         """Send ``request`` (its id given here): the event set when its child ended and the box

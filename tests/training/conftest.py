@@ -113,7 +113,7 @@ def dew_train(
 ) -> subprocess.CompletedProcess | None:
     """Run dew-train in ``cwd``, its output appended to ``dew-train.out`` there, forked from the
     suite's warm interpreter where a cold start would read nothing else (tests/warm.py). With
-    ``kill_when`` (cold), SIGKILL it as soon as ``kill_when(cwd)`` holds (checked every ``poll``
+    ``kill_when``, SIGKILL it as soon as ``kill_when(cwd)`` holds (checked every ``poll``
     seconds) and return None; a run that ends first returns its result. A run past ``timeout`` is
     SIGKILLed (JAX catches SIGTERM) and fails the test."""
     if kill_when is None:  # from the suite's warm interpreter where a cold start reads nothing else
@@ -122,10 +122,13 @@ def dew_train(
         done = warm.run("dew.cli.train", list(args), cwd, env or fast_env(), timeout, log=cwd / "dew-train.out")
         if done is not None:
             return done
+    from tests import warm
+
     log = open(cwd / "dew-train.out", "a+")
     log.seek(0, os.SEEK_END)
     start = log.tell()
-    proc = subprocess.Popen(
+    # killed by its pid: started warm too where it can be (``warm.start``), cold where it cannot
+    proc = warm.start("dew.cli.train", list(args), cwd, env or fast_env(), cwd / "dew-train.out") or subprocess.Popen(
         [sys.executable, "-m", "dew.cli.train", *args],
         cwd=cwd,
         env=env or fast_env(),
