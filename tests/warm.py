@@ -10,10 +10,11 @@ What a cold start would read differently is never run warm (``Server.serves``): 
 import-time variables (JAX_*, XLA_*, PYTHON*, thread counts, ...) differ from the server's, a
 module the server did not import. Two JAX variables are the exceptions: ``JAX_COORDINATOR_ADDRESS``,
 read when the pool starts, and ``JAX_NUM_CPU_DEVICES``, read at import but used only when a backend
-starts, which a child sets as the import would have (``APPLIED``): the ranks of the multi-process
-tests run warm, started with ``start`` (used as a ``subprocess.Popen``: a pid to signal, an end to
-wait for) where ``run`` waits for the command's end. Tests of start-up itself (the first Ctrl-C, the console's first
-lines, the installed scripts) start their processes cold, with ``subprocess`` directly.
+starts, which a child sets as the import would have (``APPLIED``). ``start`` starts a command and
+returns it as a ``subprocess.Popen`` (a pid to signal, an end to wait for: a multi-process test's
+ranks, a run a test kills), where ``run`` waits for the command's end. Tests of start-up itself (the
+first Ctrl-C, the console's first lines, the installed scripts) start their processes cold, with
+``subprocess`` directly.
 
 Run as ``python -m tests.warm``: the server. Requests and answers are JSON lines on its
 stdin/stdout; it forks a child for each request and answers each when its child ends.

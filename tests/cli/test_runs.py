@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from dew.contract.journal import read_journal
 from tests.conftest import dew
 from tests.training import wrappers
-from tests.training.conftest import TINY, compose, dew_train, fast_env
+from tests.training.conftest import TINY, compose, fast_env
 
 pytestmark = pytest.mark.slow
 
@@ -57,27 +56,32 @@ def _train_in_process(tmp: Path, name: str, data=None) -> BaseException | None:
 
 def _sigterm_run(tmp: Path) -> int:
     """A real one-job sweep of dew-train, sent SIGTERM once its first checkpoint is on disk; its exit
-    status. Forked from the suite's warm interpreter (tests/warm.py: it skips a cold start's ~1.5
-    CPU-s of imports) in a thread, its output in dew-train.out; the job runs in that process (the
-    basic launcher), whose pid the run's lock names."""
-    from dew.contract.lock import holder
+    status. Forked from the suite's warm interpreter where it can be (``warm.start``: a cold start's
+    ~1.5 CPU-s of imports spared), its output in dew-train.out."""
+    from tests import warm
 
-    ended: list[subprocess.CompletedProcess | None] = []
-    args = [*TINY, *SETTINGS, f"trainer.checkpoint_dir={tmp / 'ck'}", f"optim.learning_rate={RATES['sigterm']}"]
-    sweep = threading.Thread(
-        target=lambda: ended.append(dew_train("-m", *args, cwd=tmp, env=fast_env(), timeout=300)), daemon=True
+    args = ["-m", *TINY, *SETTINGS, f"trainer.checkpoint_dir={tmp / 'ck'}", f"optim.learning_rate={RATES['sigterm']}"]
+    log = tmp / "dew-train.out"
+    proc = warm.start("dew.cli.train", args, tmp, fast_env(), log) or subprocess.Popen(
+        [sys.executable, "-m", "dew.cli.train", *args],
+        cwd=tmp,
+        env=fast_env(),
+        stdout=open(log, "a"),
+        stderr=subprocess.STDOUT,
     )
-    sweep.start()
-    deadline = time.monotonic() + 300
-    while sweep.is_alive() and time.monotonic() < deadline:
-        first = next((tmp / "ck").glob("sweep-sweep-*/0*/10"), None)  # its first checkpoint, complete on disk
-        if first is not None and (held := holder(first.parent)) is not None:
-            os.kill(held["pid"], signal.SIGTERM)
-            break
-        time.sleep(0.02)
-    sweep.join(300)  # dew_train SIGKILLs a run past its timeout (JAX may catch SIGTERM)
-    assert ended and ended[0] is not None, (tmp / "dew-train.out").read_text()[-3000:]
-    return ended[0].returncode
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any((tmp / "ck").glob("sweep-sweep-*/0*/10")):  # its first checkpoint is complete on disk
+                os.kill(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=60)
+                break
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:  # JAX may catch SIGTERM: never leave the process behind
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode
 
 
 @pytest.fixture(scope="module")

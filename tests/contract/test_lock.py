@@ -44,9 +44,9 @@ def _wait(condition, first: threading.Thread, timeout: float = 300) -> None:
 @pytest.mark.slow
 def test_second_writer_is_refused_and_a_killed_holder_leaves_no_lock(workdir: Path):
     run = workdir / "ck" / "r"
-    # The first from the warm interpreter too (tests/warm.py, through dew_train in a thread, as
-    # tests/cli/test_runs.py's SIGTERM run): what is tested is the lock it holds, not its start (a
-    # cold start's imports, ~1.5 CPU-s, spared). Its pid is the one its lock names.
+    # The first from the warm interpreter too (tests/warm.py, through dew_train in a thread): what
+    # is tested is the lock it holds, not its start (a cold start's imports, ~1.5 CPU-s, spared). Its
+    # pid is the one its lock names.
     ended: list[subprocess.CompletedProcess | None] = []
     first = threading.Thread(target=lambda: ended.append(dew_train(*ARGS, cwd=workdir)), daemon=True)
     first.start()

@@ -116,14 +116,12 @@ def dew_train(
     ``kill_when``, SIGKILL it as soon as ``kill_when(cwd)`` holds (checked every ``poll``
     seconds) and return None; a run that ends first returns its result. A run past ``timeout`` is
     SIGKILLed (JAX catches SIGTERM) and fails the test."""
-    if kill_when is None:  # from the suite's warm interpreter where a cold start reads nothing else
-        from tests import warm
+    from tests import warm
 
+    if kill_when is None:  # from the suite's warm interpreter where a cold start reads nothing else
         done = warm.run("dew.cli.train", list(args), cwd, env or fast_env(), timeout, log=cwd / "dew-train.out")
         if done is not None:
             return done
-    from tests import warm
-
     log = open(cwd / "dew-train.out", "a+")
     log.seek(0, os.SEEK_END)
     start = log.tell()

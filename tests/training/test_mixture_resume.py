@@ -6,18 +6,12 @@ and the losses of a run that was never interrupted; its journal holds each sourc
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
-from dew.contract.lock import holder
 from tests.conftest import SUITE_CACHE
 from tests.training.conftest import dew_train, load_params, losses, steps_on_disk
 
@@ -81,24 +75,6 @@ def _checkpointed(work: Path) -> bool:
     return run.is_dir() and bool(steps_on_disk(run))
 
 
-def _killed_after_a_checkpoint(args: list[str], work: Path) -> subprocess.CompletedProcess:
-    """The run forked from the suite's warm interpreter (tests/warm.py: a cold start's ~1.5 CPU-s of
-    imports spared) in a thread, SIGKILLed at the pid its lock names (the run's own process) once a
-    checkpoint is committed: polled every 5 ms, as the run trains on to its end in ~1 s more."""
-    ended: list[subprocess.CompletedProcess | None] = []
-    run = threading.Thread(target=lambda: ended.append(dew_train(*args, cwd=work)), daemon=True)
-    run.start()
-    deadline = time.monotonic() + 300
-    while run.is_alive() and time.monotonic() < deadline:
-        if _checkpointed(work) and (held := holder(work / "ck" / "r")) is not None:
-            os.kill(held["pid"], signal.SIGKILL)
-            break
-        time.sleep(0.005)
-    run.join(300)  # dew_train SIGKILLs a run past its timeout
-    assert ended and ended[0] is not None, (work / "dew-train.out").read_text()[-3000:]
-    return ended[0]
-
-
 def test_a_mixture_killed_mid_run_resumes_bit_for_bit_and_reports_each_source(tmp_path: Path):
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     clean.mkdir(), killed.mkdir()
@@ -107,8 +83,8 @@ def test_a_mixture_killed_mid_run_resumes_bit_for_bit_and_reports_each_source(tm
 
     done = dew_train(*args, cwd=clean)
     assert done is not None and done.returncode == 0, done.stdout
-    stopped = _killed_after_a_checkpoint(args, killed)
-    assert stopped.returncode == -signal.SIGKILL, stopped.stdout[-3000:]  # killed, not ended
+    # SIGKILLed once a checkpoint is committed (None: killed, not ended), forked warm (dew_train)
+    assert dew_train(*args, cwd=killed, kill_when=_checkpointed) is None
     first = steps_on_disk(killed / "ck" / "r")
     assert first and max(first) < STEPS, first
     again = dew_train(*args, cwd=killed)
