@@ -277,6 +277,84 @@ def hydra_groups_listed_once() -> Iterator[None]:
         ConfigLoaderImpl.get_group_options = original  # type: ignore[method-assign]
 
 
+_YAML_PARSED: dict[str | bytes, Any] = {}
+"""A YAML text -> what PyYAML parsed it to (``hydra_compositions_read_once``)."""
+_hydra_read_once = False
+YAML_PARSED_MAX = 2048
+"""Texts kept: dew's conf/ holds ~120 files; a process composing thousands of other configs keeps
+the first ones."""
+
+
+def hydra_compositions_read_once() -> None:
+    """Make each Hydra composition after the first in a process cheaper, exactly: in hydra-core
+    1.3.8 each composition (``ConfigLoaderImpl.load_configuration``; a command composes twice,
+    ``get_mode``'s then the run's, and a launch once more for each job it checks) deep-copies its
+    config repository, the ConfigStore singleton with every schema in it, only so that setting the
+    copy's search path leaves the original's alone, and parses every YAML file of the defaults list
+    again (Hydra's loader is PyYAML's pure-Python one). The copy now shares the store (a deep copy
+    whose memo maps the store to itself: what reads it reads a deep copy of the node it loads,
+    ``ConfigStore.load``), and ``OmegaConf.load`` parses each distinct text once per process (a
+    text maps to one parse; each call gets a config of its own, from a deep copy of it). A
+    composition of the digits experiment: -20% CPU, the composed config the same to the byte
+    (bench/compose.py; docs/performance.md, "Composing a config"). Idempotent; each replaced
+    function keeps the original as its ``__wrapped__``."""
+    import copy
+    import os
+    import pathlib
+
+    import yaml
+    from hydra._internal import config_loader_impl
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_yaml_loader
+
+    global _hydra_read_once
+    if _hydra_read_once:
+        return
+    _hydra_read_once = True
+    caching = config_loader_impl.CachingConfigRepository
+
+    def __init__(self: Any, delegate: Any) -> None:
+        store = ConfigStore.instance()
+        self.delegate = copy.deepcopy(delegate, {id(store): store})
+        self.cache = {}
+
+    __init__.__wrapped__ = caching.__init__  # type: ignore[attr-defined]
+    caching.__init__ = __init__  # type: ignore[method-assign]
+
+    original = OmegaConf.load
+
+    def load(file_: Any) -> Any:
+        # OmegaConf.load's body (omegaconf 2.3) with its parse looked up first: a path is opened as
+        # it opens it, a stream read from where it stands. A text that fails to parse is handed to
+        # the original, so that its error is the original's (naming the same stream).
+        if isinstance(file_, (str, pathlib.Path)):
+            with open(os.path.abspath(file_), encoding="utf-8") as f:
+                text = f.read()
+        elif callable(getattr(file_, "seek", None)) and callable(getattr(file_, "tell", None)):
+            start = file_.tell()
+            text = file_.read()
+        else:
+            return original(file_)
+        if text in _YAML_PARSED:
+            obj = _YAML_PARSED[text]
+        else:
+            try:
+                obj = yaml.load(text, Loader=get_yaml_loader())
+            except Exception:
+                if not isinstance(file_, (str, pathlib.Path)):
+                    file_.seek(start)
+                return original(file_)
+            if len(_YAML_PARSED) < YAML_PARSED_MAX:
+                _YAML_PARSED[text] = obj
+        if obj is not None and not isinstance(obj, (list, dict, str)):
+            raise OSError(f"Invalid loaded object type: {type(obj).__name__}")
+        return OmegaConf.create() if obj is None else OmegaConf.create(copy.deepcopy(obj))
+
+    load.__wrapped__ = original  # type: ignore[attr-defined]
+    OmegaConf.load = staticmethod(load)  # type: ignore[method-assign]
+
+
 def hydra_sweep_dir(err: BaseException) -> str | None:
     """The sweep directory of the Hydra sweeper an error was raised through (Hydra's basic sweeper
     writes its ``multirun.yaml`` there before it composes the jobs), None when it came through no

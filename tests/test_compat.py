@@ -343,6 +343,7 @@ def test_hydra_groups_listed_once_lists_what_hydra_lists_from_one_copy_of_the_re
 
     from dew.commandline.configs import conf_dir, register_configs
 
+    register_configs()  # first: it replaces CachingConfigRepository.__init__ once per process
     copies = []
     made = CachingConfigRepository.__init__
 
@@ -352,7 +353,6 @@ def test_hydra_groups_listed_once_lists_what_hydra_lists_from_one_copy_of_the_re
 
     monkeypatch.setattr(CachingConfigRepository, "__init__", counted)
     GlobalHydra.instance().clear()
-    register_configs()
     with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
         listed = hydra.format_config_groups(lambda group: True)
@@ -362,3 +362,84 @@ def test_hydra_groups_listed_once_lists_what_hydra_lists_from_one_copy_of_the_re
     GlobalHydra.instance().clear()
     assert once == listed and "optim/schedule: cosine, linear, power" in listed and "hydra/launcher: " in listed
     assert by_hydra > 50 and len(copies) - by_hydra == 1
+
+
+def test_hydra_compositions_read_once_compose_what_hydra_composes_without_copying_the_store(tmp_path):
+    """Each composition's copy of the config repository shares the ConfigStore (its sources' own
+    search path still set on the copy alone), and ``OmegaConf.load`` parses a text once per
+    process: the composed configs are Hydra's own to the byte, for the presets, a launcher and a
+    sweeper, and a YAML file changed between two compositions is read as it now is."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.config_loader_impl import CachingConfigRepository
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from dew.commandline.configs import conf_dir, register_configs
+
+    register_configs()
+    ours, load = CachingConfigRepository.__init__, OmegaConf.load
+    hydras = (ours.__wrapped__, load.__wrapped__)
+
+    def composed(init, loader, overrides, config_dir=None):
+        CachingConfigRepository.__init__, OmegaConf.load = init, staticmethod(loader)
+        try:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(config_dir=str(config_dir or conf_dir()), version_base="1.3"):
+                return OmegaConf.to_yaml(compose(config_name="config", overrides=overrides, return_hydra_config=True))
+        finally:
+            CachingConfigRepository.__init__, OmegaConf.load = ours, staticmethod(load)
+            GlobalHydra.instance().clear()
+
+    for overrides in (
+        ["experiment=digits"],
+        ["experiment=tiny_lm", "trainer.steps=3"],
+        ["hydra/launcher=local", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3"],
+    ):
+        twice = [composed(ours, load, overrides), composed(ours, load, overrides)]
+        assert twice == [composed(*hydras, overrides)] * 2, overrides
+
+    # The copy: the store itself, the sources a list of the copy's own.
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        repository = GlobalHydra.instance().config_loader().repository
+        copy = CachingConfigRepository(repository)
+    GlobalHydra.instance().clear()
+    assert copy.delegate.sources is not repository.sources
+    assert copy.delegate.get_schema_source().store is ConfigStore.instance()
+
+    own = tmp_path / "conf"  # a config edited between two compositions in one process
+    own.mkdir()
+    (own / "config.yaml").write_text("defaults:\n  - dew_run\n  - _self_\ntrainer:\n  steps: 7\n")
+    first = composed(ours, load, [], own)
+    (own / "config.yaml").write_text("defaults:\n  - dew_run\n  - _self_\ntrainer:\n  steps: 8\n")
+    assert "steps: 7" in first and "steps: 8" in composed(ours, load, [], own)
+
+
+def test_omegaconf_load_parsed_once_gives_each_call_its_own_config_and_the_original_errors(tmp_path):
+    from omegaconf import OmegaConf
+
+    from dew.commandline.configs import register_configs
+
+    register_configs()
+    original = OmegaConf.load.__wrapped__
+    good = tmp_path / "good.yaml"
+    good.write_text("z: 0\na: 1\nb: [x, '${a}']\nc: ???\n")
+    first = OmegaConf.load(good)
+    first.a = 5
+    first.b.append("y")  # a change to one call's config reaches no later call's
+    with good.open() as stream, good.open() as other:
+        stream.read(5)  # a stream is read from where it stands, as PyYAML reads it
+        other.read(5)
+        read = OmegaConf.to_yaml(OmegaConf.load(stream))
+        assert read == OmegaConf.to_yaml(original(other)) == "a: 1\nb:\n- x\n- ${a}\nc: ???\n"
+    assert OmegaConf.to_yaml(OmegaConf.load(good)) == OmegaConf.to_yaml(original(good))
+    assert OmegaConf.load(str(good)).b[1] == 1 and OmegaConf.is_missing(OmegaConf.load(good), "c")
+    for text in ("a: [1, 2\n", "a: 1\na: 2\n"):  # unparsable; a key twice (Hydra's loader refuses it)
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        errors = []
+        for loader in (OmegaConf.load, original):
+            with pytest.raises(Exception) as raised, bad.open() as stream:
+                loader(stream)
+            errors.append((type(raised.value), str(raised.value)))
+        assert errors[0] == errors[1] and str(bad) in errors[0][1]

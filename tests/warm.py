@@ -124,6 +124,14 @@ def serve() -> dict:
     from dew.commandline.configs import register_configs
 
     register_configs()
+    # One composition of the digits experiment, whose YAML texts a child then finds parsed (dew
+    # parses each text once per process: dew.compat.hydra_compositions_read_once).
+    from hydra import compose, initialize_config_dir
+
+    from dew.commandline.configs import conf_dir
+
+    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
+        compose(config_name="config", overrides=["experiment=digits"], return_hydra_config=True)
     children: dict[int, tuple[str, float, float | None]] = {}  # pid: (request id, start, deadline)
     answer = sys.stdout
     sys.stdout.write("ready\n")

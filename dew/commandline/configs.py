@@ -15,6 +15,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from dew import compat
 from dew.commandline.schema import member_schema, register_resolvers, schema_of
 from dew.contract.data import datasets
 from dew.contract.registry import plugin_conf_dirs
@@ -52,8 +53,11 @@ def register_configs() -> None:
     """Put the structured schemas, derived from the dataclasses, in Hydra's ConfigStore: once for
     each set of registered datasets, schedules and trackers (a plugin loaded since stores again).
     The schemas are ~0.07 CPU-s of every command's start, and the launchers, the inference commands
-    and the tests' own compositions register them again in one process."""
+    and the tests' own compositions register them again in one process. Every composition of dew's
+    config comes here first, so this is also where Hydra's compositions are made cheaper, once per
+    process (``compat.hydra_compositions_read_once``)."""
     global _registered
+    compat.hydra_compositions_read_once()
     cs = ConfigStore.instance()
     members = (id(cs), *datasets.items(), *schedules.items(), *tracker_classes.items())
     if members == _registered:
