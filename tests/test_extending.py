@@ -236,3 +236,28 @@ def test_parts_pair_by_role_and_kind():
         r"\(a causal_lm\) on tokens data; it trains a denoiser on image data",
     ):
         objective_spec(Recipe(model=lm, objective="flow_matching"), "tokens")
+
+
+def test_plugin_conf_dirs_are_read_again_when_a_plugin_is_installed_on_the_path(tmp_path: Path, monkeypatch):
+    """The answer is kept per path: a plugin installed since (into a directory already on it, or
+    on a path added to it) is found, and an unchanged path is answered without reading again."""
+    import importlib.metadata
+
+    from dew.contract import registry
+
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    before = registry.plugin_conf_dirs()
+    reads = []
+    entry_points = importlib.metadata.entry_points
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: reads.append(kw) or entry_points(**kw))
+    assert registry.plugin_conf_dirs() == before and reads == []
+    (site / "conf_plugin" / "conf" / "model").mkdir(parents=True)
+    (site / "conf_plugin" / "__init__.py").write_text("")
+    info = site / "conf_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: conf-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[dew.plugins]\nconf_plugin = conf_plugin\n")
+    importlib.invalidate_caches()
+    assert registry.plugin_conf_dirs() == [*before, str(site / "conf_plugin" / "conf")] and len(reads) == 1

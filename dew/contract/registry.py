@@ -133,21 +133,38 @@ def load_plugins() -> list[str]:
     return list(_plugin_modules)
 
 
+_conf_dirs: dict[tuple[tuple[str, int], ...], list[str]] = {}
+
+
 def plugin_conf_dirs() -> list[str]:
     """The ``conf/`` directory beside each plugin module's package, when it has one: Hydra searches
     them after dew's own ``conf/`` (``hydra_plugins.dew_launchers.search_path``), so a plugin's
-    ``model/my_model.yaml`` is the option ``model=my_model``. Found without importing the plugin."""
+    ``model/my_model.yaml`` is the option ``model=my_model``. Found without importing the plugin.
+
+    Every Hydra start and every listing asks, and reading the entry points reads every installed
+    distribution's metadata (~0.05 CPU-s): the answer is kept for the path it was read from, each
+    of its directories as last modified (a distribution installed into one since changes it)."""
     import importlib.util
 
-    dirs: list[str] = []
     if os.environ.get("DEW_NO_PLUGINS"):
-        return dirs
-    for point in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-        top = point.value.split(":")[0].split(".")[0]
-        spec = importlib.util.find_spec(top)
-        roots = list(spec.submodule_search_locations or []) if spec is not None else []
-        for root in roots:
-            conf = os.path.join(root, "conf")
-            if os.path.isdir(conf) and conf not in dirs:
-                dirs.append(conf)
-    return dirs
+        return []
+    key = tuple((os.path.abspath(entry or "."), _modified(entry or ".")) for entry in sys.path)
+    if key not in _conf_dirs:
+        dirs: list[str] = []
+        for point in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+            top = point.value.split(":")[0].split(".")[0]
+            spec = importlib.util.find_spec(top)
+            roots = list(spec.submodule_search_locations or []) if spec is not None else []
+            for root in roots:
+                conf = os.path.join(root, "conf")
+                if os.path.isdir(conf) and conf not in dirs:
+                    dirs.append(conf)
+        _conf_dirs[key] = dirs
+    return list(_conf_dirs[key])
+
+
+def _modified(entry: str) -> int:
+    try:
+        return os.stat(entry).st_mtime_ns
+    except OSError:
+        return -1
