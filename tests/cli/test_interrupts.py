@@ -8,12 +8,13 @@ five of them followed by a second one 0.2 s later; and two stops that are not a 
 to rank 1 alone while it sets up (a requeue that rank 0 learns of from JAX's notifier: the job
 requeues and resumes, then takes a Ctrl-C) and SIGTERM to every task (a scheduler's stop, no
 requeue: status 143, one line). To keep it cheap, the moments are one run's, interrupted nine
-times in a row (every launch resumes what the one before saved) while a run that is never
-interrupted trains beside it: a moment is a fixed delay after the launching process took the signals
-(its first lines: a Ctrl-C before them meets Python's own start, as for any Python command) while it
-imports or composes, before any task starts, or the first line of the launch's rank-0 task log (rank
-1's for its SIGUSR2) that marks a phase (the task's set-up, its compilation, a step, a checkpoint, an
-evaluation, the run's end)."""
+times in a row (every launch resumes what the one before saved) while the run never interrupted
+trains beside it (one process of the job's two devices: the same batches and gradient sums). A
+moment is a fixed delay after the launching process took the signals (its first lines: a Ctrl-C
+before them meets Python's own start, as for any Python command) while it imports or composes,
+before any task starts, or the first line of the launch's rank-0 task log (rank 1's for its SIGUSR2)
+that marks a phase (the task's set-up, its compilation, a step, a checkpoint, an evaluation, the
+run's end)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import pytest
 
 from dew.contract.journal import read_journal
 from tests.cli.test_sweep_launch import finish, in_its_own_group, tasks
-from tests.training.conftest import TINY, losses
+from tests.training.conftest import TINY, dew_train, fast_env, losses
 from tests.training.test_multiprocess import events, host_params
 
 # Room for the stops: one lands up to ~50 steps after its Ctrl-C. An evaluation every 20 steps and a
@@ -365,18 +366,21 @@ def test_a_ctrl_c_while_the_command_ends_still_meets_its_handler():
 @pytest.mark.slow
 def test_ctrl_c_at_seven_moments_a_requeue_and_a_sigterm_then_resume_bit_for_bit(workdir: Path):
     began = time.monotonic()
-    whole = launch(workdir, "whole", workdir / "whole.out")
     failures: list[str] = []
     phases: collections.Counter = collections.Counter()
     cut = threading.Thread(target=chain, args=(workdir, "cut", failures, phases))
     cut.start()
-    assert finish(whole) == 0, (workdir / "whole.out").read_text()[-3000:]
+    # The run never interrupted: one process of two CPU devices, the job's two tasks' mesh (data 2)
+    # in one process, whose gradient sums (two halves of the batch added) and batches are the tasks'
+    # bit for bit. As a third 2-task launch it took ~60 of the test's ~200 CPU-s (2026-12-07).
+    whole = dew_train(*LOCAL[3:], "trainer.name=whole", cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="2"))
+    assert whole is not None and whole.returncode == 0, whole and whole.stdout[-3000:]
     cut.join()
     print(f"{len(MOMENTS)} stops in {time.monotonic() - began:.0f} s; landed: {dict(phases)}")
     assert not failures, "\n".join(failures)
 
-    reference = next((workdir / "ck").glob("whole-sweep-*/0*"))
-    expected = losses(read_journal(next((workdir / "tracking").glob("whole-sweep-*/*/journal.jsonl"))))
+    reference = workdir / "ck" / "whole"
+    expected = losses(read_journal(workdir / "tracking" / "whole" / "journal.jsonl"))
     assert len(expected) == STEPS
     journal = next((workdir / "tracking").glob("cut-sweep-*/*/journal.jsonl"))
     if read_journal(journal)[-1]["event"] != "end":  # the last Ctrl-C came before the end took place
