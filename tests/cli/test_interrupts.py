@@ -38,15 +38,17 @@ from tests.cli.test_sweep_launch import finish, in_its_own_group, tasks
 from tests.training.conftest import TINY, dew_train, fast_env, losses
 from tests.training.test_multiprocess import events, host_params
 
-# Room for the stops: one lands up to ~50 steps after its Ctrl-C. An evaluation every 20 steps and a
-# checkpoint every 10 (they were 40 and 20) let the evaluation and checkpoint moments wait at most 20
-# and 10 steps for their step, 30 fewer across the chain: its checkpoint stop landed at step 71, 71
-# and 70 in three runs (load 10, 10 and 3), where it landed at 108 with 40 and 20, so 180 steps (they
-# were 240) leave it 109-110 steps of room (it had 132 of 240). A step of a
-# 2-process run costs ~0.1 CPU-s, and the uninterrupted run and the chain's last launch each train
-# 60 fewer; a save or an evaluation of this model costs too little to measure beside it (a 240-step
-# launch saving every 20 steps or once: 35.3 against 35.6 CPU-s at load 12).
-STEPS, CKPT, EVAL = 180, 10, 20
+# Room for the stops: one lands up to ~60 steps after its signal, more on a quiet machine, whose
+# steps are fast (~60 a second) beside the signal's way to the tasks and JAX's agreement on the step.
+# An evaluation every 20 steps and a checkpoint every 10 let the evaluation and checkpoint moments
+# wait at most 20 and 10 steps for their step. Under load (the suite's other worker, or a third
+# 2-task launch beside the chain until 2026-12-07) the checkpoint stop landed at step 70-71 (load
+# 10, 10 and 3); alone on a quiet machine it landed at 201 and 100, and once the SIGTERM moment
+# began at step 160, where 180 steps (they were until 2026-12-07) left the run too little to take it.
+# 300 steps cost little: a step of a 2-process run ~0.1 CPU-s (the test alone 139-144 CPU-s with
+# 180, 147 with 300); a save or an evaluation of this model costs too little to measure beside it
+# (a 240-step launch saving every 20 steps or once: 35.3 against 35.6 CPU-s at load 12).
+STEPS, CKPT, EVAL = 300, 10, 20
 LOCAL = [
     "-m",
     "hydra/launcher=local",
@@ -372,8 +374,10 @@ def test_ctrl_c_at_seven_moments_a_requeue_and_a_sigterm_then_resume_bit_for_bit
     cut.start()
     # The run never interrupted: one process of two CPU devices, the job's two tasks' mesh (data 2)
     # in one process, whose gradient sums (two halves of the batch added) and batches are the tasks'
-    # bit for bit. As a third 2-task launch it took ~60 of the test's ~200 CPU-s (2026-12-07).
-    whole = dew_train(*LOCAL[3:], "trainer.name=whole", cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="2"))
+    # bit for bit; it saves its last step alone and never evaluates (neither moves a step). As a
+    # third 2-task launch it took ~60 of the test's ~200 CPU-s (2026-12-07).
+    alone = [*LOCAL[3:], "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.name=whole"]
+    whole = dew_train(*alone, cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="2"))
     assert whole is not None and whole.returncode == 0, whole and whole.stdout[-3000:]
     cut.join()
     print(f"{len(MOMENTS)} stops in {time.monotonic() - began:.0f} s; landed: {dict(phases)}")
