@@ -197,6 +197,8 @@ def serve() -> dict:
 def become(request: dict) -> None:
     """In the forked child: become ``python -m MODULE ARGS`` started in the request's directory and
     environment, with its own standard streams."""
+    if request.get("session"):  # a session and process group of its own, as ``start_new_session``
+        os.setsid()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     if request.get("log"):  # ``2>&1 >> log``: both streams appended to one file, in their order
@@ -336,12 +338,16 @@ class Server:
                 raise subprocess.TimeoutExpired(argv, timeout, out, err)
             return subprocess.CompletedProcess(argv, box["status"], out, err)
 
-    def start(self, module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Started | None:
+    def start(
+        self, module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path, session: bool = False
+    ) -> Started | None:
         """The command started, both its streams appended to ``log``, as ``subprocess.Popen``
-        starts it: its pid known at once, its end awaited later. None where the server is gone."""
+        starts it: its pid known at once, its end awaited later (``session``: in a session and
+        process group of its own, as ``start_new_session=True`` starts it: a terminal's foreground
+        job, signalled with ``os.killpg``). None where the server is gone."""
         started = threading.Event()
         request = {"module": module, "args": list(args), "cwd": str(cwd), "env": env, "timeout": None}
-        request |= {"log": str(log), "started": True, "started_event": started}
+        request |= {"log": str(log), "started": True, "started_event": started, "session": session}
         sent = self.send(request)
         if sent is None:
             return None
@@ -411,12 +417,14 @@ def run(
     )
 
 
-def start(module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path) -> Started | None:
+def start(
+    module: str, args: list[str], cwd: Path, env: dict[str, str], log: Path, session: bool = False
+) -> Started | None:
     """``python -m module args`` in ``cwd`` with ``env``, started warm (``Server.start``: used as a
-    ``subprocess.Popen``), both streams appended to ``log``; None where it cannot start warm, for
-    the caller to start it cold."""
+    ``subprocess.Popen``; ``session``: in a process group of its own), both streams appended to
+    ``log``; None where it cannot start warm, for the caller to start it cold."""
     server = serving(module, env)
-    return None if server is None else server.start(module, args, cwd, env, log)
+    return None if server is None else server.start(module, args, cwd, env, log, session)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 from dew.contract.journal import read_journal
+from tests import warm
 from tests.cli.test_sweep_launch import finish, in_its_own_group, tasks
 from tests.training.conftest import TINY, dew_train, fast_env, losses
 from tests.training.test_multiprocess import events, host_params
@@ -80,9 +81,10 @@ MOMENTS = [
 ]
 
 
-def launch(workdir: Path, name: str, log: Path) -> subprocess.Popen:
-    """The sweep launched as from a terminal: its own process group, the foreground job."""
-    return in_its_own_group([*LOCAL, f"trainer.name={name}"], workdir, log)
+def launch(workdir: Path, name: str, log: Path, cold: bool = False) -> subprocess.Popen | warm.Started:
+    """The sweep launched as from a terminal: its own process group, the foreground job; forked
+    from the suite's warm interpreter, or ``cold`` (tests.cli.test_sweep_launch.in_its_own_group)."""
+    return in_its_own_group([*LOCAL, f"trainer.name={name}"], workdir, log, cold=cold)
 
 
 def task_logs(workdir: Path, name: str) -> dict[Path, str]:
@@ -147,7 +149,9 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, how: bool 
     second, double = False, how is True
     before = set(log_paths(workdir, name))
     log = workdir / f"{name}{n}.out"
-    proc, began, rank0, rank1 = launch(workdir, name, log), None, "", ""
+    # A moment timed from the launch's start meets a cold start's imports and composition, as a
+    # user's Ctrl-C in the first second does; the others, timed by the tasks' logs, start warm.
+    proc, began, rank0, rank1 = launch(workdir, name, log, cold=isinstance(trigger, float)), None, "", ""
     new = lambda rank: [p for p in log_paths(workdir, name) if p not in before and p.name.endswith(f"_{rank}_log.out")]  # noqa: E731
     logs, logs1 = Tail(lambda: new(0)), Tail(lambda: new(1))
     try:
@@ -182,7 +186,9 @@ def interrupt(workdir: Path, name: str, n: int, trigger: float | str, how: bool 
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def other_stop(workdir: Path, name: str, proc: subprocess.Popen, how: str, rank1: str) -> subprocess.Popen:
+def other_stop(
+    workdir: Path, name: str, proc: subprocess.Popen | warm.Started, how: str, rank1: str
+) -> subprocess.Popen | warm.Started:
     """Stop the launch ``proc`` as a scheduler would: SIGTERM to every task ("term"), or SIGUSR2 to
     rank 1 alone while it sets up ("usr2": the job saves, requeues and resumes; two steps later a
     Ctrl-C ends it). Returns ``proc``."""

@@ -22,6 +22,7 @@ from dew.commandline.exits import EXIT_BAD_INPUT, EXIT_BUSY
 from dew.contract.journal import read_journal
 from dew.contract.lock import holder
 from dew.launching.sweep_lock import SWEEP_LOCK_DIR
+from tests import warm
 from tests.conftest import dew, tree
 from tests.training.conftest import TINY, fast_env
 from tests.training.test_multiprocess import descendants, events, logged, until
@@ -184,13 +185,21 @@ LOCAL = [
 ]  # the suite's compilation cache (TINY's): later launches load what the first compiled
 
 
-def in_its_own_group(args: list[str], workdir: Path, log: Path, **env: str) -> subprocess.Popen:
+def in_its_own_group(
+    args: list[str], workdir: Path, log: Path, cold: bool = False, **env: str
+) -> subprocess.Popen | warm.Started:
     """``dew-train args`` with 1 CPU device a task, in its own process group (as a terminal's
-    foreground job), its output appended to ``log``; ``env``: more variables of its environment."""
+    foreground job), its output appended to ``log``; ``env``: more variables of its environment.
+    Forked from the suite's warm interpreter (tests/warm.py, in a session of its own) where a cold
+    start reads nothing else; ``cold``: started as a new interpreter whatever the environment (a
+    signal timed from the start meets the imports a user's command spends its first second in)."""
+    env = fast_env(JAX_NUM_CPU_DEVICES="1", **env)
+    if not cold and (started := warm.start("dew.cli.train", args, workdir, env, log, session=True)) is not None:
+        return started
     return subprocess.Popen(
         [sys.executable, "-m", "dew.cli.train", *args],
         cwd=workdir,
-        env=fast_env(JAX_NUM_CPU_DEVICES="1", **env),
+        env=env,
         stdout=open(log, "a"),
         stderr=subprocess.STDOUT,
         text=True,
@@ -198,12 +207,12 @@ def in_its_own_group(args: list[str], workdir: Path, log: Path, **env: str) -> s
     )
 
 
-def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen:
+def launch(workdir: Path, name: str, log: str, *extra: str) -> subprocess.Popen | warm.Started:
     """``dew-train -m`` under the local launcher, 2 tasks of 1 CPU device, in its own process group."""
     return in_its_own_group([*LOCAL, f"trainer.name={name}", *extra], workdir, workdir / log)
 
 
-def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
+def finish(proc: subprocess.Popen | warm.Started, timeout: float = 600) -> int:
     try:
         return proc.wait(timeout)
     finally:
@@ -212,7 +221,7 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> int:
             proc.wait()
 
 
-def tasks(proc: subprocess.Popen) -> list[int]:
+def tasks(proc: subprocess.Popen | warm.Started) -> list[int]:
     """The job's task processes, by rank."""
     found = {}
     for pid in descendants(proc.pid):
