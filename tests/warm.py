@@ -373,6 +373,12 @@ class Started:
     def poll(self) -> int | None:
         return self.returncode
 
+    def kill(self) -> None:
+        """SIGKILL, as ``Popen.kill``: nothing once it has ended."""
+        if not self.ended.is_set():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
     def wait(self, timeout: float | None = None) -> int:
         if not self.ended.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout)

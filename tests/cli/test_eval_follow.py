@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from dew.contract.rundir import STEP_FINISHED
+from tests import warm
+from tests.cli.test_eval import started
 from tests.conftest import SUITE_CACHE
 from tests.training.conftest import dew_train, fast_env, journal, steps_on_disk
 from tests.training.test_task_evals import task_data
@@ -22,14 +23,9 @@ from tests.training.test_task_evals import task_data
 pytestmark = pytest.mark.slow
 
 
-def _follower(run: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "dew.cli.eval", str(run), "--follow", "--tasks-only", "--poll", "0.2"],
-        env=fast_env(),
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _follower(run: Path, log: Path) -> subprocess.Popen | warm.Started:
+    """``dew-eval RUN --follow``, its output in ``log``: forked from the suite's warm interpreter."""
+    return started([str(run), "--follow", "--tasks-only", "--poll", "0.2"], run.parent.parent, fast_env(), log)
 
 
 def _wait(what, timeout: float = 180.0) -> None:
