@@ -31,10 +31,11 @@ def _cpu() -> tuple[float, float, float]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     out = os.environ.get("DEW_CPU_PER_TEST")
+    if not out:
+        yield
+        return
     before, began = _cpu(), time.monotonic()
     yield
-    if not out:
-        return
     after = _cpu()
     record = {
         "test": item.nodeid,

@@ -45,21 +45,19 @@ from tests.training.test_multiprocess import events, host_params
 # wait at most 20 and 10 steps for their step. Under load (the suite's other worker, or a third
 # 2-task launch beside the chain until 2026-12-07) the checkpoint stop landed at step 70-71 (load
 # 10, 10 and 3); alone on a quiet machine it landed at 201 and 100, and once the SIGTERM moment
-# began at step 160, where 180 steps (they were until 2026-12-07) left the run too little to take it.
+# began at step 160 of the 180 the run had until then, too late for the run to take it.
 # 300 steps cost little: a step of a 2-process run ~0.1 CPU-s (the test alone 139-144 CPU-s with
 # 180, 147 with 300); a save or an evaluation of this model costs too little to measure beside it
 # (a 240-step launch saving every 20 steps or once: 35.3 against 35.6 CPU-s at load 12).
 STEPS, CKPT, EVAL = 300, 10, 20
-LOCAL = [
-    "-m",
-    "hydra/launcher=local",
-    "hydra.launcher.tasks_per_node=2",
+RUN = [
     *TINY,
     f"trainer.steps={STEPS}",
     f"trainer.eval_every={EVAL}",
     f"trainer.checkpoint_every={CKPT}",
     "trainer.checkpoint_dir=ck",
 ]  # the suite's compilation cache (TINY's): later launches load what the first compiled
+LOCAL = ["-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *RUN]
 
 # (phase, trigger, second Ctrl-C): a trigger is seconds after the launch, or what the launch's rank-0
 # log shows: a line, "+k" (k steps after the step it resumed from), "ckpt"/"eval" (the line of the
@@ -382,7 +380,7 @@ def test_ctrl_c_at_seven_moments_a_requeue_and_a_sigterm_then_resume_bit_for_bit
     # in one process, whose gradient sums (two halves of the batch added) and batches are the tasks'
     # bit for bit; it saves its last step alone and never evaluates (neither moves a step). As a
     # third 2-task launch it took ~60 of the test's ~200 CPU-s (2026-12-07).
-    alone = [*LOCAL[3:], "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.name=whole"]
+    alone = [*RUN, "trainer.eval_every=null", "trainer.checkpoint_every=null", "trainer.name=whole"]
     whole = dew_train(*alone, cwd=workdir, env=fast_env(JAX_NUM_CPU_DEVICES="2"))
     assert whole is not None and whole.returncode == 0, whole and whole.stdout[-3000:]
     cut.join()
