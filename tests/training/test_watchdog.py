@@ -130,7 +130,10 @@ def test_a_peer_whose_heartbeat_stopped_is_named_as_not_running(tmp_path: Path):
         while not alive.wait(dog.tick_s / 2):
             now = time.time()
             record = {"process": 2, "pid": 99, "host": "node8", "step": 38, "progress": now - 3, "doing": "step 39"}
-            (beats / heartbeat_name(2)).write_text(json.dumps(record | {"time": now}))
+            # Written whole, then renamed, as a watchdog writes it: write_text truncates first, and a
+            # read between the two found an empty file, a peer without a heartbeat (CI, 2026-12-07).
+            (beats / "peer2.tmp").write_text(json.dumps(record | {"time": now}))
+            os.replace(beats / "peer2.tmp", beats / heartbeat_name(2))
 
     writer = threading.Thread(target=peer_two)
     writer.start()
@@ -144,7 +147,9 @@ def test_a_peer_whose_heartbeat_stopped_is_named_as_not_running(tmp_path: Path):
         writer.join()
         dog.close()
     stall = found[0]
-    assert [(p.process, p.running, p.here) for p in stall.peers] == [(1, False, False), (2, True, False)]
+    assert [(p.process, p.running, p.here) for p in stall.peers] == [(1, False, False), (2, True, False)], [
+        (p.process, p.age_s, p.record) for p in stall.peers
+    ]
     assert [p.process for p in stall.stuck] == [1]
     assert stall.headline().endswith("; process 1 is not running")
     lines = stall.text().splitlines()
