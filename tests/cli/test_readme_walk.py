@@ -11,8 +11,8 @@ checkpoints/digits-500``, ``dew-runs $sweep``): that one runs to its end. The ot
 end. Commands that are not dew's (the install, the suite) are not run. The walk prints each
 command's wall time (``pytest -s``) and writes them to ``readme_walk.json`` in its directory.
 
-It takes about 15 minutes, too long for the suite's bar: it runs only where ``DEW_README_WALK=1``
-is set (``.ci/run`` runs it after the suite):
+It takes 15 to 31 minutes (2026-12-05 to 12-07), too long for the suite's bar: it runs only where
+``DEW_README_WALK=1`` is set (``.ci/run`` runs it after the suite):
 
     DEW_README_WALK=1 .venv/bin/python -m pytest -q -s -m readme_walk tests/cli/test_readme_walk.py
 """
