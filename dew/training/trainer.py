@@ -285,7 +285,7 @@ def _tracker(
 
 def _watchdog(
     t: TrainerConfig, run_dir: epath.Path, phase: Callable[[str], AbstractContextManager[object]]
-) -> tuple[list[Hook], Callable[[str], AbstractContextManager[object]]]:
+) -> tuple[list[Watchdog], Callable[[str], AbstractContextManager[object]]]:
     """``trainer.stall_timeout``'s watchdog (none where it is unset) and the run report's timed
     phases with the watchdog's around them."""
     if (timeout := t.stall_timeout_seconds()) is None:
@@ -402,6 +402,8 @@ def _parts(
     evaluate.told = chain.evaluated  # an evaluation tells every hook (the samples, early stopping, pruning)
     saver.hook_states = chain.states
     saver.requested = lambda: setup.stop.requested
+    for dog in watchdog:
+        saver.untimed = dog.untimed  # the wait for the first save to land, untimed as the save is
     return Parts(
         train_step=built.train_step,
         feed=feed,

@@ -157,6 +157,18 @@ class Watchdog(Hook):
             self.suspended -= first
             self.beat(f"after the {kind} at step {self.step}")
 
+    @contextlib.contextmanager
+    def untimed(self, doing: str) -> Iterator[None]:
+        """An untimed stretch of the loop that is not a phase of its own (the wait for a start's first
+        save to land: ``Saver.wait``): progress at its start and end."""
+        self.beat(f"{doing} after step {self.step} (untimed)")
+        self.suspended += 1
+        try:
+            yield
+        finally:
+            self.suspended -= 1
+            self.beat(f"after {doing} at step {self.step}")
+
     def timed(
         self, phase: Callable[[str], AbstractContextManager[object]]
     ) -> Callable[[str], AbstractContextManager[object]]:

@@ -87,6 +87,65 @@ def test_a_first_evaluation_and_save_are_not_timed_later_ones_are(tmp_path: Path
         dog.close()
 
 
+class SlowLanding:
+    """A checkpointer whose saves land ``land_s`` after they begin, as orbax writes them in the
+    background: ``save`` returns at once, the wait after it takes the rest."""
+
+    def __init__(self, land_s: float) -> None:
+        self.land_s = land_s
+        self.began: float | None = None
+        self.steps: list[int] = []
+
+    def save(self, step: int, state: object, meta: object, metrics: object) -> None:
+        self.began = time.monotonic()
+        self.steps.append(step)
+
+    def wait(self) -> None:
+        if self.began is not None:
+            time.sleep(max(0.0, self.began + self.land_s - time.monotonic()))
+        self.began = None
+
+    def latest_step(self) -> int | None:
+        return self.steps[-1] if self.steps else None
+
+
+def test_the_wait_for_a_first_save_to_land_is_not_timed_a_later_one_is(tmp_path: Path):
+    """The first save's writing (in the background) lands in the wait after it: the last step's
+    save, waited for by the run's end, outlasted a 0.5 s timeout on a slow machine (CI, 2026-12-07)."""
+    from dew.training.checkpointing.saving import Saver
+
+    dog, found = watchdog(tmp_path)
+    tracker = types.SimpleNamespace(event=lambda *a, **k: None, wandb_id=None, mlflow_id=None, resume_ids={})
+    checkpoints = SlowLanding(land_s=TIMEOUT_S * 2.5)
+    saver = Saver(
+        checkpoints,
+        tracker,
+        data_state=lambda: None,
+        stages=[(8, 0)],
+        total_steps=4,
+        last_saved=None,
+    )
+    saver.untimed = dog.untimed
+    dog.start(started())
+    try:
+        dog.before(0)
+        dog.before(1)  # armed
+        with dog.around("checkpoint"):  # the first save (the last step's, as the loop saves it)
+            saver.save(1, 1, state=None, metrics=None)
+        with dog.around("checkpoint"):  # the run's end: waits for it to land, past the timeout
+            saver.last(1, 1, state=None, metrics={})
+        assert found == [] and checkpoints.steps == [1]
+        dog.before(2)
+        with dog.around("checkpoint"):
+            saver.save(2, 2, state=None, metrics=None)
+            saver.wait()  # a later save's landing: timed
+        assert found, "no stall found in a later save's wait"
+        assert found[0].doing == "checkpoint after step 2"
+        assert "in wait" in found[0].stacks  # where the process waited
+    finally:
+        dog.close()
+
+
 def test_the_heartbeat_says_the_process_its_step_and_what_it_does(tmp_path: Path):
     dog, _ = watchdog(tmp_path, process=1, count=2)
     dog.start(started())

@@ -41,7 +41,7 @@ class ResumeCheck(Hook):
             return
         self.done = True
         checkpoints = self.saver.checkpoints
-        checkpoints.wait()
+        self.saver.wait()
         restored, meta = checkpoints.restore(at.step, at.state)
         live_leaves = jax.tree_util.tree_leaves_with_path(jax.device_get(at.state))
         restored_leaves = jax.tree_util.tree_leaves(jax.device_get(restored))

@@ -4,8 +4,10 @@ save a state that went non-finite."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -61,6 +63,13 @@ class Saver(Hook):
         self.requested: Callable[[], StopRequest | None] = lambda: None
         """The run's stop request, if one came (``StopSignals.requested``): a checkpoint that holds
         one tells a resume that the run ended there."""
+        self.untimed: Callable[[str], AbstractContextManager[object]] = lambda doing: contextlib.nullcontext()
+        """The stall watchdog's untimed window (``Watchdog.untimed``; none without
+        ``trainer.stall_timeout``), around the wait for this start's first save to land."""
+        self.saves = 0
+        """The saves this start began."""
+        self.first_landing = False
+        """This start's first save was begun and not yet waited for."""
 
     def meta(self, step: int, records: int) -> dict[str, Any]:
         """What a resume reads beside the state: the step, the records consumed, the data position."""
@@ -86,9 +95,25 @@ class Saver(Hook):
         self.save(at.step, at.records, at.state, metrics=at.evaluation)
 
     def save(self, step: int, records: int, state: TrainState, metrics: Mapping[str, float] | None) -> None:
-        self.checkpoints.save(step, state, self.meta(step, records), metrics=dict(metrics) if metrics else None)
+        self._begin(step, records, state, metrics)
         self.tracker.event("checkpoint", step=step)
         self.last_saved = step
+
+    def _begin(self, step: int, records: int, state: TrainState, metrics: Mapping[str, float] | None) -> None:
+        """Begin the save of ``step``, once the save before it landed (the checkpointer waits for it
+        anyway; waited for here, the first one's wait is untimed: ``wait``)."""
+        self.wait()
+        self.checkpoints.save(step, state, self.meta(step, records), metrics=dict(metrics) if metrics else None)
+        self.first_landing, self.saves = self.saves == 0, self.saves + 1
+
+    def wait(self) -> None:
+        """Wait for the save in flight to land. The wait for this start's first is untimed by the
+        stall watchdog, as its start is: the save is written in the background (orbax), so the first
+        one's cost (opening the checkpointer, its first files) lands in the wait after it, which on a
+        slow machine outlasted a timeout set for the steps (CI, 2026-12-07)."""
+        with self.untimed("waiting for the first save to land") if self.first_landing else contextlib.nullcontext():
+            self.checkpoints.wait()
+        self.first_landing = False
 
     def check_finite(self, state: TrainState) -> None:
         """Raise ``NonFiniteError`` naming the last good checkpoint if the state went non-finite."""
@@ -99,7 +124,7 @@ class Saver(Hook):
     def nonfinite(self, what: str) -> NonFiniteError:
         """The error that stops a run gone non-finite (``what``: where and how), naming the last good
         checkpoint."""
-        self.checkpoints.wait()  # a save in flight holds an earlier, finite state: let it land
+        self.wait()  # a save in flight holds an earlier, finite state: let it land
         last = self.checkpoints.latest_step()
         where = f"step {last} in {self.checkpoints.step_path(last)}" if last is not None else "none was saved"
         return NonFiniteError(f"{what}; the run stops. The last good checkpoint, left intact: {where}")
@@ -110,7 +135,7 @@ class Saver(Hook):
         self.check_finite(state)
         if self.last_saved != step:
             self.save(step, records, state, metrics=None)
-        self.checkpoints.wait()
+        self.wait()
         stopped = Preempted(stop.reason, step, stop.received, self.checkpoints.step_path(step), self.unnamed)
         self.tracker.event("stop", step=step, reason=stop.reason, message=str(stopped))
         log.warning("%s", stopped)
@@ -118,11 +143,11 @@ class Saver(Hook):
 
     def last(self, step: int, records: int, state: TrainState, metrics: Mapping[str, float]) -> None:
         """Wait for the saves, and save ``step`` unless a checkpoint is there."""
-        self.checkpoints.wait()
+        self.wait()
         latest = self.checkpoints.latest_step()
         if latest is None or latest < step:  # no event: the run's ``end`` event says where it ended
-            self.checkpoints.save(step, state, self.meta(step, records), metrics=dict(metrics) or None)
-            self.checkpoints.wait()
+            self._begin(step, records, state, metrics)
+            self.wait()
             self.last_saved = step
 
 
