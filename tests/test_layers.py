@@ -188,6 +188,10 @@ commands, inference or launchers."""
 CLI_LINES = 2500
 """The most lines ``dew/cli/`` may hold: a main per command, each a parser in front of the packages below."""
 
+TRAINER_LINES = 500
+"""The most lines ``dew/training/trainer.py`` may hold: the loop read top to bottom, its parts in the
+modules beside it (the assembly, the hooks, the saves, the watchdog)."""
+
 PLUGINS = DEW.parent / "hydra_plugins"
 """dew's Hydra plugins (the launchers, the sweeper, the search path), outside ``dew/``."""
 
@@ -392,3 +396,11 @@ def test_the_commands_package_holds_the_mains_alone() -> None:
     assert modules and modules <= mains, f"modules of dew.cli that are no command's main: {sorted(modules - mains)}"
     lines = sum(len(p.read_text().splitlines()) for p in files)
     assert lines <= CLI_LINES, f"dew/cli holds {lines} lines (at most {CLI_LINES}): move what is not a main below it"
+
+
+def test_the_training_loop_reads_on_a_few_pages() -> None:
+    """``dew/training/trainer.py`` stays the loop: what happens around the steps is a module beside it."""
+    lines = len((DEW / "training" / "trainer.py").read_text().splitlines())
+    assert lines <= TRAINER_LINES, (
+        f"dew/training/trainer.py holds {lines} lines (at most {TRAINER_LINES}): move a part beside it"
+    )

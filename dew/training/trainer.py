@@ -6,7 +6,7 @@ step and evaluation, (4) resume from the latest checkpoint, (5) the loop: batche
 placed on the mesh ahead, in a thread: ``trainer.prefetch``, prefetch.py), metrics one step late,
 the hooks at their cadence, a stop, (6) the end: the last checkpoint published. What happens around
 the steps is hooks (``dew.training.hooks``), each at its own cadence: the profiler (profiler.py),
-the metric report (late_metrics.py), the evaluation (``Evaluate``, below), the checkpoint
+the metric report (late_metrics.py), the evaluation (``Evaluate``, eval_hooks.py), the checkpoint
 (``Saver``, saving.py), the samples, and those ``trainer.hooks`` names; the stop signals are
 ``StopSignals`` (preemption.py).
 
@@ -43,6 +43,7 @@ from dew.training.checkpointing.checkpoints import Checkpoints, Fallback
 from dew.training.checkpointing.resume_check import ResumeCheck
 from dew.training.checkpointing.saving import NonFiniteError, Saver, tracker_ids
 from dew.training.early_stopping import EarlyStop, watched
+from dew.training.eval_hooks import Evaluate, Samples, every_step
 from dew.training.evaluate import Evaluator, best_criterion, derived_metrics
 from dew.training.hooks import At, Hook, Hooks, Started, from_config
 from dew.training.optim.mup import with_mup_groups
@@ -54,12 +55,11 @@ from dew.training.ramp import stage_at, tokens_seen_fn
 from dew.training.reporting.late_metrics import Reporter
 from dew.training.reporting.profiler import Profiler
 from dew.training.reporting.progress import Progress
-from dew.training.reporting.summary import RunReport, flops_per_example_of, log_samples, log_to_file
+from dew.training.reporting.summary import RunReport, flops_per_example_of, log_to_file
 from dew.training.reporting.tracker import Throughput, Tracker, peak_flops
 from dew.training.reporting.trackers import takes_samples
 from dew.training.setup import Planned, Setup, check, run_optimizer, set_up
 from dew.training.step import TrainState
-from dew.training.task_evals import TaskEvaluator
 from dew.training.watchdog import Watchdog
 
 __all__ = [
@@ -124,67 +124,6 @@ class Parts:
     evaluate: Evaluate
     saver: Saver
     stop: StopSignals
-
-
-class Evaluate(Hook):
-    """Every ``eval_every`` steps (and at the last): the evaluation, the hooks that follow it
-    (samples), and its values reported."""
-
-    phase = "eval"
-
-    def __init__(
-        self,
-        evaluator: Evaluator,
-        story: RunReport,
-        tracker: Tracker,
-        every: int | None,
-        tasks: TaskEvaluator | None = None,
-        tasks_every: int | None = None,
-    ) -> None:
-        super().__init__(every)
-        self.evaluator, self.story, self.tracker = evaluator, story, tracker
-        self.tasks, self.tasks_every = tasks, tasks_every
-        """The downstream tasks (``trainer.evals``), scored every ``tasks_every`` steps (and at the last)."""
-        self.told: Callable[[int, Mapping[str, float], TrainState], None] = lambda step, values, state: None
-        """Tells the hooks of each evaluation (``Hooks.evaluated``)."""
-        self.last: dict[str, float] = {}
-        """The last evaluation's values (empty before one)."""
-        self.step: int | None = None
-        """The step of the last evaluation."""
-
-    def due(self, step: int, last: bool) -> bool:
-        return super().due(step, last) or (self.tasks is not None and _every(self.tasks_every, step))
-
-    def on_step(self, at: At) -> None:
-        values = self.evaluator(at.state.params) if at.last or _every(self.every, at.step) else {}
-        if self.tasks is not None and (at.last or _every(self.tasks_every, at.step)):
-            values = {**values, **self.tasks(at.state.params)}  # the same evaluation: one event, one report
-        self.told(at.step, values, at.state)  # per-evaluation hooks: the samples
-        self.story.evaluated(at.step, values)
-        self.tracker.metrics(at.step, values)
-        self.tracker.event("eval", step=at.step, **values)
-        at.evaluation = self.last = values
-        self.step = at.step
-
-
-def _every(every: int | None, step: int) -> bool:
-    return every is not None and step % every == 0
-
-
-class Samples(Hook):
-    """Samples logged to the trackers that take them (W&B, TensorBoard, MLflow) at each evaluation
-    (every process: sampling may span all of them), timed as the run report's ``samples`` phase
-    inside the evaluation's (the goodput ledger's ``samples``, out of ``eval``)."""
-
-    def __init__(
-        self, tracker: Tracker, objective: Objective, seed: int, phase: Callable[[str], AbstractContextManager[object]]
-    ) -> None:
-        super().__init__(every=None)
-        self.tracker, self.objective, self.seed, self.phase_of = tracker, objective, seed, phase
-
-    def on_eval(self, step: int, values: Mapping[str, float], state: TrainState) -> None:
-        with self.phase_of("samples"):
-            log_samples(self.tracker, self.objective, state, step, seed=self.seed)
 
 
 def _train(
@@ -459,7 +398,7 @@ def _loop(p: Parts, setup: Setup, t: TrainerConfig, state: TrainState, at: Posit
         first = p.story.starting_step()
         with jax.profiler.StepTraceAnnotation("train", step_num=at.step), _jax_check(p, at.step + 1, state):
             # the program that also measures the training dynamics at the steps that report them
-            state, step_metrics = p.train_step(state, fed.batch, dynamics=_every(t.dynamics_every, at.step + 1))
+            state, step_metrics = p.train_step(state, fed.batch, dynamics=every_step(t.dynamics_every, at.step + 1))
         # Step s is queued behind s-1: wait for s-1 (for s once steps are long), so the host leads the
         # devices by one step at most and a stop, a save or a progress line is about steps they have run.
         pace.wait(step_metrics)
