@@ -223,13 +223,15 @@ def _tracker(
 
 
 def _watchdog(
-    t: TrainerConfig, run_dir: epath.Path, phase: Callable[[str], AbstractContextManager[object]]
-) -> tuple[list[Watchdog], Callable[[str], AbstractContextManager[object]]]:
+    t: TrainerConfig, run_dir: epath.Path, phase: Callable[[str], AbstractContextManager[object]], saver: Saver
+) -> tuple[list[Hook], Callable[[str], AbstractContextManager[object]]]:
     """``trainer.stall_timeout``'s watchdog (none where it is unset) and the run report's timed
-    phases with the watchdog's around them."""
+    phases with the watchdog's around them; the saver's wait for its first save to land is untimed,
+    as the save is."""
     if (timeout := t.stall_timeout_seconds()) is None:
         return [], phase
     watchdog = Watchdog(timeout, run_dir, process=jax.process_index(), count=jax.process_count())
+    saver.untimed = watchdog.untimed
     return [watchdog], watchdog.timed(phase)
 
 
@@ -316,7 +318,7 @@ def _parts(
     )
     tasks = task_evals.in_loop(t, objective, built.state.graphdef, built.state.rest, built.mesh, built.state.params)
     evaluate = Evaluate(evaluator, story, tracker, setup.eval_every, tasks, task_evals.due(t, setup.eval_every))
-    watchdog, phase = _watchdog(t, setup.path, story.phase)  # trainer.stall_timeout
+    watchdog, phase = _watchdog(t, setup.path, story.phase, saver)  # trainer.stall_timeout
     own: list[Hook] = [*watchdog, *([Profiler(t.profile)] if t.profile is not None else [])]
     progress = [Progress(t.log_every, setup.total_steps)] if tracker.is_main else []  # the console's lines
     own += [Reporter(tracker.metrics, measure=meter.measure, every=t.log_every), *progress, evaluate]
@@ -341,8 +343,6 @@ def _parts(
     evaluate.told = chain.evaluated  # an evaluation tells every hook (the samples, early stopping, pruning)
     saver.hook_states = chain.states
     saver.requested = lambda: setup.stop.requested
-    for dog in watchdog:
-        saver.untimed = dog.untimed  # the wait for the first save to land, untimed as the save is
     return Parts(
         train_step=built.train_step,
         feed=feed,
