@@ -149,25 +149,26 @@ class Watchdog(Hook):
         (a compilation) untimed."""
         first = kind not in self.seen
         self.seen.add(kind)
-        self.beat(f"{kind} after step {self.step}" + (" (its first: untimed)" if first else ""))
-        self.suspended += first
-        try:
+        with self._stretch(
+            f"{kind} after step {self.step}" + (" (its first: untimed)" if first else ""), f"the {kind}", first
+        ):
             yield
-        finally:
-            self.suspended -= first
-            self.beat(f"after the {kind} at step {self.step}")
 
-    @contextlib.contextmanager
-    def untimed(self, doing: str) -> Iterator[None]:
+    def untimed(self, doing: str) -> AbstractContextManager[None]:
         """An untimed stretch of the loop that is not a phase of its own (the wait for a start's first
         save to land: ``Saver.wait``): progress at its start and end."""
-        self.beat(f"{doing} after step {self.step} (untimed)")
-        self.suspended += 1
+        return self._stretch(f"{doing} after step {self.step} (untimed)", doing, True)
+
+    @contextlib.contextmanager
+    def _stretch(self, doing: str, what: str, untimed: bool) -> Iterator[None]:
+        """Progress as ``doing`` starts and after ``what`` ends; untimed in between if ``untimed``."""
+        self.beat(doing)
+        self.suspended += untimed
         try:
             yield
         finally:
-            self.suspended -= 1
-            self.beat(f"after {doing} at step {self.step}")
+            self.suspended -= untimed
+            self.beat(f"after {what} at step {self.step}")
 
     def timed(
         self, phase: Callable[[str], AbstractContextManager[object]]
