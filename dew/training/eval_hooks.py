@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 
 class Evaluate(Hook):
-    """Every ``eval_every`` steps (and at the last): the evaluation, the hooks that follow it
-    (samples), and its values reported."""
+    """Every ``eval_every`` steps (and at the last, unless ``eval_every`` is None: never): the
+    evaluation, the hooks that follow it (samples), and its values reported."""
 
     phase = "eval"
 
@@ -47,11 +47,22 @@ class Evaluate(Hook):
         """The step of the last evaluation."""
 
     def due(self, step: int, last: bool) -> bool:
-        return super().due(step, last) or (self.tasks is not None and every_step(self.tasks_every, step))
+        return self.held_out(step, last) or self.scored(step, last)
+
+    def held_out(self, step: int, last: bool) -> bool:
+        """Whether the held-out data is evaluated at ``step``: every ``eval_every`` steps and at the
+        last, never with ``trainer.eval_every=null`` (the config's contract: "None to never
+        validate"; until 2026-12-07 the last step evaluated it anyway)."""
+        return self.every is not None and (last or step % self.every == 0)
+
+    def scored(self, step: int, last: bool) -> bool:
+        """Whether the downstream tasks are scored at ``step``: every ``tasks_every`` steps and at the
+        last (docs/eval.md)."""
+        return self.tasks is not None and (last or every_step(self.tasks_every, step))
 
     def on_step(self, at: At) -> None:
-        values = self.evaluator(at.state.params) if at.last or every_step(self.every, at.step) else {}
-        if self.tasks is not None and (at.last or every_step(self.tasks_every, at.step)):
+        values = self.evaluator(at.state.params) if self.held_out(at.step, at.last) else {}
+        if self.tasks is not None and self.scored(at.step, at.last):
             values = {**values, **self.tasks(at.state.params)}  # the same evaluation: one event, one report
         self.told(at.step, values, at.state)  # per-evaluation hooks: the samples
         self.story.evaluated(at.step, values)

@@ -92,7 +92,7 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
     assert record["optim"]["optimizer_opts"] == {"b1": 0.8}
     before = sorted((p.relative_to(work), p.stat().st_mtime_ns) for p in (work / "ck" / "digits").rglob("*"))
 
-    # Job 1 loads the initialisation, evaluation and sampling programs job 0 compiled (a cache in the work dir).
+    # Job 1 loads the initialisation and train programs job 0 compiled (the suite's cache).
     sweep = dew_train(
         "-m",
         *TINY,
@@ -108,10 +108,13 @@ def test_a_wandb_sweep_beside_the_named_run(tmp_path):
     assert jobs == ["0-learning_rate=0.001", "1-learning_rate=0.003"]
     from dew.runs.status import read_run  # the grid ends naming its best run, as dew-runs ranks them
 
-    best = min((read_run(folder / job, job).summary for job in jobs), key=lambda r: r.best)
+    # Runs that never evaluate (trainer.eval_every=null: not even their last step) by their last train/loss.
+    summaries = [read_run(folder / job, job).summary for job in jobs]
+    assert all(r.best is None for r in summaries), summaries
+    best = min(summaries, key=lambda r: r.train_loss)
     ended = sweep.stdout.strip().splitlines()[-1]
     assert ended == (
-        f"dew-train: best of 2 runs by eval/loss: {best.path} (eval/loss {best.best:.4g} at step {best.best_step}); "
+        f"dew-train: best of 2 runs by train/loss: {best.path} (train/loss {best.train_loss:.4g}); "
         f"dew-runs {folder.relative_to(work)} lists them all"
     ), ended
     for job in jobs:

@@ -59,6 +59,37 @@ def test_a_metric_without_counts_is_nan_and_a_clash_is_refused():
         evaluate.means((4.0, 2.0, {"mse": 1.0}, {"mse": (1.0, 1.0)}))
 
 
+def test_eval_every_null_never_evaluates_the_held_out_data_the_last_step_included():
+    """The config's contract: ``trainer.eval_every`` None is "never validate". Every N steps and at
+    the last otherwise; the downstream tasks (``trainer.evals``) still score the last step."""
+    from types import SimpleNamespace
+
+    from dew.training.eval_hooks import Evaluate
+
+    def loop(every: int | None, tasks_every: int | None = None, tasks: bool = False, steps: int = 10) -> list[tuple]:
+        ran: list[tuple] = []
+        story = SimpleNamespace(evaluated=lambda step, values: ran.append(("report", step, dict(values))))
+        tracker = SimpleNamespace(metrics=lambda step, values: None, event=lambda *a, **k: None)
+        scorer = (lambda params: {"eval/task": 0.5}) if tasks else None
+        hook = Evaluate(lambda params: {"eval/loss": 1.0}, story, tracker, every, scorer, tasks_every)  # type: ignore[arg-type]
+        for step in range(1, steps + 1):
+            at = At(step=step, records=step, state=SimpleNamespace(params=None), metrics={}, last=step == steps)  # type: ignore[arg-type]
+            if hook.due(step, at.last):
+                hook.on_step(at)
+                assert at.evaluation == hook.last and hook.step == step
+        return ran
+
+    assert loop(None) == []  # not even the last step (it was evaluated until 2026-12-07)
+    assert [step for _, step, _ in loop(4)] == [4, 8, 10]
+    assert loop(None, tasks=True) == [("report", 10, {"eval/task": 0.5})]  # the tasks' last step alone
+    assert loop(4, tasks_every=5, tasks=True) == [
+        ("report", 4, {"eval/loss": 1.0}),
+        ("report", 5, {"eval/task": 0.5}),
+        ("report", 8, {"eval/loss": 1.0}),
+        ("report", 10, {"eval/loss": 1.0, "eval/task": 0.5}),
+    ]
+
+
 def test_metrics_are_reported_once_when_flushed_and_a_nonfinite_step_stops():
     reported, checked = [], []
     reporter = Reporter(

@@ -278,8 +278,9 @@ class RunReport:
                 best,
             )
         sweep = os.path.dirname(self.path) if "/" in self.name.strip("/") else self.path
-        if self.samples:
-            log.info("next: dew-sample %s   (samples from the best checkpoint)", self.path)
+        if self.samples:  # dew-sample takes the best checkpoint, or the newest where nothing was evaluated
+            which = "the best checkpoint" if scored else "the newest checkpoint"
+            log.info("next: dew-sample %s   (samples from %s)", self.path, which)
         log.info(
             "%s dew-runs plot %s   (loss curves; dew-runs %s lists the runs)",
             "     " if self.samples else "next:",
