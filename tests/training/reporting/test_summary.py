@@ -161,3 +161,19 @@ def test_the_end_names_the_value_that_chose_the_best_checkpoint(tmp_path: Path, 
     report.end(6)
     [line] = [r.getMessage() for r in caplog.records if "(final)" in r.getMessage()]
     assert line.startswith(said) and line.endswith("(the best checkpoint, when it was saved)"), line
+
+
+def test_the_end_names_the_checkpoint_dew_sample_takes(tmp_path: Path, caplog):
+    """dew-sample takes the best checkpoint, or the newest where no evaluation chose one
+    (``trainer.eval_every=null``): the end's next line says which."""
+    from dew.training.reporting.summary import RunReport
+    from tests.training.conftest import compose
+
+    run = compose(f"trainer.checkpoint_dir={tmp_path}")
+    caplog.set_level(logging.INFO, logger="dew")
+    for values, which in (({"eval/loss": 1.5}, "the best checkpoint"), ({}, "the newest checkpoint")):
+        caplog.clear()
+        report = RunReport(run, "r", tmp_path / "r", total_steps=4)
+        report.evaluated(4, values)
+        report.end(4)
+        assert f"next: dew-sample {tmp_path / 'r'}   (samples from {which})" in caplog.text, caplog.text
